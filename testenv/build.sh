@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Builds etcd, kube-apiserver, kube-controller-manager and helm from the Go
+# module proxy into a cache outside the repository, keyed by the pinned
+# versions. Reuses the cache when the binaries are already there.
+#
+#   testenv/build.sh          build when missing, print the bin dir
+#   testenv/build.sh --print  only print the bin dir
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+. "$here/versions.env"
+
+key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
+cache="${LOCK_JANITOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lock-janitor}/testenv/$key"
+bin="$cache/bin"
+if [ "${1:-}" = "--print" ]; then echo "$bin"; exit 0; fi
+
+want=(etcd kube-apiserver kube-controller-manager helm)
+missing=()
+for b in "${want[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "testenv: binaries cached in $bin" >&2
+  echo "$bin"; exit 0
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "testenv: 'go' is not on PATH; install Go >= 1.26 (https://go.dev/doc/install) and run 'make testenv-build' again" >&2
+  exit 1
+fi
+
+# The versions in versions.env and the go.mod files must agree.
+grep -q "k8s.io/kubernetes ${K8S_VERSION}\( //.*\)\?$" "$here/k8s/go.mod" || { echo "testenv: k8s/go.mod does not require k8s.io/kubernetes ${K8S_VERSION} (versions.env)" >&2; exit 1; }
+grep -q "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}\( //.*\)\?$" "$here/k8s/go.mod" || { echo "testenv: k8s/go.mod does not require etcd server ${ETCD_VERSION} (versions.env)" >&2; exit 1; }
+grep -q "helm.sh/helm/v3 ${HELM_VERSION}\( //.*\)\?$" "$here/helm/go.mod" || { echo "testenv: helm/go.mod does not require helm ${HELM_VERSION} (versions.env)" >&2; exit 1; }
+
+mkdir -p "$bin" "$cache/log"
+tmp="$(mktemp -d "$cache/build.XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+
+run() { # name dir log -- go build args...
+  local name="$1" dir="$2" log="$3"; shift 3
+  echo "testenv: building $name (log: $log)" >&2
+  local start=$SECONDS
+  if ! (cd "$dir" && go build -trimpath "$@") >"$log" 2>&1; then
+    echo "testenv: building $name failed; last lines of $log:" >&2
+    tail -n 30 "$log" >&2
+    echo "testenv: fix the cause above, then run 'make testenv-build' again" >&2
+    exit 1
+  fi
+  echo "testenv: built $name in $((SECONDS - start))s" >&2
+}
+
+# Stamp the release into the Kubernetes binaries, as hack/lib/version.sh does.
+minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+kv=k8s.io/component-base/version
+cv=k8s.io/client-go/pkg/version
+ld="-s -w"
+for p in $kv $cv; do
+  ld="$ld -X $p.gitVersion=${K8S_VERSION} -X $p.gitMajor=1 -X $p.gitMinor=${minor} -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+done
+
+if [ ! -x "$bin/etcd" ]; then
+  run etcd "$here/k8s" "$cache/log/etcd.log" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
+  mv "$tmp/etcd" "$bin/etcd"
+fi
+for c in kube-apiserver kube-controller-manager; do
+  if [ ! -x "$bin/$c" ]; then
+    run "$c" "$here/k8s" "$cache/log/$c.log" -ldflags "$ld" -o "$tmp/$c" "k8s.io/kubernetes/cmd/$c"
+    mv "$tmp/$c" "$bin/$c"
+  fi
+done
+if [ ! -x "$bin/helm" ]; then
+  hv=helm.sh/helm/v3/internal/version
+  run helm "$here/helm" "$cache/log/helm.log" -ldflags "-s -w -X $hv.version=${HELM_VERSION} -X $hv.gitTreeState=clean" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm
+  mv "$tmp/helm" "$bin/helm"
+fi
+echo "$bin"
