@@ -1,1 +1,130 @@
-fn main() {}
+//! The `lock-janitor` binary: parse flags, set up logs, call the library.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use lock_janitor::cli::{Cli, Command, LogFormat, RunArgs};
+use lock_janitor::controller::{self, Context, Settings};
+use lock_janitor::http::{self, State};
+use lock_janitor::verdict::Policy;
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Plain => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    // clap prints usage errors and exits 2 on bad flags.
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => {
+            init_logs(args.log_format);
+            run(args).await.map(|()| ExitCode::SUCCESS)
+        }
+        Command::Scan(args) => {
+            init_logs(LogFormat::Plain);
+            lock_janitor::scan::scan_command(args).await
+        }
+        Command::Label(args) => {
+            init_logs(LogFormat::Plain);
+            lock_janitor::scan::label_command(args).await
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            error!("{e:#}");
+            eprintln!("lock-janitor: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let settings = Settings {
+        selector: args.scope.selector,
+        namespaces: args.scope.namespaces,
+        dry_run: args.dry_run,
+        delete_pod: args.delete_pod,
+        policy: Policy {
+            owner_gone_grace: args.owner_gone_grace,
+        },
+        resync: args.resync,
+    };
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        ?settings,
+        "starting lock-janitor"
+    );
+    let client = kube::Client::try_default().await.context(
+        "no Kubernetes cluster found: set KUBECONFIG, create ~/.kube/config, or run in a pod with a service account",
+    )?;
+    let state = State::new().context("registering metrics")?;
+    let listener = http::bind(args.metrics_bind_address)
+        .await
+        .with_context(|| {
+            format!(
+                "binding --metrics-bind-address {}",
+                args.metrics_bind_address
+            )
+        })?;
+    controller::preflight(&client, &settings)
+        .await
+        .context("start-up check failed (is the selector valid, and does RBAC grant list on configmaps and pods?)")?;
+
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(http::serve(
+        listener,
+        state.clone(),
+        shutdown.clone().cancelled_owned(),
+    ));
+    tokio::spawn(watch_signals(shutdown.clone(), state.clone()));
+
+    let ctx = Context::new(client, state, settings);
+    controller::run(ctx, shutdown.clone()).await;
+    shutdown.cancel();
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "metrics server stopped with an error"),
+        Err(e) => warn!(error = %e, "metrics server task failed"),
+    }
+    info!("stopped");
+    Ok(())
+}
+
+/// First SIGTERM/SIGINT: not ready, stop watching, let in-flight reclaims
+/// finish. A second one: exit at once.
+async fn watch_signals(shutdown: CancellationToken, state: State) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        error!("cannot install signal handlers; stop with SIGKILL");
+        return;
+    };
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    info!("shutting down: finishing in-flight work (signal again to exit at once)");
+    state.readiness.shutting_down();
+    shutdown.cancel();
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    warn!("second signal: exiting now");
+    std::process::exit(130);
+}

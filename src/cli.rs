@@ -1,0 +1,290 @@
+//! Command-line interface. Every `run` flag also reads `LOCK_JANITOR_<FLAG>`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::DEFAULT_SELECTOR;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "lock-janitor",
+    version,
+    about = "Deletes leader-for-life locks whose holder pod can no longer run, so a waiting replica takes over.",
+    long_about = "Deletes leader-for-life locks (operator-sdk / operator-lib ConfigMaps owned by the leader Pod) \
+                  whose holder pod is Failed, Succeeded or gone, so a waiting replica takes over.\n\n\
+                  Only ConfigMaps carrying the opt-in label (default lock-janitor.io/watch=true) are watched. \
+                  A lock whose holder might still run is never deleted.\n\n\
+                  The cluster is found as kubectl finds it: $KUBECONFIG, ~/.kube/config, then the in-cluster service account."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controller: watch opted-in locks and reclaim stale ones.
+    Run(RunArgs),
+    /// Report every lock candidate and its verdict (exit 3 if any is stale).
+    Scan(ScanArgs),
+    /// Add the opt-in label to unlabeled lock candidates (dry run unless --apply).
+    Label(LabelArgs),
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Plain,
+    Json,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct Scope {
+    /// Label selector of the locks to manage (opt-in label).
+    #[arg(long, env = "LOCK_JANITOR_SELECTOR", default_value = DEFAULT_SELECTOR, value_parser = parse_selector)]
+    pub selector: String,
+    /// Namespace to watch; repeat for several (or comma-separate in the env var). Default: all namespaces.
+    #[arg(long = "namespace", short = 'n', env = "LOCK_JANITOR_NAMESPACE", value_delimiter = ',', value_parser = parse_namespace)]
+    pub namespaces: Vec<String>,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub scope: Scope,
+    /// Judge and report (Events, logs, metrics) but never delete anything.
+    #[arg(long, env = "LOCK_JANITOR_DRY_RUN")]
+    pub dry_run: bool,
+    /// Also delete the dead holder pod (only when Failed or Succeeded, guarded by its uid).
+    #[arg(long, env = "LOCK_JANITOR_DELETE_POD")]
+    pub delete_pod: bool,
+    /// How long a holder pod must be missing before its lock is reclaimed (e.g. 30s, 2m).
+    #[arg(long, env = "LOCK_JANITOR_OWNER_GONE_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub owner_gone_grace: Duration,
+    /// Re-judge every lock at least this often (catches holders that vanished).
+    #[arg(long, env = "LOCK_JANITOR_RESYNC", default_value = "5m", value_parser = parse_positive_duration)]
+    pub resync: Duration,
+    /// Address of the /metrics, /healthz and /readyz endpoints.
+    #[arg(
+        long,
+        env = "LOCK_JANITOR_METRICS_BIND_ADDRESS",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub metrics_bind_address: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "LOCK_JANITOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    #[default]
+    Table,
+    Json,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct ScanArgs {
+    #[command(flatten)]
+    pub scope: Scope,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    /// Grace for a missing holder before it counts as stale (as in `run`).
+    #[arg(long, env = "LOCK_JANITOR_OWNER_GONE_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub owner_gone_grace: Duration,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct LabelArgs {
+    #[command(flatten)]
+    pub scope: Scope,
+    /// Write the labels (without it, only print what would change).
+    #[arg(long)]
+    pub apply: bool,
+    /// Only locks whose name matches this glob (repeatable).
+    #[arg(long, value_parser = parse_glob)]
+    pub include: Vec<glob::Pattern>,
+    /// Skip locks whose name matches this glob (repeatable).
+    #[arg(long, value_parser = parse_glob)]
+    pub exclude: Vec<glob::Pattern>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use a duration like 30s, 2m, 1h)"))
+}
+
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err("must be greater than zero".into()),
+        d => Ok(d),
+    }
+}
+
+fn parse_glob(s: &str) -> Result<glob::Pattern, String> {
+    glob::Pattern::new(s).map_err(|e| format!("invalid glob {s:?}: {e}"))
+}
+
+/// A namespace is a DNS-1123 label.
+fn parse_namespace(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+        ))
+    }
+}
+
+/// Accepts the equality-based selectors the janitor needs (`key=value`,
+/// `key==value`, `key!=value`, `key`, `!key`, comma-separated). The API server
+/// has the last word; this catches typos before any watch starts.
+pub fn parse_selector(s: &str) -> Result<String, String> {
+    let bad = |why: &str| Err(format!("invalid label selector {s:?}: {why}"));
+    if s.trim().is_empty() {
+        return bad("it is empty, which would select every ConfigMap");
+    }
+    for term in s.split(',') {
+        let term = term.trim();
+        let key = if let Some(k) = term.strip_prefix('!') {
+            k
+        } else if let Some((k, v)) = term
+            .split_once("!=")
+            .or_else(|| term.split_once("=="))
+            .or_else(|| term.split_once('='))
+        {
+            if !valid_label_value(v) {
+                return bad(&format!("{v:?} is not a label value"));
+            }
+            k
+        } else {
+            term
+        };
+        if !valid_label_key(key) {
+            return bad(&format!("{key:?} is not a label key"));
+        }
+    }
+    Ok(s.to_owned())
+}
+
+/// The equality term (`key=value`) of a selector, which `label` writes.
+pub fn selector_label(s: &str) -> Option<(&str, &str)> {
+    let (k, v) = s.split_once("==").or_else(|| s.split_once('='))?;
+    (!k.ends_with('!') && !s.contains(',')).then_some((k.trim(), v.trim()))
+}
+
+fn valid_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+fn valid_label_key(k: &str) -> bool {
+    match k.split_once('/') {
+        Some((prefix, name)) => {
+            !prefix.is_empty()
+                && prefix.len() <= 253
+                && prefix.split('.').all(|p| {
+                    !p.is_empty()
+                        && p.bytes()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                })
+                && valid_name_part(name)
+        }
+        None => valid_name_part(k),
+    }
+}
+
+fn valid_label_value(v: &str) -> bool {
+    v.is_empty() || valid_name_part(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors() {
+        for ok in [
+            "lock-janitor.io/watch=true",
+            "a==b",
+            "a!=b",
+            "team",
+            "!legacy",
+            "lock-janitor.io/watch=true,team=x",
+            "a=",
+        ] {
+            assert!(parse_selector(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "  ",
+            "=x",
+            "a=b c",
+            "lock-janitor.io/=true",
+            "a=-b",
+            "/x=1",
+            "a=b,",
+        ] {
+            assert!(parse_selector(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            selector_label("lock-janitor.io/watch=true"),
+            Some(("lock-janitor.io/watch", "true"))
+        );
+        assert_eq!(selector_label("a!=b"), None);
+        assert_eq!(selector_label("a=b,c=d"), None);
+        assert_eq!(selector_label("a"), None);
+    }
+
+    #[test]
+    fn namespaces() {
+        assert!(parse_namespace("kube-system").is_ok());
+        for bad in ["", "Kube", "-a", "a-", "a_b", &"a".repeat(64)] {
+            assert!(parse_namespace(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn run_defaults_match_the_design() {
+        let cli = Cli::try_parse_from(["lock-janitor", "run"]).unwrap();
+        let Command::Run(a) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(a.scope.selector, "lock-janitor.io/watch=true");
+        assert!(a.scope.namespaces.is_empty());
+        assert_eq!(a.owner_gone_grace, Duration::from_secs(30));
+        assert_eq!(a.resync, Duration::from_secs(300));
+        assert_eq!(a.metrics_bind_address.to_string(), "0.0.0.0:8080");
+        assert!(!a.dry_run && !a.delete_pod);
+        assert_eq!(a.log_format, LogFormat::Plain);
+    }
+
+    #[test]
+    fn bad_flags_are_usage_errors() {
+        for args in [
+            vec!["lock-janitor", "run", "--resync", "0s"],
+            vec!["lock-janitor", "run", "--owner-gone-grace", "soon"],
+            vec!["lock-janitor", "run", "--namespace", "Bad_NS"],
+            vec!["lock-janitor", "run", "--log-format", "xml"],
+            vec!["lock-janitor", "run", "--metrics-bind-address", "8080"],
+            vec!["lock-janitor", "run", "--selector", ""],
+            vec!["lock-janitor", "run", "--bogus"],
+        ] {
+            let err = Cli::try_parse_from(&args).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{args:?}");
+        }
+    }
+}

@@ -1,0 +1,491 @@
+//! kube-runtime wiring: a metadata-only watch of the opted-in locks, a watch
+//! of terminal pods that maps each to the locks it holds, and a periodic
+//! resync. Every reconcile re-reads the lock and its holder live, judges, and
+//! hands stale locks to `reclaim`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{future, Stream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, ResourceExt};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::http::State;
+use crate::lock::{self, Lock, Unmanageable};
+use crate::reclaim;
+use crate::verdict::{self, HolderSeen, LockState, Policy, Verdict};
+use crate::{call, Error, NAME};
+
+/// Pods that can no longer run. A pod entering this set (Running -> Failed)
+/// arrives as a new object; pods that never hold a lock are never cached.
+pub const TERMINAL_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
+
+/// How soon a lock that changed under a delete is judged again.
+const REJUDGE_AFTER: Duration = Duration::from_millis(500);
+/// Retry delay after an error (counted in `error_policy`).
+const ERROR_BACKOFF: Duration = Duration::from_secs(5);
+
+pub type LockMeta = PartialObjectMeta<ConfigMap>;
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub selector: String,
+    /// Empty: the whole cluster.
+    pub namespaces: Vec<String>,
+    pub dry_run: bool,
+    pub delete_pod: bool,
+    pub policy: Policy,
+    pub resync: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// What the janitor remembers about a lock between reconciles.
+#[derive(Debug, Default)]
+pub(crate) struct Memo {
+    pub state: Option<LockState>,
+    /// (holder uid, first seen missing): the start of the owner-gone grace.
+    pub missing_since: Option<(String, Timestamp)>,
+    /// (holder uid, first seen terminal): the death time when the pod does
+    /// not say when its containers finished.
+    pub stale_since: Option<(String, Timestamp)>,
+    /// (resourceVersion, Event reason) last reported, so that a condition is
+    /// announced once per version of the lock, not once per resync.
+    pub reported: Option<(String, &'static str)>,
+}
+
+/// Per-reconcile context: the client, the Event recorder, metrics and memory.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub state: State,
+    pub settings: Settings,
+    memos: Mutex<HashMap<LockKey, Memo>>,
+}
+
+/// A lock as judged from live reads: what `reclaim` acts on, and nothing else.
+#[derive(Clone, Debug)]
+pub struct Judgement {
+    pub key: LockKey,
+    /// The lock's metadata exactly as read (uid and resourceVersion guard the delete).
+    pub meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    pub lock: Option<Lock>,
+    pub holder: Option<Pod>,
+    pub verdict: Verdict,
+    /// For stale locks: when the holder died, as well as is known.
+    pub died_at: Option<Timestamp>,
+}
+
+impl Context {
+    pub fn new(client: Client, state: State, settings: Settings) -> Arc<Self> {
+        let reporter = Reporter {
+            controller: NAME.into(),
+            instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
+        };
+        Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            state,
+            settings,
+            memos: Mutex::default(),
+        })
+    }
+
+    pub(crate) fn with_memo<T>(&self, key: &LockKey, f: impl FnOnce(&mut Memo) -> T) -> T {
+        let mut memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
+        f(memos.entry(key.clone()).or_default())
+    }
+
+    /// Records a lock's state and refreshes `lock_janitor_locks{state}`.
+    pub(crate) fn set_state(&self, key: &LockKey, state: LockState) {
+        let mut memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
+        memos.entry(key.clone()).or_default().state = Some(state);
+        self.publish_counts(&memos);
+    }
+
+    /// Forgets a lock that no longer exists.
+    pub fn forget(&self, key: &LockKey) {
+        let mut memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
+        if memos.remove(key).is_some() {
+            self.publish_counts(&memos);
+        }
+        self.state
+            .metrics
+            .set_stale(&key.namespace, &key.name, None);
+    }
+
+    /// After a re-list: forgets locks of this scope that are no longer there.
+    fn forget_missing(&self, namespace: Option<&str>, store: &Store<LockMeta>) {
+        let present: std::collections::HashSet<LockKey> =
+            store.state().iter().map(|m| key_of(m)).collect();
+        let gone: Vec<LockKey> = {
+            let memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
+            memos
+                .keys()
+                .filter(|k| namespace.is_none_or(|ns| k.namespace == ns) && !present.contains(k))
+                .cloned()
+                .collect()
+        };
+        for k in gone {
+            self.forget(&k);
+        }
+    }
+
+    fn publish_counts(&self, memos: &HashMap<LockKey, Memo>) {
+        let mut counts: HashMap<LockState, i64> = LockState::ALL.iter().map(|s| (*s, 0)).collect();
+        for s in memos.values().filter_map(|m| m.state) {
+            *counts.entry(s).or_default() += 1;
+        }
+        self.state.metrics.set_lock_counts(counts);
+    }
+
+    fn cm_api(&self, namespace: &str) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    fn pod_api(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// Reads the lock and its holder live and judges them. `None`: the lock
+    /// no longer exists.
+    pub async fn judge_live(&self, key: &LockKey) -> Result<Option<Judgement>, Error> {
+        let Some(live) = call(
+            format!("reading lock {}/{}", key.namespace, key.name),
+            self.cm_api(&key.namespace).get_metadata_opt(&key.name),
+        )
+        .await?
+        else {
+            return Ok(None);
+        };
+        let meta = live.metadata;
+        let lock = match lock::parse(&meta) {
+            Ok(lock) => lock,
+            Err(why) => {
+                return Ok(Some(Judgement {
+                    key: key.clone(),
+                    meta,
+                    lock: None,
+                    holder: None,
+                    verdict: Verdict::Unmanageable(why),
+                    died_at: None,
+                }))
+            }
+        };
+        let holder = call(
+            format!("reading holder pod {}/{}", key.namespace, lock.holder.name),
+            self.pod_api(&key.namespace).get_opt(&lock.holder.name),
+        )
+        .await?;
+        let now = Timestamp::now();
+        let uid = lock.holder.uid.clone();
+        let seen = match &holder {
+            Some(pod) => {
+                self.with_memo(key, |m| m.missing_since = None);
+                HolderSeen::Pod(pod)
+            }
+            None => {
+                let since = self.with_memo(key, |m| match &m.missing_since {
+                    Some((u, t)) if *u == uid => *t,
+                    _ => {
+                        m.missing_since = Some((uid.clone(), now));
+                        now
+                    }
+                });
+                HolderSeen::Missing { since }
+            }
+        };
+        let mut verdict = verdict::judge(&lock, seen, now, &self.settings.policy);
+        if let Verdict::Stale {
+            reason: verdict::StaleReason::OwnerGone,
+            ..
+        } = verdict
+        {
+            if let Some(ns) = self.holder_elsewhere(&lock).await? {
+                verdict = Verdict::Unmanageable(Unmanageable::OwnerInOtherNamespace(ns));
+            }
+        }
+        let died_at = match &verdict {
+            Verdict::Stale { died_at, .. } => Some(died_at.unwrap_or_else(|| {
+                self.with_memo(key, |m| match &m.stale_since {
+                    Some((u, t)) if *u == uid => *t,
+                    _ => {
+                        m.stale_since = Some((uid.clone(), now));
+                        now
+                    }
+                })
+            })),
+            _ => None,
+        };
+        Ok(Some(Judgement {
+            key: key.clone(),
+            meta,
+            lock: Some(lock),
+            holder,
+            verdict,
+            died_at,
+        }))
+    }
+
+    /// Before calling a lock's owner gone: is a pod with the holder's uid
+    /// alive in another namespace (an owner reference that crosses
+    /// namespaces)? Owner references are namespace-local, so such a lock is
+    /// not ours to judge. Looks where the janitor may look.
+    async fn holder_elsewhere(&self, lock: &Lock) -> Result<Option<String>, Error> {
+        let lp = ListParams::default().fields(&format!("metadata.name={}", lock.holder.name));
+        let apis: Vec<Api<Pod>> = if self.settings.namespaces.is_empty() {
+            vec![Api::all(self.client.clone())]
+        } else {
+            self.settings
+                .namespaces
+                .iter()
+                .filter(|ns| **ns != lock.namespace)
+                .map(|ns| self.pod_api(ns))
+                .collect()
+        };
+        for api in apis {
+            let pods = call(
+                "looking for the holder in other namespaces",
+                api.list_metadata(&lp),
+            )
+            .await?;
+            if let Some(p) = pods
+                .items
+                .iter()
+                .find(|p| p.metadata.uid.as_deref() == Some(lock.holder.uid.as_str()))
+            {
+                return Ok(Some(p.namespace().unwrap_or_default()));
+            }
+        }
+        Ok(None)
+    }
+}
+
+pub fn key_of(m: &LockMeta) -> LockKey {
+    LockKey {
+        namespace: m.namespace().unwrap_or_default(),
+        name: m.name_any(),
+    }
+}
+
+/// Judges one lock from live reads and acts on the verdict.
+pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.state.metrics.reconcile_duration.start_timer();
+    let key = key_of(&obj);
+    let Some(judgement) = ctx.judge_live(&key).await? else {
+        debug!(namespace = %key.namespace, lock = %key.name, "lock is gone");
+        ctx.forget(&key);
+        return Ok(Action::await_change());
+    };
+    act(&ctx, judgement).await
+}
+
+/// Acts on a judgement: reports, reclaims, and says when to look again.
+pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
+    let resync = Action::requeue(ctx.settings.resync);
+    ctx.set_state(&j.key, j.verdict.state());
+    match &j.verdict {
+        Verdict::Held(why) => {
+            ctx.state
+                .metrics
+                .set_stale(&j.key.namespace, &j.key.name, None);
+            debug!(namespace = %j.key.namespace, lock = %j.key.name, held = ?why, "lock is held");
+            if let verdict::HeldBecause::OwnerGoneGrace { remaining } = why {
+                info!(namespace = %j.key.namespace, lock = %j.key.name,
+                      "holder pod is missing; reclaiming after the owner-gone grace unless it reappears");
+                return Ok(Action::requeue(*remaining + Duration::from_millis(100)));
+            }
+            Ok(resync)
+        }
+        Verdict::Ambiguous { .. } | Verdict::Unmanageable(_) => {
+            ctx.state
+                .metrics
+                .set_stale(&j.key.namespace, &j.key.name, None);
+            reclaim::report_untouchable(ctx, &j).await;
+            Ok(resync)
+        }
+        Verdict::Stale { .. } => match reclaim::reclaim(ctx, &j).await? {
+            reclaim::Outcome::Reclaimed | reclaim::Outcome::AlreadyGone => {
+                ctx.forget(&j.key);
+                Ok(Action::await_change())
+            }
+            reclaim::Outcome::Changed => Ok(Action::requeue(REJUDGE_AFTER)),
+            reclaim::Outcome::DryRun => Ok(resync),
+        },
+    }
+}
+
+/// The one place where failures are counted.
+pub fn error_policy(obj: Arc<LockMeta>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.state
+        .metrics
+        .reconcile_errors
+        .with_label_values(&[err.kind().as_str()])
+        .inc();
+    warn!(namespace = %obj.namespace().unwrap_or_default(), lock = %obj.name_any(), error = %err,
+          kind = err.kind().as_str(), "reconcile failed; nothing deleted, retrying");
+    Action::requeue(ERROR_BACKOFF)
+}
+
+/// Calls `synced` once, on the first InitDone of a watch.
+fn on_first_sync<K>(
+    stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    mut synced: impl FnMut() + Send,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> {
+    let mut done = false;
+    stream.inspect(move |ev| {
+        if !done && matches!(ev, Ok(watcher::Event::InitDone)) {
+            done = true;
+            synced();
+        }
+    })
+}
+
+/// Runs the controller for one scope (a namespace, or all) until `shutdown`.
+async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: CancellationToken) {
+    // Api<PartialObjectMeta<_>> makes metadata-only requests.
+    let (cms, pods): (Api<LockMeta>, Api<PartialObjectMeta<Pod>>) = match &namespace {
+        Some(ns) => (
+            Api::namespaced(ctx.client.clone(), ns),
+            Api::namespaced(ctx.client.clone(), ns),
+        ),
+        None => (Api::all(ctx.client.clone()), Api::all(ctx.client.clone())),
+    };
+    let (reader, writer) = reflector::store::<LockMeta>();
+    let readiness = ctx.state.readiness.clone();
+    readiness.expect(2);
+
+    let locks = {
+        let ctx = ctx.clone();
+        let reader = reader.clone();
+        let readiness = readiness.clone();
+        let ns = namespace.clone();
+        let config = watcher::Config::default()
+            .labels(&ctx.settings.selector)
+            .any_semantic();
+        let stream = watcher(cms, config)
+            .default_backoff()
+            // Keep only what judging needs: owner references live in metadata.
+            .modify(|m: &mut LockMeta| {
+                m.metadata.managed_fields = None;
+                m.metadata.annotations = None;
+            })
+            .reflect(writer)
+            .inspect(move |ev| match ev {
+                Ok(watcher::Event::Delete(m)) => ctx.forget(&key_of(m)),
+                Ok(watcher::Event::InitDone) => ctx.forget_missing(ns.as_deref(), &reader),
+                _ => {}
+            });
+        on_first_sync(stream, move || readiness.synced()).touched_objects()
+    };
+
+    let terminal_pods = {
+        let readiness = readiness.clone();
+        let stream =
+            watcher(pods, watcher::Config::default().fields(TERMINAL_PODS)).default_backoff();
+        on_first_sync(stream, move || readiness.synced()).touched_objects()
+    };
+    let holders = reader.clone();
+    let held_by = move |pod: PartialObjectMeta<Pod>| {
+        let ns = pod.namespace();
+        let uid = pod.metadata.uid.unwrap_or_default();
+        holders
+            .state()
+            .into_iter()
+            .filter(|cm| {
+                cm.namespace() == ns
+                    && cm
+                        .owner_references()
+                        .iter()
+                        .any(|o| o.kind == "Pod" && !uid.is_empty() && o.uid == uid)
+            })
+            .map(|cm| ObjectRef::from_obj(&*cm))
+            .collect::<Vec<_>>()
+    };
+
+    let scope = namespace.as_deref().unwrap_or("all namespaces").to_owned();
+    info!(scope = %scope, selector = %ctx.settings.selector, "watching locks");
+    Controller::for_stream(locks, reader)
+        .watches_stream(terminal_pods, held_by)
+        .with_config(ControllerConfig::default().concurrency(4))
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| {
+            match res {
+                Ok((obj, _)) => debug!(lock = %obj, "reconciled"),
+                Err(e) => debug!(error = %e, "controller event"),
+            }
+            future::ready(())
+        })
+        .await;
+    info!(scope = %scope, "stopped watching");
+}
+
+/// Checks, before any watch starts, that the selector is accepted and the
+/// janitor may list locks and pods in every scope: a clear error at start-up
+/// beats a watch that retries forever.
+pub async fn preflight(client: &Client, settings: &Settings) -> Result<(), Error> {
+    let lp = ListParams::default().labels(&settings.selector).limit(1);
+    let scopes: Vec<Option<&str>> = if settings.namespaces.is_empty() {
+        vec![None]
+    } else {
+        settings
+            .namespaces
+            .iter()
+            .map(|n| Some(n.as_str()))
+            .collect()
+    };
+    for ns in scopes {
+        let (cms, pods): (Api<ConfigMap>, Api<Pod>) = match ns {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client.clone())),
+        };
+        let where_ = ns.unwrap_or("all namespaces");
+        call(
+            format!("listing configmaps in {where_}"),
+            cms.list_metadata(&lp),
+        )
+        .await?;
+        let plp = ListParams::default().fields(TERMINAL_PODS).limit(1);
+        call(
+            format!("listing pods in {where_}"),
+            pods.list_metadata(&plp),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Runs one controller per scope until `shutdown` is cancelled and every
+/// in-flight reconcile has finished.
+pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+    let scopes: Vec<Option<String>> = if ctx.settings.namespaces.is_empty() {
+        vec![None]
+    } else {
+        ctx.settings.namespaces.iter().cloned().map(Some).collect()
+    };
+    future::join_all(
+        scopes
+            .into_iter()
+            .map(|ns| run_scope(ctx.clone(), ns, shutdown.clone())),
+    )
+    .await;
+}

@@ -1,0 +1,286 @@
+//! Every write the janitor makes: guarded deletes, Events and the metrics
+//! that count them. Called only with a judgement made from live reads.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Preconditions};
+use kube::runtime::events::{Event, EventType};
+use kube::Api;
+use tracing::{error, info, warn};
+
+use crate::controller::{Context, Judgement};
+use crate::verdict::{self, StaleReason, Verdict};
+use crate::{api_code, call, Error, ErrorKind};
+
+pub const REASON_RECLAIMED: &str = "StaleLockReclaimed";
+pub const REASON_DETECTED: &str = "StaleLockDetected";
+pub const REASON_POD_DELETED: &str = "DeadHolderDeleted";
+pub const REASON_UNMANAGEABLE: &str = "UnmanageableLock";
+pub const REASON_AMBIGUOUS: &str = "AmbiguousLock";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The lock was deleted (and the dead pod, if asked).
+    Reclaimed,
+    /// Someone else deleted it first (404).
+    AlreadyGone,
+    /// The lock changed since it was judged (409): judge it again.
+    Changed,
+    /// `--dry-run`: reported, not deleted.
+    DryRun,
+}
+
+fn lock_ref(j: &Judgement) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        namespace: j.meta.namespace.clone(),
+        name: j.meta.name.clone(),
+        uid: j.meta.uid.clone(),
+        resource_version: j.meta.resource_version.clone(),
+        ..Default::default()
+    }
+}
+
+fn holder_ref(j: &Judgement) -> Option<ObjectReference> {
+    let lock = j.lock.as_ref()?;
+    Some(ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(lock.namespace.clone()),
+        name: Some(lock.holder.name.clone()),
+        uid: Some(lock.holder.uid.clone()),
+        ..Default::default()
+    })
+}
+
+/// Publishes an Event on the lock (related: the holder pod). A failed Event
+/// never undoes or blocks a reclaim; it is logged and counted.
+async fn publish(
+    ctx: &Context,
+    j: &Judgement,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: holder_ref(j),
+    };
+    let res =
+        tokio::time::timeout(crate::API_TIMEOUT, ctx.recorder.publish(&ev, &lock_ref(j))).await;
+    let err = match res {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "timed out".to_owned(),
+    };
+    ctx.state
+        .metrics
+        .reconcile_errors
+        .with_label_values(&[ErrorKind::Event.as_str()])
+        .inc();
+    warn!(namespace = %j.key.namespace, lock = %j.key.name, reason, error = %err, "could not write Event");
+}
+
+/// Publishes at most once per resourceVersion of the lock and reason.
+async fn publish_once(
+    ctx: &Context,
+    j: &Judgement,
+    type_: EventType,
+    reason: &'static str,
+    action: &str,
+    note: String,
+) {
+    let rv = j.meta.resource_version.clone().unwrap_or_default();
+    let first = ctx.with_memo(&j.key, |m| {
+        let first = m.reported.as_ref() != Some(&(rv.clone(), reason));
+        m.reported = Some((rv, reason));
+        first
+    });
+    if first {
+        publish(ctx, j, type_, reason, action, note).await;
+    }
+}
+
+/// Reports a lock the janitor will never touch (ambiguous or unmanageable).
+pub async fn report_untouchable(ctx: &Context, j: &Judgement) {
+    let (reason, note) = match &j.verdict {
+        Verdict::Ambiguous { other_uid } => {
+            let holder = j.lock.as_ref().map(|l| l.holder.name.as_str()).unwrap_or_default();
+            (
+                REASON_AMBIGUOUS,
+                format!(
+                    "Not reclaimed: pod {holder} exists with uid {other_uid}, not the lock's holder uid. \
+                     A pod recreated under the same name believes it still leads; delete the lock by hand \
+                     only once you know which pod leads."
+                ),
+            )
+        }
+        Verdict::Unmanageable(why) => (
+            REASON_UNMANAGEABLE,
+            format!("Not a leader-for-life lock the janitor can judge: {why}. It will never be deleted by lock-janitor; remove the opt-in label or fix the lock."),
+        ),
+        _ => return,
+    };
+    warn!(namespace = %j.key.namespace, lock = %j.key.name, reason, "{note}");
+    publish_once(ctx, j, EventType::Warning, reason, "Skip", note).await;
+}
+
+/// Reclaims a stale lock: the guarded DELETE, then (if asked) the dead pod.
+pub async fn reclaim(ctx: &Context, j: &Judgement) -> Result<Outcome, Error> {
+    let (Verdict::Stale { reason, .. }, Some(lock)) = (&j.verdict, &j.lock) else {
+        return Ok(Outcome::DryRun);
+    };
+    let reason = *reason;
+    let m = &ctx.state.metrics;
+    let (ns, name) = (lock.namespace.as_str(), lock.name.as_str());
+    let why = describe(reason, j);
+
+    if ctx.settings.dry_run {
+        m.set_stale(ns, name, Some(reason));
+        info!(namespace = ns, lock = name, holder = %lock.holder.name, reason = %reason, dry_run = true,
+              "stale lock detected; not deleting (dry run)");
+        let note = format!("Would delete this lock: {why} (dry run: nothing deleted).");
+        publish_once(ctx, j, EventType::Warning, REASON_DETECTED, "DryRun", note).await;
+        return Ok(Outcome::DryRun);
+    }
+
+    // The delete succeeds only if the lock is still exactly the one judged.
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(lock.uid.clone()),
+            resource_version: Some(lock.resource_version.clone()),
+        }),
+        ..Default::default()
+    };
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    match call(format!("deleting lock {ns}/{name}"), cms.delete(name, &dp)).await {
+        Ok(_) => {}
+        Err(Error::Kube { source, .. }) if api_code(&source) == Some(404) => {
+            info!(
+                namespace = ns,
+                lock = name,
+                "lock already deleted by someone else"
+            );
+            m.set_stale(ns, name, None);
+            return Ok(Outcome::AlreadyGone);
+        }
+        Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => {
+            info!(namespace = ns, lock = name, error = %source,
+                  "lock changed since it was judged; not deleting, judging again");
+            return Ok(Outcome::Changed);
+        }
+        Err(e) => {
+            m.set_stale(ns, name, Some(reason));
+            error!(namespace = ns, lock = name, reason = %reason, error = %e, "stale lock not reclaimed");
+            return Err(e);
+        }
+    }
+    let now = Timestamp::now();
+    m.set_stale(ns, name, None);
+    m.reclaims
+        .with_label_values(&[ns, name, reason.as_str()])
+        .inc();
+    let latency = j
+        .died_at
+        .map(|d| Duration::try_from(now.duration_since(d)).unwrap_or(Duration::ZERO));
+    if let Some(l) = latency {
+        m.reclaim_latency.observe(l.as_secs_f64());
+    }
+    info!(namespace = ns, lock = name, holder = %lock.holder.name, reason = %reason,
+          latency_seconds = latency.map(|l| l.as_secs_f64()), "stale lock reclaimed");
+    publish(
+        ctx,
+        j,
+        EventType::Normal,
+        REASON_RECLAIMED,
+        "Reclaim",
+        format!("Deleted this lock: {why}. A waiting replica can now take over."),
+    )
+    .await;
+
+    if ctx.settings.delete_pod {
+        delete_dead_pod(ctx, j, reason).await;
+    }
+    Ok(Outcome::Reclaimed)
+}
+
+fn describe(reason: StaleReason, j: &Judgement) -> String {
+    let holder = j
+        .lock
+        .as_ref()
+        .map(|l| l.holder.name.as_str())
+        .unwrap_or_default();
+    let status = j.holder.as_ref().and_then(|p| p.status.as_ref());
+    let pod_reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("");
+    match reason {
+        StaleReason::OwnerGone => format!("holder pod {holder} no longer exists"),
+        StaleReason::Succeeded => format!("holder pod {holder} has Succeeded"),
+        _ if pod_reason.is_empty() => format!("holder pod {holder} has Failed ({reason})"),
+        _ => format!("holder pod {holder} has Failed with reason {pod_reason} ({reason})"),
+    }
+}
+
+/// Deletes the dead holder (`--delete-pod`): only a terminal pod, only the
+/// very pod judged (uid precondition). Failures are logged, never retried
+/// blindly: the lock is already free.
+async fn delete_dead_pod(ctx: &Context, j: &Judgement, reason: StaleReason) {
+    let Some(pod) = j.holder.as_ref().filter(|p| verdict::is_terminal(p)) else {
+        return;
+    };
+    let (Some(ns), Some(name), Some(uid)) = (
+        pod.metadata.namespace.as_deref(),
+        pod.metadata.name.as_deref(),
+        pod.metadata.uid.as_deref(),
+    ) else {
+        return;
+    };
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    match call(format!("deleting pod {ns}/{name}"), pods.delete(name, &dp)).await {
+        Ok(_) => {
+            ctx.state
+                .metrics
+                .pod_deletions
+                .with_label_values(&[ns, reason.as_str()])
+                .inc();
+            info!(namespace = ns, pod = name, reason = %reason, "dead holder pod deleted");
+            publish(
+                ctx,
+                j,
+                EventType::Normal,
+                REASON_POD_DELETED,
+                "DeletePod",
+                format!("Deleted the dead holder pod {name} ({reason})."),
+            )
+            .await;
+        }
+        Err(Error::Kube { source, .. }) if matches!(api_code(&source), Some(404 | 409)) => {
+            info!(
+                namespace = ns,
+                pod = name,
+                "dead holder pod already gone or replaced; left alone"
+            );
+        }
+        Err(e) => {
+            ctx.state
+                .metrics
+                .reconcile_errors
+                .with_label_values(&[e.kind().as_str()])
+                .inc();
+            warn!(namespace = ns, pod = name, error = %e, "could not delete the dead holder pod; the lock is reclaimed");
+        }
+    }
+}

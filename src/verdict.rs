@@ -1,0 +1,469 @@
+//! The judgement: from a lock, what a live GET found of its holder, and the
+//! time, decide whether the lock can be reclaimed. Pure: no I/O, no clock.
+
+use std::fmt;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::lock::{Lock, Unmanageable};
+
+/// Why a stale lock's holder can no longer run. `as_str` is the `reason`
+/// label of the metrics and appears in Events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StaleReason {
+    Evicted,
+    Preempted,
+    Shutdown,
+    Failed,
+    Succeeded,
+    OwnerGone,
+}
+
+impl StaleReason {
+    pub const ALL: [StaleReason; 6] = [
+        StaleReason::Evicted,
+        StaleReason::Preempted,
+        StaleReason::Shutdown,
+        StaleReason::Failed,
+        StaleReason::Succeeded,
+        StaleReason::OwnerGone,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StaleReason::Evicted => "Evicted",
+            StaleReason::Preempted => "Preempted",
+            StaleReason::Shutdown => "Shutdown",
+            StaleReason::Failed => "Failed",
+            StaleReason::Succeeded => "Succeeded",
+            StaleReason::OwnerGone => "OwnerGone",
+        }
+    }
+}
+
+impl fmt::Display for StaleReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a lock is held: the holder might still run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeldBecause {
+    /// Pending, Running, Unknown, or a phase this version does not know.
+    Phase(String),
+    /// The pod has no status yet; nothing proves it is dead.
+    NoStatus,
+    /// The pod is being deleted but has not reached a terminal phase: its
+    /// containers may still run until the kubelet confirms.
+    Terminating,
+    /// The holder pod is gone, but only for `since`; wait out the grace
+    /// (a force-deleted pod's containers may still be stopping).
+    OwnerGoneGrace { remaining: Duration },
+}
+
+/// What the janitor concludes about a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Held(HeldBecause),
+    Stale {
+        reason: StaleReason,
+        /// When the holder's containers last finished, if the pod says.
+        died_at: Option<Timestamp>,
+    },
+    /// A pod with the holder's name but another uid exists: a recreated
+    /// StatefulSet pod believes it still leads. Never reclaimed.
+    Ambiguous {
+        other_uid: String,
+    },
+    Unmanageable(Unmanageable),
+}
+
+/// The state names used by `lock_janitor_locks{state}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockState {
+    Held,
+    Stale,
+    Ambiguous,
+    Unmanageable,
+}
+
+impl LockState {
+    pub const ALL: [LockState; 4] = [
+        LockState::Held,
+        LockState::Stale,
+        LockState::Ambiguous,
+        LockState::Unmanageable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockState::Held => "held",
+            LockState::Stale => "stale",
+            LockState::Ambiguous => "ambiguous",
+            LockState::Unmanageable => "unmanageable",
+        }
+    }
+}
+
+impl Verdict {
+    pub fn state(&self) -> LockState {
+        match self {
+            Verdict::Held(_) => LockState::Held,
+            Verdict::Stale { .. } => LockState::Stale,
+            Verdict::Ambiguous { .. } => LockState::Ambiguous,
+            Verdict::Unmanageable(_) => LockState::Unmanageable,
+        }
+    }
+}
+
+/// What a live GET of the holder's name in the lock's namespace returned.
+#[derive(Clone, Debug)]
+pub enum HolderSeen<'a> {
+    Pod(&'a Pod),
+    /// No pod of that name; the janitor first saw it missing at `since`.
+    Missing {
+        since: Timestamp,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Policy {
+    pub owner_gone_grace: Duration,
+}
+
+/// Judges one lock. Everything that is not proof of death is `Held`.
+pub fn judge(lock: &Lock, holder: HolderSeen<'_>, now: Timestamp, policy: &Policy) -> Verdict {
+    let pod = match holder {
+        HolderSeen::Missing { since } => {
+            let gone_for = now.duration_since(since);
+            let gone_for = Duration::try_from(gone_for).unwrap_or(Duration::ZERO);
+            return if gone_for >= policy.owner_gone_grace {
+                Verdict::Stale {
+                    reason: StaleReason::OwnerGone,
+                    died_at: Some(since),
+                }
+            } else {
+                Verdict::Held(HeldBecause::OwnerGoneGrace {
+                    remaining: policy.owner_gone_grace - gone_for,
+                })
+            };
+        }
+        HolderSeen::Pod(pod) => pod,
+    };
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    if uid != lock.holder.uid {
+        return Verdict::Ambiguous {
+            other_uid: uid.to_owned(),
+        };
+    }
+    let Some(status) = pod.status.as_ref() else {
+        return Verdict::Held(HeldBecause::NoStatus);
+    };
+    let phase = status.phase.as_deref().unwrap_or_default();
+    let reason = match phase {
+        "Failed" => match status.reason.as_deref().unwrap_or_default() {
+            "Evicted" => StaleReason::Evicted,
+            "Preempting" => StaleReason::Preempted,
+            "Terminated" | "Shutdown" | "NodeShutdown" => StaleReason::Shutdown,
+            _ => StaleReason::Failed,
+        },
+        "Succeeded" => StaleReason::Succeeded,
+        // Not terminal: the kubelet may still run its containers.
+        _ if pod.metadata.deletion_timestamp.is_some() => {
+            return Verdict::Held(HeldBecause::Terminating)
+        }
+        "" => return Verdict::Held(HeldBecause::NoStatus),
+        other => return Verdict::Held(HeldBecause::Phase(other.to_owned())),
+    };
+    Verdict::Stale {
+        reason,
+        died_at: last_finished(pod),
+    }
+}
+
+/// The latest `finishedAt` over all terminated containers of the pod.
+pub fn last_finished(pod: &Pod) -> Option<Timestamp> {
+    let status = pod.status.as_ref()?;
+    [
+        &status.container_statuses,
+        &status.init_container_statuses,
+        &status.ephemeral_container_statuses,
+    ]
+    .into_iter()
+    .flatten()
+    .flatten()
+    .filter_map(|cs| cs.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
+    .map(|t| t.0)
+    .max()
+}
+
+/// Whether a pod is terminal, which is the only state in which the janitor
+/// deletes it.
+pub fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Failed" | "Succeeded")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::Holder;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    const GRACE: Duration = Duration::from_secs(30);
+
+    fn lock() -> Lock {
+        Lock {
+            namespace: "ops".into(),
+            name: "op-lock".into(),
+            uid: "cm-uid".into(),
+            resource_version: "7".into(),
+            created: None,
+            holder: Holder {
+                name: "op-1".into(),
+                uid: "pod-uid".into(),
+            },
+        }
+    }
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn pod(uid: &str, phase: Option<&str>, reason: Option<&str>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("op-1".into()),
+                namespace: Some("ops".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: None,
+            status: Some(PodStatus {
+                phase: phase.map(Into::into),
+                reason: reason.map(Into::into),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn judge_pod(p: &Pod) -> Verdict {
+        judge(
+            &lock(),
+            HolderSeen::Pod(p),
+            t("2026-01-01T00:00:00Z"),
+            &Policy {
+                owner_gone_grace: GRACE,
+            },
+        )
+    }
+
+    fn stale(reason: StaleReason) -> Verdict {
+        Verdict::Stale {
+            reason,
+            died_at: None,
+        }
+    }
+
+    #[test]
+    fn design_table() {
+        let terminating = {
+            let mut p = pod("pod-uid", Some("Running"), None);
+            p.metadata.deletion_timestamp = Some(Time(t("2026-01-01T00:00:00Z")));
+            p
+        };
+        let failed_and_terminating = {
+            let mut p = pod("pod-uid", Some("Failed"), Some("Evicted"));
+            p.metadata.deletion_timestamp = Some(Time(t("2026-01-01T00:00:00Z")));
+            p
+        };
+        let no_status = Pod {
+            status: None,
+            ..pod("pod-uid", None, None)
+        };
+        let cases: Vec<(&str, Pod, Verdict)> = vec![
+            (
+                "evicted",
+                pod("pod-uid", Some("Failed"), Some("Evicted")),
+                stale(StaleReason::Evicted),
+            ),
+            (
+                "preempted",
+                pod("pod-uid", Some("Failed"), Some("Preempting")),
+                stale(StaleReason::Preempted),
+            ),
+            (
+                "terminated",
+                pod("pod-uid", Some("Failed"), Some("Terminated")),
+                stale(StaleReason::Shutdown),
+            ),
+            (
+                "shutdown",
+                pod("pod-uid", Some("Failed"), Some("Shutdown")),
+                stale(StaleReason::Shutdown),
+            ),
+            (
+                "node shutdown",
+                pod("pod-uid", Some("Failed"), Some("NodeShutdown")),
+                stale(StaleReason::Shutdown),
+            ),
+            (
+                "other failure",
+                pod("pod-uid", Some("Failed"), Some("OOMKilled")),
+                stale(StaleReason::Failed),
+            ),
+            (
+                "failed, no reason",
+                pod("pod-uid", Some("Failed"), None),
+                stale(StaleReason::Failed),
+            ),
+            (
+                "succeeded",
+                pod("pod-uid", Some("Succeeded"), None),
+                stale(StaleReason::Succeeded),
+            ),
+            (
+                "terminal wins over terminating",
+                failed_and_terminating,
+                stale(StaleReason::Evicted),
+            ),
+            (
+                "pending",
+                pod("pod-uid", Some("Pending"), None),
+                Verdict::Held(HeldBecause::Phase("Pending".into())),
+            ),
+            (
+                "running",
+                pod("pod-uid", Some("Running"), None),
+                Verdict::Held(HeldBecause::Phase("Running".into())),
+            ),
+            (
+                "unknown",
+                pod("pod-uid", Some("Unknown"), None),
+                Verdict::Held(HeldBecause::Phase("Unknown".into())),
+            ),
+            (
+                "future phase",
+                pod("pod-uid", Some("Hibernating"), None),
+                Verdict::Held(HeldBecause::Phase("Hibernating".into())),
+            ),
+            (
+                "running, evicted reason",
+                pod("pod-uid", Some("Running"), Some("Evicted")),
+                Verdict::Held(HeldBecause::Phase("Running".into())),
+            ),
+            (
+                "terminating",
+                terminating,
+                Verdict::Held(HeldBecause::Terminating),
+            ),
+            ("no status", no_status, Verdict::Held(HeldBecause::NoStatus)),
+            (
+                "empty phase",
+                pod("pod-uid", None, None),
+                Verdict::Held(HeldBecause::NoStatus),
+            ),
+            (
+                "same name, other uid, even if dead",
+                pod("other-uid", Some("Failed"), Some("Evicted")),
+                Verdict::Ambiguous {
+                    other_uid: "other-uid".into(),
+                },
+            ),
+            (
+                "same name, other uid",
+                pod("other-uid", Some("Running"), None),
+                Verdict::Ambiguous {
+                    other_uid: "other-uid".into(),
+                },
+            ),
+            (
+                "same name, no uid",
+                Pod {
+                    metadata: ObjectMeta {
+                        uid: None,
+                        ..Default::default()
+                    },
+                    ..pod("", Some("Failed"), None)
+                },
+                Verdict::Ambiguous {
+                    other_uid: String::new(),
+                },
+            ),
+        ];
+        for (name, p, want) in cases {
+            assert_eq!(judge_pod(&p), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn owner_gone_waits_for_the_grace() {
+        let policy = Policy {
+            owner_gone_grace: GRACE,
+        };
+        let since = t("2026-01-01T00:00:00Z");
+        let judge_at = |now: &str| judge(&lock(), HolderSeen::Missing { since }, t(now), &policy);
+        assert_eq!(
+            judge_at("2026-01-01T00:00:10Z"),
+            Verdict::Held(HeldBecause::OwnerGoneGrace {
+                remaining: Duration::from_secs(20)
+            })
+        );
+        assert_eq!(
+            judge_at("2026-01-01T00:00:30Z"),
+            Verdict::Stale {
+                reason: StaleReason::OwnerGone,
+                died_at: Some(since)
+            }
+        );
+        // A clock that went backwards never makes a lock stale early.
+        assert_eq!(
+            judge_at("2025-12-31T23:59:00Z"),
+            Verdict::Held(HeldBecause::OwnerGoneGrace { remaining: GRACE })
+        );
+    }
+
+    #[test]
+    fn death_time_is_the_last_container_finish() {
+        let term = |at: &str| ContainerStatus {
+            name: "c".into(),
+            state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    finished_at: Some(Time(t(at))),
+                    exit_code: 137,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut p = pod("pod-uid", Some("Failed"), Some("Evicted"));
+        let st = p.status.as_mut().unwrap();
+        st.container_statuses = Some(vec![
+            term("2026-01-01T00:00:05Z"),
+            term("2026-01-01T00:00:09Z"),
+        ]);
+        st.init_container_statuses = Some(vec![term("2026-01-01T00:00:01Z")]);
+        assert_eq!(
+            judge_pod(&p),
+            Verdict::Stale {
+                reason: StaleReason::Evicted,
+                died_at: Some(t("2026-01-01T00:00:09Z"))
+            }
+        );
+        assert!(is_terminal(&p));
+        assert!(!is_terminal(&pod("pod-uid", Some("Running"), None)));
+        assert!(!is_terminal(&Pod {
+            status: None,
+            ..pod("pod-uid", None, None)
+        }));
+    }
+}
