@@ -1,0 +1,94 @@
+{{/*
+Chart name, truncated to the 63 characters a label value allows.
+*/}}
+{{- define "lock-janitor.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name of the release's objects. Uses the release name alone when it
+already contains the chart name, so `helm install lock-janitor ...` gives
+"lock-janitor", not "lock-janitor-lock-janitor".
+*/}}
+{{- define "lock-janitor.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "lock-janitor.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Selector labels: stable for the life of a release (a Deployment's selector
+cannot change).
+*/}}
+{{- define "lock-janitor.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "lock-janitor.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels on every object.
+*/}}
+{{- define "lock-janitor.labels" -}}
+helm.sh/chart: {{ include "lock-janitor.chart" . }}
+{{ include "lock-janitor.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: controller
+app.kubernetes.io/part-of: lock-janitor
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "lock-janitor.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "lock-janitor.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "lock-janitor.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Rules shared by the ClusterRole and the per-namespace Roles: exactly what
+`lock-janitor run` needs, nothing else.
+*/}}
+{{- define "lock-janitor.rules" -}}
+# Watch the opted-in locks; delete the stale ones (with uid+resourceVersion
+# preconditions).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "delete"]
+# Read the holder pods; delete a dead holder only when deletePod is set.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"{{ if .Values.deletePod }}, "delete"{{ end }}]
+# Report verdicts as Events; the event recorder patches repeated ones.
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/*
+Refuse settings that would make the janitor unsafe.
+*/}}
+{{- define "lock-janitor.validate" -}}
+{{- if gt (int .Values.replicas) 1 }}
+{{- fail "lock-janitor has no leader election yet; a second active replica would double every write; keep replicas: 1" }}
+{{- end }}
+{{- end }}

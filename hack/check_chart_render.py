@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Asserts properties of `helm template` output for the lock-janitor chart.
+
+    helm template lj charts/lock-janitor -n NS [-f VALUES] | hack/check_chart_render.py CASE NS
+
+CASE is one of: defaults, all-on, namespaced. Called by hack/test-chart.sh.
+Prints one line per failed check and exits 1 if any failed.
+"""
+import sys
+
+import yaml
+
+RULES_FILE = "charts/lock-janitor/files/prometheus-rules.yaml"
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
+OPTIONAL = {"ServiceMonitor", "PrometheusRule", "PodDisruptionBudget", "NetworkPolicy"}
+
+errors = []
+
+
+def check(ok, msg):
+    if not ok:
+        errors.append(msg)
+
+
+def main():
+    case, release_ns = sys.argv[1], sys.argv[2]
+    docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+
+    def one(kind):
+        objs = by_kind.get(kind, [])
+        check(len(objs) == 1, f"want exactly one {kind}, got {len(objs)}")
+        return objs[0] if objs else {}
+
+    # Labels and namespaces on every object.
+    for d in docs:
+        meta, kind = d["metadata"], d["kind"]
+        labels = meta.get("labels", {})
+        for key in ("name", "instance", "version", "component", "managed-by", "part-of"):
+            check(f"app.kubernetes.io/{key}" in labels, f"{kind}/{meta['name']}: no app.kubernetes.io/{key} label")
+        if kind in CLUSTER_SCOPED:
+            check("namespace" not in meta, f"{kind}/{meta['name']} is cluster-scoped but has a namespace")
+        elif kind not in ("Role", "RoleBinding"):
+            check(meta.get("namespace") == release_ns, f"{kind}/{meta['name']}: namespace {meta.get('namespace')!r}, want the release namespace {release_ns!r}")
+
+    # Deployment: hardened pod, probes, POD_NAME, args.
+    dep = one("Deployment")
+    spec = dep.get("spec", {})
+    pod = spec.get("template", {}).get("spec", {})
+    check(spec.get("replicas") == 1, "Deployment replicas != 1")
+    check(spec.get("strategy", {}).get("type") == "Recreate", "Deployment strategy is not Recreate (two janitors during a rollout)")
+    check(pod.get("automountServiceAccountToken") is True, "pod does not automount its token")
+    psc = pod.get("securityContext", {})
+    check(psc.get("runAsNonRoot") is True, "pod runAsNonRoot is not true")
+    check(psc.get("runAsUser") == 65532 and psc.get("runAsGroup") == 65532, "pod runAsUser/runAsGroup are not 65532")
+    check(psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", "pod seccompProfile is not RuntimeDefault")
+    containers = pod.get("containers", [])
+    check(len(containers) == 1, "want one container")
+    c = containers[0] if containers else {}
+    sc = c.get("securityContext", {})
+    check(sc.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation is not false")
+    check(sc.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem is not true")
+    check(sc.get("capabilities", {}).get("drop") == ["ALL"], "capabilities do not drop ALL")
+    check(c.get("livenessProbe", {}).get("httpGet", {}).get("path") == "/healthz", "liveness probe is not /healthz")
+    check(c.get("readinessProbe", {}).get("httpGet", {}).get("path") == "/readyz", "readiness probe is not /readyz")
+    env = {e["name"]: e for e in c.get("env", [])}
+    check(env.get("POD_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name",
+          "POD_NAME is not set from metadata.name")
+    res = c.get("resources", {})
+    check(res.get("requests") and res.get("limits"), "resources lack requests or limits")
+    args = c.get("args", [])
+    ports = c.get("ports", [])
+    check(ports and ports[0].get("name") == "metrics", "container port is not named metrics")
+    port = ports[0]["containerPort"] if ports else None
+    check(f"--metrics-bind-address=0.0.0.0:{port}" in args, f"args lack --metrics-bind-address for port {port}: {args}")
+    check("--selector=lock-janitor.io/watch=true" in args, f"args lack the default selector: {args}")
+    check(any(a.startswith("--owner-gone-grace=") for a in args) and any(a.startswith("--resync=") for a in args),
+          "args lack --owner-gone-grace or --resync")
+
+    # ServiceAccount.
+    sa_name = pod.get("serviceAccountName")
+    sas = by_kind.get("ServiceAccount", [])
+    if case == "namespaced":
+        check(not sas, "serviceAccount.create=false still creates a ServiceAccount")
+        check(sa_name == "janitor", f"pod uses ServiceAccount {sa_name!r}, want 'janitor'")
+    else:
+        sa = one("ServiceAccount")
+        check(sa.get("automountServiceAccountToken") is False, "ServiceAccount automounts its token")
+        check(sa.get("metadata", {}).get("name") == sa_name, "pod does not use the chart's ServiceAccount")
+
+    # Service.
+    svc = one("Service")
+    check([p.get("name") for p in svc.get("spec", {}).get("ports", [])] == ["metrics"], "Service port is not named metrics")
+
+    # RBAC: exactly the documented rules.
+    delete_pod = case in ("all-on", "namespaced")
+    want_rules = [
+        ("", "configmaps", ["get", "list", "watch", "delete"]),
+        ("", "pods", ["get", "list", "watch"] + (["delete"] if delete_pod else [])),
+        ("events.k8s.io", "events", ["create", "patch"]),
+    ]
+    if case == "namespaced":
+        check(not by_kind.get("ClusterRole") and not by_kind.get("ClusterRoleBinding"), "namespaced mode has cluster-wide grants")
+        roles = by_kind.get("Role", [])
+        bindings = by_kind.get("RoleBinding", [])
+        check(sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"], "want a Role in team-a and team-b")
+        check(sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"], "want a RoleBinding in team-a and team-b")
+        for b in bindings:
+            subj = b.get("subjects", [{}])[0]
+            check(subj.get("name") == sa_name and subj.get("namespace") == release_ns,
+                  f"RoleBinding in {b['metadata']['namespace']} does not bind {release_ns}/{sa_name}")
+        rule_sets = [r.get("rules", []) for r in roles]
+        check("--namespace=team-a" in args and "--namespace=team-b" in args, f"args lack --namespace flags: {args}")
+    else:
+        check(not by_kind.get("Role") and not by_kind.get("RoleBinding"), "cluster-wide mode creates Roles")
+        rule_sets = [one("ClusterRole").get("rules", [])]
+        crb = one("ClusterRoleBinding")
+        subj = crb.get("subjects", [{}])[0]
+        check(subj.get("name") == sa_name and subj.get("namespace") == release_ns, "ClusterRoleBinding does not bind the janitor's ServiceAccount")
+        check(not any(a.startswith("--namespace") for a in args), f"all-namespaces mode passes --namespace: {args}")
+    for rules in rule_sets:
+        got = [(r["apiGroups"][0], r["resources"][0], r["verbs"]) for r in rules]
+        check(got == want_rules, f"RBAC rules {got}, want {want_rules}")
+        for r in rules:
+            check(len(r["apiGroups"]) == 1 and len(r["resources"]) == 1, f"rule grants more than one group/resource: {r}")
+
+    # Optional objects.
+    if case == "defaults":
+        for kind in OPTIONAL:
+            check(kind not in by_kind, f"{kind} rendered although it is off by default")
+        check("--dry-run" not in args and "--delete-pod" not in args, f"default args act dangerously: {args}")
+        check("--log-format=json" in args, "chart default log format is not json")
+    if case == "all-on":
+        for kind in OPTIONAL:
+            one(kind)
+        check("--dry-run" in args and "--delete-pod" in args, f"args lack --dry-run/--delete-pod: {args}")
+        sm = one("ServiceMonitor")
+        ep = sm.get("spec", {}).get("endpoints", [{}])[0]
+        check(ep.get("port") == "metrics" and ep.get("honorLabels") is True, "ServiceMonitor does not scrape port metrics with honorLabels")
+        np = one("NetworkPolicy")
+        ing_ports = [p.get("port") for p in np.get("spec", {}).get("ingress", [{}])[0].get("ports", [])]
+        check(ing_ports == ["metrics"], f"NetworkPolicy ingress ports {ing_ports}, want [metrics]")
+    if case in ("all-on", "namespaced"):
+        # The PrometheusRule carries exactly the rules of the plain file.
+        with open(RULES_FILE) as f:
+            plain = yaml.safe_load(f)["groups"]
+        rendered = one("PrometheusRule").get("spec", {}).get("groups", [])
+        if case == "all-on":
+            check(rendered == plain, "PrometheusRule groups differ from " + RULES_FILE)
+        else:
+            flat = yaml.safe_dump(rendered)
+            check('job=~"janitor"' in flat and ".*lock-janitor.*" not in flat,
+                  "prometheusRule.jobRegex was not substituted into LockJanitorDown")
+            names = [r["alert"] for g in rendered for r in g["rules"]]
+            want = [r["alert"] for g in plain for r in g["rules"]]
+            check(names == want, f"PrometheusRule alerts {names}, want {want}")
+        pdb = one("PodDisruptionBudget").get("spec", {})
+        if case == "namespaced":
+            check(pdb.get("minAvailable") == 0 and "maxUnavailable" not in pdb, f"PDB minAvailable not honoured: {pdb}")
+        else:
+            check(pdb.get("maxUnavailable") == 1 and "minAvailable" not in pdb, f"PDB default is not maxUnavailable 1: {pdb}")
+
+    for e in errors:
+        print(f"check-chart-render[{case}]: {e}")
+    if errors:
+        sys.exit(1)
+    print(f"check-chart-render[{case}]: {len(docs)} objects ({', '.join(sorted(by_kind))}) OK")
+
+
+if __name__ == "__main__":
+    main()

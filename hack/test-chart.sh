@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Lints and renders the chart with its default values and with every CI values
+# file, checks the rendered objects (hack/check_chart_render.py), and checks
+# that bad values are refused.
+#
+#   hack/test-chart.sh
+#
+# helm: $HELM, else the testenv's pinned build (testenv/build.sh --print), else
+# PATH. This script does not build helm; `make testenv-build` does.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+chart=charts/lock-janitor
+ns=lj-test
+fail() { echo "test-chart: FAIL: $*" >&2; exit 1; }
+
+helm="${HELM:-}"
+if [ -z "$helm" ]; then
+  tb="$(testenv/build.sh --print 2>/dev/null || true)"
+  if [ -n "$tb" ] && [ -x "$tb/helm" ]; then helm="$tb/helm"
+  elif command -v helm >/dev/null 2>&1; then helm="$(command -v helm)"
+  else fail "helm not found: set HELM, run 'testenv/build.sh', or put helm on PATH"
+  fi
+fi
+python3 -c 'import yaml' 2>/dev/null || fail "python3 with PyYAML is needed (pip install pyyaml)"
+echo "test-chart: $("$helm" version --short 2>&1)"
+
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+render() { # case [values file]
+  local case="$1"; shift
+  local vals=()
+  [ $# -gt 0 ] && vals=(-f "$1")
+  "$helm" lint --strict "$chart" --namespace "$ns" "${vals[@]}" || fail "helm lint ($case)"
+  "$helm" template lj "$chart" --namespace "$ns" "${vals[@]}" >"$out/$case.yaml" || fail "helm template ($case)"
+  python3 hack/check_chart_render.py "$case" "$ns" <"$out/$case.yaml" || fail "rendered objects ($case)"
+}
+render defaults
+render all-on "$chart/ci/all-on-values.yaml"
+render namespaced "$chart/ci/namespaced-values.yaml"
+
+refuse() { # description expected-message helm-args...
+  local what="$1" want="$2"; shift 2
+  if "$helm" template lj "$chart" --namespace "$ns" "$@" >/dev/null 2>"$out/err"; then
+    fail "$what was accepted"
+  fi
+  grep -Fq "$want" "$out/err" || { cat "$out/err" >&2; fail "$what: error does not say '$want'"; }
+  echo "test-chart: refused $what: $(grep -F "$want" "$out/err" | head -n1 | cut -c1-160)"
+}
+refuse "replicas: 2" "lock-janitor has no leader election yet; a second active replica would double every write; keep replicas: 1" --set replicas=2
+refuse "an unknown top-level key" "replica" --set replica=1
+refuse "a string for dryRun" "dryRun" --set-string dryRun=yes
+refuse "a number for ownerGoneGrace" "ownerGoneGrace" --set ownerGoneGrace=30
+refuse "logFormat: xml" "logFormat" --set logFormat=xml
+refuse "a misspelt serviceMonitor key" "enable" --set serviceMonitor.enable=true
+
+echo "test-chart: OK"
