@@ -1,6 +1,7 @@
 //! The `lock-janitor` binary: parse flags, set up logs, call the library.
 #![forbid(unsafe_code)]
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context as _;

@@ -1,0 +1,684 @@
+//! End-to-end: the real janitor binary against a real control plane (etcd,
+//! kube-apiserver, kube-controller-manager with the garbage collector on).
+//! Tests play the kubelet by writing pod status.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, Client};
+use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane};
+use support::*;
+
+struct Scenario {
+    cp: &'static ControlPlane,
+    client: Client,
+    ns: String,
+    node: String,
+}
+
+async fn scenario(prefix: &str) -> Scenario {
+    let cp = shared().await;
+    let client = cp.client().await.expect("admin client");
+    grant_janitor(&client).await;
+    let ns = fresh_namespace(&client, prefix).await;
+    let node = format!("node-{ns}");
+    kubelet::create_node(&client, &node).await.expect("node");
+    Scenario {
+        cp,
+        client,
+        ns,
+        node,
+    }
+}
+
+impl Scenario {
+    async fn janitor(&self, extra: &[&str]) -> Janitor {
+        let kc = kubeconfig_as(self.cp, JANITOR_USER);
+        let mut args = vec![
+            "--namespace",
+            &self.ns,
+            "--resync",
+            "2s",
+            "--owner-gone-grace",
+            "2s",
+        ];
+        args.extend_from_slice(extra);
+        Janitor::start(&kc, &args).await
+    }
+
+    async fn pod(&self, name: &str) -> Pod {
+        running_pod(&self.client, &self.ns, name, &self.node).await
+    }
+
+    async fn lock(&self, name: &str, holder: &Pod) -> ConfigMap {
+        create_lock(&self.client, &lock_for(name, holder, true)).await
+    }
+
+    async fn wait_gone(&self, lock: &str) {
+        wait_for(
+            &format!("lock {lock} deleted"),
+            Duration::from_secs(30),
+            || async { (!lock_exists(&self.client, &self.ns, lock).await).then_some(()) },
+        )
+        .await
+    }
+
+    fn janitor_writes(&self) -> Vec<lock_janitor_testenv::audit::AuditEvent> {
+        writes_by(self.cp, JANITOR_USER, &self.ns)
+    }
+}
+
+/// A holder dies with `pod_reason` (or succeeds); the lock is deleted, the
+/// metric counts it with `label`, and an Event says so.
+async fn reclaimed_when(prefix: &str, kill: impl AsyncFnOnce(&Scenario, &str), label: &str) {
+    let s = scenario(prefix).await;
+    let leader = s.pod("leader").await;
+    s.lock("op-lock", &leader).await;
+    let j = s.janitor(&[]).await;
+    kill(&s, "leader").await;
+    s.wait_gone("op-lock").await;
+
+    let m = j.metrics().await;
+    let labels = [
+        ("namespace", s.ns.as_str()),
+        ("lock", "op-lock"),
+        ("reason", label),
+    ];
+    assert_eq!(
+        sample(&m, "lock_janitor_reclaims_total", &labels),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "lock_janitor_reclaim_latency_seconds_count", &[]),
+        Some(1.0)
+    );
+    let ev = wait_event(&s.client, &s.ns, "StaleLockReclaimed", "op-lock").await;
+    assert_eq!(ev.type_.as_deref(), Some("Normal"));
+    assert!(
+        ev.note.as_deref().unwrap_or_default().contains(label),
+        "{ev:?}"
+    );
+    let related = ev.related.expect("Event names the holder pod");
+    assert_eq!(related.kind.as_deref(), Some("Pod"));
+    assert_eq!(related.name.as_deref(), Some("leader"));
+    // The delete was guarded by the judged uid and resourceVersion.
+    let deletes: Vec<_> = s
+        .janitor_writes()
+        .into_iter()
+        .filter(|e| e.verb == "delete")
+        .collect();
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert_eq!(deletes[0].code, Some(200));
+    // The dead pod stays without --delete-pod.
+    assert!(Api::<Pod>::namespaced(s.client.clone(), &s.ns)
+        .get_opt("leader")
+        .await
+        .unwrap()
+        .is_some());
+}
+
+async fn fail_with(s: &Scenario, pod: &str, reason: &str) {
+    kubelet::set_failed(&s.client, &s.ns, pod, reason, "test")
+        .await
+        .expect("set failed");
+}
+
+#[tokio::test]
+async fn evicted_holder_lock_is_reclaimed() {
+    reclaimed_when(
+        "evicted",
+        async |s, p| fail_with(s, p, "Evicted").await,
+        "Evicted",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn preempted_holder_lock_is_reclaimed() {
+    reclaimed_when(
+        "preempted",
+        async |s, p| fail_with(s, p, "Preempting").await,
+        "Preempted",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn shutdown_holder_lock_is_reclaimed() {
+    reclaimed_when(
+        "shutdown",
+        async |s, p| fail_with(s, p, "NodeShutdown").await,
+        "Shutdown",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn otherwise_failed_holder_lock_is_reclaimed() {
+    reclaimed_when(
+        "failed",
+        async |s, p| fail_with(s, p, "Error").await,
+        "Failed",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn succeeded_holder_lock_is_reclaimed() {
+    reclaimed_when(
+        "succeeded",
+        async |s, p| {
+            kubelet::set_succeeded(&s.client, &s.ns, p)
+                .await
+                .expect("set succeeded");
+        },
+        "Succeeded",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn live_ambiguous_and_unmanageable_locks_survive_resyncs() {
+    let s = scenario("held").await;
+    let running = s.pod("running").await;
+    s.lock("running-lock", &running).await;
+
+    // Terminating: a finalizer keeps the deleted pod in the API, still Running.
+    let terminating = s.pod("terminating").await;
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    pods.patch(
+        "terminating",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": ["lock-janitor.io/test"]}})),
+    )
+    .await
+    .unwrap();
+    s.lock("terminating-lock", &terminating).await;
+    pods.delete("terminating", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // Unmanageable: no owner; two owners; a non-Pod owner.
+    let other = s.pod("other").await;
+    let mut no_owner = lock_for("no-owner-lock", &running, true);
+    no_owner.metadata.owner_references = None;
+    create_lock(&s.client, &no_owner).await;
+    let mut two = lock_for("two-owner-lock", &running, true);
+    two.metadata.owner_references = Some(vec![pod_owner(&running), pod_owner(&other)]);
+    create_lock(&s.client, &two).await;
+    let plain = create_lock(&s.client, &{
+        let mut c = lock_for("plain-config", &running, false);
+        c.metadata.owner_references = None;
+        c
+    })
+    .await;
+    let mut cm_owned = lock_for("cm-owner-lock", &running, true);
+    cm_owned.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "plain-config".into(),
+            uid: plain.metadata.uid.clone().unwrap(),
+            ..Default::default()
+        },
+    ]);
+    create_lock(&s.client, &cm_owned).await;
+
+    let j = s.janitor(&["--delete-pod"]).await;
+
+    for name in ["no-owner-lock", "two-owner-lock", "cm-owner-lock"] {
+        let ev = wait_event(&s.client, &s.ns, "UnmanageableLock", name).await;
+        assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    }
+
+    // Several resync periods (2s each): every lock judged at least 4 times.
+    let before = sample(
+        &j.metrics().await,
+        "lock_janitor_reconcile_duration_seconds_count",
+        &[],
+    )
+    .unwrap();
+    wait_for("four resyncs", Duration::from_secs(40), || async {
+        let n = sample(
+            &j.metrics().await,
+            "lock_janitor_reconcile_duration_seconds_count",
+            &[],
+        )?;
+        (n >= before + 5.0 * 4.0).then_some(())
+    })
+    .await;
+
+    for lock in [
+        "running-lock",
+        "terminating-lock",
+        "no-owner-lock",
+        "two-owner-lock",
+        "cm-owner-lock",
+    ] {
+        assert!(
+            lock_exists(&s.client, &s.ns, lock).await,
+            "{lock} was deleted"
+        );
+    }
+    assert!(
+        s.janitor_writes().is_empty(),
+        "janitor wrote: {:?}",
+        s.janitor_writes()
+    );
+    let m = j.metrics().await;
+    assert_eq!(
+        sample(&m, "lock_janitor_locks", &[("state", "held")]),
+        Some(2.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "lock_janitor_locks", &[("state", "ambiguous")]),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "lock_janitor_locks", &[("state", "unmanageable")]),
+        Some(3.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "lock_janitor_locks", &[("state", "stale")]),
+        Some(0.0),
+        "{m}"
+    );
+    // Reported once per resourceVersion, not once per resync.
+    for reason in ["UnmanageableLock"] {
+        for ev in events(&s.client, &s.ns, reason).await {
+            assert!(ev.series.is_none(), "{reason} repeated: {ev:?}");
+        }
+    }
+
+    // Clean up the finalizer so the namespace can go.
+    let p = Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}));
+    pods.patch("terminating", &PatchParams::default(), &p)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn dry_run_writes_nothing_but_events() {
+    let s = scenario("dry-run").await;
+    let leader = s.pod("leader").await;
+    s.lock("op-lock", &leader).await;
+    let j = s.janitor(&["--dry-run", "--delete-pod"]).await;
+    fail_with(&s, "leader", "Evicted").await;
+
+    let ev = wait_event(&s.client, &s.ns, "StaleLockDetected", "op-lock").await;
+    assert!(ev.note.unwrap_or_default().contains("dry run"));
+    let labels = [
+        ("namespace", s.ns.as_str()),
+        ("lock", "op-lock"),
+        ("reason", "Evicted"),
+    ];
+    wait_for("stale_locks gauge", Duration::from_secs(10), || async {
+        (sample(&j.metrics().await, "lock_janitor_stale_locks", &labels) == Some(1.0)).then_some(())
+    })
+    .await;
+    // Let a few resyncs pass, then check the audit log: no write at all.
+    let before = sample(
+        &j.metrics().await,
+        "lock_janitor_reconcile_duration_seconds_count",
+        &[],
+    )
+    .unwrap();
+    wait_for("resyncs", Duration::from_secs(20), || async {
+        let n = sample(
+            &j.metrics().await,
+            "lock_janitor_reconcile_duration_seconds_count",
+            &[],
+        )?;
+        (n >= before + 2.0).then_some(())
+    })
+    .await;
+    assert!(lock_exists(&s.client, &s.ns, "op-lock").await);
+    assert!(
+        s.janitor_writes().is_empty(),
+        "dry run wrote: {:?}",
+        s.janitor_writes()
+    );
+    let m = j.metrics().await;
+    assert_eq!(sample(&m, "lock_janitor_reclaims_total", &[]), None, "{m}");
+    assert_eq!(
+        sample(&m, "lock_janitor_locks", &[("state", "stale")]),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(events(&s.client, &s.ns, "StaleLockDetected").await.len(), 1);
+}
+
+#[tokio::test]
+async fn delete_pod_deletes_the_dead_holder_and_never_a_live_one() {
+    let s = scenario("delete-pod").await;
+    let leader = s.pod("leader").await;
+    s.lock("op-lock", &leader).await;
+    let live = s.pod("live").await;
+    s.lock("live-lock", &live).await;
+    let j = s.janitor(&["--delete-pod"]).await;
+    fail_with(&s, "leader", "Evicted").await;
+    s.wait_gone("op-lock").await;
+
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    wait_for("dead pod deleted", Duration::from_secs(20), || async {
+        pods.get_opt("leader")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    wait_event(&s.client, &s.ns, "DeadHolderDeleted", "op-lock").await;
+    assert!(pods.get_opt("live").await.unwrap().is_some());
+    assert!(lock_exists(&s.client, &s.ns, "live-lock").await);
+    let pod_deletes: Vec<_> = s
+        .janitor_writes()
+        .into_iter()
+        .filter(|e| e.resource.as_deref() == Some("pods") && e.verb == "delete")
+        .collect();
+    assert_eq!(pod_deletes.len(), 1, "{pod_deletes:?}");
+    assert_eq!(pod_deletes[0].name.as_deref(), Some("leader"));
+
+    // Every metric of DESIGN.md is exposed (stale_locks: see the dry-run test).
+    let m = j.metrics().await;
+    assert_eq!(
+        sample(
+            &m,
+            "lock_janitor_pod_deletions_total",
+            &[("namespace", s.ns.as_str()), ("reason", "Evicted")]
+        ),
+        Some(1.0)
+    );
+    for name in [
+        "lock_janitor_reclaims_total",
+        "lock_janitor_locks",
+        "lock_janitor_reclaim_latency_seconds_bucket",
+        "lock_janitor_pod_deletions_total",
+        "lock_janitor_reconcile_errors_total",
+        "lock_janitor_reconcile_duration_seconds_bucket",
+        "lock_janitor_build_info",
+    ] {
+        assert!(
+            sample(&m, name, &[]).is_some(),
+            "{name} missing from /metrics:\n{m}"
+        );
+    }
+    assert_eq!(
+        sample(
+            &m,
+            "lock_janitor_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn waiting_replica_takes_over_after_eviction() {
+    let s = scenario("takeover").await;
+    let leader = s.pod("operator-a").await;
+    let replica = s.pod("operator-b").await;
+    let lock = become_leader(&s.client, &leader, "operator-lock", true).await;
+    assert_eq!(
+        lock.metadata.owner_references.unwrap()[0].name,
+        "operator-a"
+    );
+    let _j = s.janitor(&[]).await;
+
+    // The replica follows operator-lib's protocol and waits.
+    let waiting = {
+        let client = s.client.clone();
+        let replica = replica.clone();
+        tokio::spawn(async move { become_leader(&client, &replica, "operator-lock", true).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !waiting.is_finished(),
+        "replica must wait while the leader runs"
+    );
+
+    fail_with(&s, "operator-a", "Evicted").await;
+    let new_lock = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("replica took over within 60s")
+        .unwrap();
+    let owner = &new_lock.metadata.owner_references.unwrap()[0];
+    assert_eq!(owner.name, "operator-b");
+    assert_eq!(Some(owner.uid.clone()), replica.metadata.uid);
+}
+
+#[tokio::test]
+async fn restarted_janitor_converges() {
+    let s = scenario("restart").await;
+    let a = s.pod("a").await;
+    s.lock("a-lock", &a).await;
+    let b = s.pod("b").await;
+    s.lock("b-lock", &b).await;
+
+    let mut first = s.janitor(&[]).await;
+    fail_with(&s, "a", "Evicted").await;
+    s.wait_gone("a-lock").await;
+    // A replica took over a's lock; the janitor crashes.
+    let a2 = s.pod("a2").await;
+    s.lock("a-lock", &a2).await;
+    first.kill();
+
+    // While no janitor runs, b dies.
+    fail_with(&s, "b", "Preempting").await;
+    let second = s.janitor(&[]).await;
+    s.wait_gone("b-lock").await;
+    let m = second.metrics().await;
+    let ns = s.ns.as_str();
+    assert_eq!(
+        sample(
+            &m,
+            "lock_janitor_reclaims_total",
+            &[("namespace", ns), ("lock", "b-lock")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "lock_janitor_reclaims_total",
+            &[("namespace", ns), ("lock", "a-lock")]
+        ),
+        None
+    );
+    assert!(
+        lock_exists(&s.client, &s.ns, "a-lock").await,
+        "the new leader's lock survives"
+    );
+    assert_eq!(
+        sample(&m, "lock_janitor_locks", &[("state", "held")]),
+        Some(1.0),
+        "{m}"
+    );
+    let deletes = s
+        .janitor_writes()
+        .into_iter()
+        .filter(|e| e.verb == "delete")
+        .count();
+    assert_eq!(deletes, 2, "one delete per dead holder, none repeated");
+}
+
+#[tokio::test]
+async fn sigterm_exits_cleanly() {
+    let s = scenario("sigterm").await;
+    let mut j = s.janitor(&[]).await;
+    j.signal("TERM");
+    let st = j
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("exited within 10s after SIGTERM");
+    assert_eq!(st.code(), Some(0), "{}", j.logs());
+}
+
+#[tokio::test]
+async fn bad_input_never_panics_nor_deletes() {
+    let s = scenario("bad-input").await;
+    // A lock near the 1 MiB object limit, with a dead holder: reclaimed.
+    let big_holder = s.pod("big").await;
+    let mut big = lock_for("big-lock", &big_holder, true);
+    big.data = Some([("blob".to_string(), "x".repeat(1_000_000))].into());
+    create_lock(&s.client, &big).await;
+    // Odd label values do not opt in.
+    let odd = s.pod("odd").await;
+    let mut odd_lock = lock_for("odd-lock", &odd, true);
+    odd_lock.metadata.labels =
+        Some([("lock-janitor.io/watch".to_string(), "TRUE".to_string())].into());
+    create_lock(&s.client, &odd_lock).await;
+    // A held lock keeps resyncs going after big-lock is gone.
+    let steady = s.pod("steady").await;
+    s.lock("steady-lock", &steady).await;
+
+    let j = s.janitor(&[]).await;
+    fail_with(&s, "big", "Evicted").await;
+    fail_with(&s, "odd", "Evicted").await;
+    s.wait_gone("big-lock").await;
+    // A couple of resyncs later the unselected lock is still there.
+    let before = sample(
+        &j.metrics().await,
+        "lock_janitor_reconcile_duration_seconds_count",
+        &[],
+    )
+    .unwrap();
+    wait_for("a resync", Duration::from_secs(20), || async {
+        let n = sample(
+            &j.metrics().await,
+            "lock_janitor_reconcile_duration_seconds_count",
+            &[],
+        )?;
+        (n > before).then_some(())
+    })
+    .await;
+    assert!(lock_exists(&s.client, &s.ns, "odd-lock").await);
+    assert!(!j.logs().contains("panicked"), "{}", j.logs());
+}
+
+#[tokio::test]
+async fn bad_flags_exit_2_with_a_message() {
+    for args in [
+        vec!["run", "--resync", "never"],
+        vec!["run", "--namespace", "Not_A_Namespace"],
+        vec!["run", "--log-format", "xml"],
+        vec!["run", "--selector", "a=b c"],
+        vec!["frobnicate"],
+    ] {
+        let out = std::process::Command::new(janitor_bin())
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("error:"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let out = std::process::Command::new(janitor_bin())
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+    // No cluster: a clear error, exit 1.
+    let out = std::process::Command::new(janitor_bin())
+        .args(["run", "--metrics-bind-address", "127.0.0.1:0"])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("HOME", "/nonexistent")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no Kubernetes cluster found"));
+}
+
+/// The race: the lock is deleted and re-created by a live pod between the
+/// judgement and the DELETE. The library's reclaim is driven directly with
+/// the stale judgement; the API server's preconditions refuse the delete.
+#[tokio::test]
+async fn lock_recreated_between_judgement_and_delete_survives() {
+    use lock_janitor::controller::{Context, LockKey, Settings};
+    use lock_janitor::reclaim::{reclaim, Outcome};
+    let s = scenario("race").await;
+    let dead = s.pod("dead").await;
+    s.lock("op-lock", &dead).await;
+    fail_with(&s, "dead", "Evicted").await;
+
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig_as(s.cp, JANITOR_USER)).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let client = Client::try_from(config).unwrap();
+    let ctx = Context::new(
+        client,
+        lock_janitor::http::State::new().unwrap(),
+        Settings {
+            selector: lock_janitor::DEFAULT_SELECTOR.into(),
+            namespaces: vec![s.ns.clone()],
+            dry_run: false,
+            delete_pod: false,
+            policy: lock_janitor::verdict::Policy {
+                owner_gone_grace: Duration::from_secs(30),
+            },
+            resync: Duration::from_secs(60),
+        },
+    );
+    let key = LockKey {
+        namespace: s.ns.clone(),
+        name: "op-lock".into(),
+    };
+    let judged = ctx.judge_live(&key).await.unwrap().expect("lock exists");
+    assert_eq!(
+        judged.verdict.state(),
+        lock_janitor::verdict::LockState::Stale
+    );
+
+    // Meanwhile: someone deletes the lock and a live replica takes it.
+    let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.ns);
+    cms.delete("op-lock", &DeleteParams::default())
+        .await
+        .unwrap();
+    let live = s.pod("live").await;
+    let new_lock = s.lock("op-lock", &live).await;
+    assert_eq!(reclaim(&ctx, &judged).await.unwrap(), Outcome::Changed);
+    let now = cms.get("op-lock").await.unwrap();
+    assert_eq!(
+        now.metadata.uid, new_lock.metadata.uid,
+        "the new lock survives"
+    );
+
+    // Same lock, changed since judged (resourceVersion): also refused.
+    let judged = ctx.judge_live(&key).await.unwrap().unwrap();
+    let mut stale_copy = judged.clone();
+    if let Some(lock) = stale_copy.lock.as_mut() {
+        lock.resource_version = "1".into();
+    }
+    stale_copy.verdict = lock_janitor::verdict::Verdict::Stale {
+        reason: lock_janitor::verdict::StaleReason::Evicted,
+        died_at: None,
+    };
+    assert_eq!(reclaim(&ctx, &stale_copy).await.unwrap(), Outcome::Changed);
+    assert!(lock_exists(&s.client, &s.ns, "op-lock").await);
+
+    let conflicts: Vec<_> = s
+        .janitor_writes()
+        .into_iter()
+        .filter(|e| e.verb == "delete" && e.resource.as_deref() == Some("configmaps"))
+        .collect();
+    assert_eq!(conflicts.len(), 2, "{conflicts:?}");
+    assert!(
+        conflicts.iter().all(|e| e.code == Some(409)),
+        "{conflicts:?}"
+    );
+    // And a live judgement of the new lock says held.
+    assert_eq!(
+        ctx.judge_live(&key).await.unwrap().unwrap().verdict.state(),
+        lock_janitor::verdict::LockState::Held
+    );
+}

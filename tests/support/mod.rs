@@ -1,0 +1,429 @@
+//! Shared by the end-to-end tests and the demo: running the real janitor
+//! binary, staging locks the way operator-lib does, and waiting for outcomes.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
+use lock_janitor_testenv::ControlPlane;
+
+pub const WATCH_LABEL: (&str, &str) = ("lock-janitor.io/watch", "true");
+/// The identity the janitor runs as in tests, so the audit log tells its
+/// requests apart from the test's own. Granted exactly what the chart grants.
+pub const JANITOR_USER: &str = "lock-janitor-e2e";
+
+/// Polls `f` every 200 ms until it returns `Some`, or panics after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A plain HTTP/1.0 GET on loopback: (status, body).
+pub async fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The value of one sample in a Prometheus text exposition, matched by name
+/// and a subset of its labels.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+        if n != name {
+            return None;
+        }
+        labels
+            .iter()
+            .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+            .then(|| value.parse().ok())?
+    })
+}
+
+/// A kubeconfig that acts as `user` (impersonation by the admin identity).
+pub fn kubeconfig_as(cp: &ControlPlane, user: &str) -> PathBuf {
+    let admin = std::fs::read_to_string(cp.kubeconfig_path()).expect("admin kubeconfig");
+    let text = admin.replacen("  user:\n", &format!("  user:\n    as: {user}\n"), 1);
+    assert_ne!(
+        text, admin,
+        "kubeconfig layout changed: cannot add impersonation"
+    );
+    // Tests run in parallel: write once, atomically.
+    let path = cp.dir().join(format!("kubeconfig-{user}"));
+    if !path.exists() {
+        let tmp = cp.dir().join(format!("kubeconfig-{user}.{}", free_port()));
+        std::fs::write(&tmp, text).expect("write kubeconfig");
+        std::fs::rename(&tmp, &path).expect("rename kubeconfig");
+    }
+    path
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let v = |s: &[&str]| Some(s.iter().map(|x| x.to_string()).collect());
+    PolicyRule {
+        api_groups: v(groups),
+        resources: v(resources),
+        verbs: verbs.iter().map(|x| x.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Grants `JANITOR_USER` what the chart grants with deletePod=true.
+pub async fn grant_janitor(client: &Client) {
+    let role = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(JANITOR_USER.into()),
+            ..Default::default()
+        },
+        rules: Some(vec![
+            rule(&[""], &["configmaps"], &["get", "list", "watch", "delete"]),
+            rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
+            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+        ]),
+        ..Default::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(JANITOR_USER.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: JANITOR_USER.into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: JANITOR_USER.into(),
+            ..Default::default()
+        }]),
+    };
+    let pp = PostParams::default();
+    for r in [
+        Api::<ClusterRole>::all(client.clone())
+            .create(&pp, &role)
+            .await
+            .map(|_| ()),
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .create(&pp, &binding)
+            .await
+            .map(|_| ()),
+    ] {
+        match r {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("granting the janitor: {e}"),
+        }
+    }
+}
+
+pub fn janitor_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("LOCK_JANITOR_BIN") {
+        return p.into();
+    }
+    option_env!("CARGO_BIN_EXE_lock-janitor")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target/debug/lock-janitor"))
+}
+
+/// The real `lock-janitor run`, as a child process. Killed on drop.
+pub struct Janitor {
+    child: Option<Child>,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Janitor {
+    /// Starts `lock-janitor run <args>` against the control plane, as
+    /// `kubeconfig`'s identity, and waits until `/readyz` answers 200.
+    pub async fn start(kubeconfig: &Path, args: &[&str]) -> Janitor {
+        let j = Self::spawn(kubeconfig, args);
+        j.wait_ready().await;
+        j
+    }
+
+    pub fn spawn(kubeconfig: &Path, args: &[&str]) -> Janitor {
+        let port = free_port();
+        let log =
+            std::env::temp_dir().join(format!("lock-janitor-{port}-{}.log", std::process::id()));
+        let out = std::fs::File::create(&log).expect("janitor log");
+        let child = Command::new(janitor_bin())
+            .arg("run")
+            .args(["--metrics-bind-address", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,lock_janitor=debug,kube=warn")
+            .env("POD_NAME", format!("lock-janitor-e2e-{port}"))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log"))
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "starting {}: {e} (build it with `cargo build`)",
+                    janitor_bin().display()
+                )
+            });
+        Janitor {
+            child: Some(child),
+            port,
+            log,
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub async fn readyz(&self) -> Option<u16> {
+        http_get(self.port, "/readyz").await.ok().map(|(c, _)| c)
+    }
+
+    pub async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if self.readyz().await == Some(200) {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("janitor not ready within 60s; its log:\n{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn metrics(&self) -> String {
+        let (code, body) = http_get(self.port, "/metrics")
+            .await
+            .expect("scrape /metrics");
+        assert_eq!(code, 200, "/metrics answered {code}");
+        body
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([format!("-{sig}"), self.pid().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{sig} {}", self.pid());
+    }
+
+    /// Waits for the process to exit, up to `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                self.child = None;
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL, as a crash or an OOM kill would.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Janitor {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- janitor log ({}) ---\n{}",
+                self.log.display(),
+                self.logs()
+            );
+        }
+    }
+}
+
+/// A leader-for-life lock exactly as operator-lib writes it: a ConfigMap whose
+/// only ownerReference is the leader's own pod.
+pub fn lock_for(name: &str, holder: &Pod, labeled: bool) -> ConfigMap {
+    let labels =
+        labeled.then(|| BTreeMap::from([(WATCH_LABEL.0.to_string(), WATCH_LABEL.1.to_string())]));
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: holder.metadata.namespace.clone(),
+            labels,
+            owner_references: Some(vec![pod_owner(holder)]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+pub fn pod_owner(pod: &Pod) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// operator-lib's `leader.Become`: create the lock owned by our pod; on
+/// AlreadyExists, if it is ours we lead, else retry with backoff from 1 s
+/// doubling to 16 s. Returns once this pod leads. The opt-in label is part
+/// of the lock as the operator's deployment would set it up.
+pub async fn become_leader(client: &Client, me: &Pod, lock_name: &str, labeled: bool) -> ConfigMap {
+    let ns = me.metadata.namespace.clone().unwrap_or_default();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let my_uid = me.metadata.uid.clone().unwrap_or_default();
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        match api
+            .create(&PostParams::default(), &lock_for(lock_name, me, labeled))
+            .await
+        {
+            Ok(cm) => return cm,
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                if let Ok(Some(existing)) = api.get_opt(lock_name).await {
+                    let owners = existing
+                        .metadata
+                        .owner_references
+                        .clone()
+                        .unwrap_or_default();
+                    if owners.iter().any(|o| o.uid == my_uid) {
+                        return existing;
+                    }
+                }
+            }
+            Err(e) => eprintln!("become_leader: {e}; retrying"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(16));
+    }
+}
+
+/// Creates a pod, marks it Running (as a kubelet would) and returns it.
+pub async fn running_pod(client: &Client, ns: &str, name: &str, node: &str) -> Pod {
+    lock_janitor_testenv::kubelet::create_pod(client, ns, name, node, &[("app", "operator")])
+        .await
+        .expect("create pod");
+    lock_janitor_testenv::kubelet::set_running(client, ns, name)
+        .await
+        .expect("set running")
+}
+
+pub async fn create_lock(client: &Client, cm: &ConfigMap) -> ConfigMap {
+    let ns = cm.metadata.namespace.clone().unwrap_or_default();
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), cm)
+        .await
+        .expect("create lock")
+}
+
+pub async fn lock_exists(client: &Client, ns: &str, name: &str) -> bool {
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .expect("get lock")
+        .is_some()
+}
+
+/// Events (events.k8s.io/v1) in `ns` with this reason.
+pub async fn events(client: &Client, ns: &str, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+/// Waits for an Event with `reason` regarding the object `name`.
+pub async fn wait_event(client: &Client, ns: &str, reason: &str, name: &str) -> Event {
+    wait_for(
+        &format!("Event {reason} on {ns}/{name}"),
+        Duration::from_secs(30),
+        || async {
+            events(client, ns, reason)
+                .await
+                .into_iter()
+                .find(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        },
+    )
+    .await
+}
+
+/// Writes by `user` to configmaps or pods in `ns`, from the audit log.
+pub fn writes_by(
+    cp: &ControlPlane,
+    user: &str,
+    ns: &str,
+) -> Vec<lock_janitor_testenv::audit::AuditEvent> {
+    lock_janitor_testenv::audit::read(cp.audit_log_path())
+        .into_iter()
+        .filter(|e| {
+            e.effective_user() == user
+                && e.namespace.as_deref() == Some(ns)
+                && matches!(
+                    e.verb.as_str(),
+                    "create" | "update" | "patch" | "delete" | "deletecollection"
+                )
+                && matches!(e.resource.as_deref(), Some("configmaps" | "pods"))
+        })
+        .collect()
+}
