@@ -97,7 +97,7 @@ def main():
     # RBAC: exactly the documented rules.
     delete_pod = case in ("all-on", "namespaced")
     want_rules = [
-        ("", "configmaps", ["get", "list", "watch", "delete"]),
+        ("", "configmaps", ["get", "list", "watch", "delete", "patch"]),
         ("", "pods", ["get", "list", "watch"] + (["delete"] if delete_pod else [])),
         ("events.k8s.io", "events", ["create", "patch"]),
     ]

@@ -54,5 +54,6 @@ refuse "a string for dryRun" "dryRun" --set-string dryRun=yes
 refuse "a number for ownerGoneGrace" "ownerGoneGrace" --set ownerGoneGrace=30
 refuse "logFormat: xml" "logFormat" --set logFormat=xml
 refuse "a misspelt serviceMonitor key" "enable" --set serviceMonitor.enable=true
+refuse "Kubernetes 1.24" "requires kubeVersion: >=1.25.0-0" --kube-version 1.24.0
 
 echo "test-chart: OK"

@@ -70,10 +70,12 @@ Rules shared by the ClusterRole and the per-namespace Roles: exactly what
 */}}
 {{- define "lock-janitor.rules" -}}
 # Watch the opted-in locks; delete the stale ones (with uid+resourceVersion
-# preconditions).
+# preconditions); after a takeover, patch the opt-in label onto the lock the
+# new leader created (operator-lib creates it without labels; the merge patch
+# carries the resourceVersion it read, so it never overwrites a change).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "delete", "patch"]
 # Read the holder pods; delete a dead holder only when deletePod is set.
 - apiGroups: [""]
   resources: ["pods"]
