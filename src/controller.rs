@@ -114,7 +114,20 @@ impl Context {
     /// Records a lock's state and refreshes `lock_janitor_locks{state}`.
     pub(crate) fn set_state(&self, key: &LockKey, state: LockState) {
         let mut memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
-        memos.entry(key.clone()).or_default().state = Some(state);
+        let memo = memos.entry(key.clone()).or_default();
+        if memo.state.is_none() {
+            // A lock's reclaim counters exist at 0 from the moment it is
+            // watched: increase() needs a sample before the first reclaim,
+            // or the reclaim alert cannot see it.
+            for r in verdict::StaleReason::ALL {
+                self.state.metrics.reclaims.with_label_values(&[
+                    &key.namespace,
+                    &key.name,
+                    r.as_str(),
+                ]);
+            }
+        }
+        memo.state = Some(state);
         self.publish_counts(&memos);
     }
 

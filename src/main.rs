@@ -19,6 +19,7 @@ fn init_logs(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Plain => logs.init(),

@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType};
 use kube::Api;
 use tracing::{error, info, warn};
 
+use crate::cli::selector_label;
 use crate::controller::{Context, Judgement};
 use crate::verdict::{self, StaleReason, Verdict};
 use crate::{api_code, call, Error, ErrorKind};
@@ -208,7 +209,95 @@ pub async fn reclaim(ctx: &Context, j: &Judgement) -> Result<Outcome, Error> {
     if ctx.settings.delete_pod {
         delete_dead_pod(ctx, j, reason).await;
     }
+    match selector_label(&ctx.settings.selector) {
+        Some((k, v)) => {
+            tokio::spawn(carry_label_over(
+                cms,
+                name.to_owned(),
+                (k.to_owned(), v.to_owned()),
+                lock.holder.uid.clone(),
+            ));
+        }
+        None => warn!(namespace = ns, lock = name, selector = %ctx.settings.selector,
+                      "the selector is not a single key=value label; the new lock must be labeled by hand"),
+    }
     Ok(Outcome::Reclaimed)
+}
+
+/// How long to wait for a takeover after a reclaim. operator-lib's waiting
+/// replicas retry at most every 16 s; a new pod may need to start first.
+const TAKEOVER_WINDOW: Duration = Duration::from_secs(600);
+
+/// After a reclaim, waits for the takeover (a live pod creating the lock
+/// again) and adds the opt-in label to the new lock: operator-lib creates it
+/// without labels, and without the label the janitor would stop watching the
+/// operator after one reclaim. Writes only a leader-for-life lock with
+/// another holder, with a resourceVersion-guarded merge patch, so it never
+/// overwrites a concurrent change.
+pub async fn carry_label_over(
+    cms: Api<k8s_openapi::api::core::v1::ConfigMap>,
+    name: String,
+    (key, value): (String, String),
+    old_holder_uid: String,
+) {
+    let ns = cms.namespace().unwrap_or_default().to_owned();
+    let started = std::time::Instant::now();
+    let mut wait = Duration::from_millis(500);
+    while started.elapsed() < TAKEOVER_WINDOW {
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(16));
+        let meta = match call(
+            "reading the lock after a reclaim",
+            cms.get_metadata_opt(&name),
+        )
+        .await
+        {
+            Ok(Some(m)) => m.metadata,
+            Ok(None) => continue,
+            Err(e) => {
+                warn!(namespace = %ns, lock = %name, error = %e, "waiting for the takeover");
+                continue;
+            }
+        };
+        let holder = match crate::lock::parse(&meta) {
+            Ok(lock) if lock.holder.uid != old_holder_uid => lock.holder.name,
+            Ok(_) => continue,
+            Err(why) => {
+                info!(namespace = %ns, lock = %name, why = %why, "the lock was re-created but is not a leader-for-life lock; not labeling it");
+                return;
+            }
+        };
+        if meta.labels.as_ref().and_then(|l| l.get(&key)) == Some(&value) {
+            info!(namespace = %ns, lock = %name, holder = %holder, after_seconds = started.elapsed().as_secs_f64(), "takeover: a new holder leads; the lock already carries the opt-in label");
+            return;
+        }
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": meta.resource_version,
+                "labels": { &key: &value },
+            }
+        });
+        match call(
+            format!("labeling lock {ns}/{name}"),
+            cms.patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await
+        {
+            Ok(_) => {
+                info!(namespace = %ns, lock = %name, holder = %holder, after_seconds = started.elapsed().as_secs_f64(),
+                      "takeover: a new holder leads; opt-in label carried over");
+                return;
+            }
+            Err(Error::Kube { source, .. }) if matches!(api_code(&source), Some(409 | 404)) => {
+                continue
+            }
+            Err(e) => {
+                warn!(namespace = %ns, lock = %name, error = %e, "could not carry the opt-in label over; label the lock with `lock-janitor label --apply`");
+                return;
+            }
+        }
+    }
+    warn!(namespace = %ns, lock = %name, "no takeover within {}s of the reclaim; if a replica takes over later, label its lock with `lock-janitor label --apply`", TAKEOVER_WINDOW.as_secs());
 }
 
 fn describe(reason: StaleReason, j: &Judgement) -> String {

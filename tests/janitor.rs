@@ -346,7 +346,12 @@ async fn dry_run_writes_nothing_but_events() {
         s.janitor_writes()
     );
     let m = j.metrics().await;
-    assert_eq!(sample(&m, "lock_janitor_reclaims_total", &[]), None, "{m}");
+    // The counter exists at 0 (so increase() sees the first reclaim) and stays there.
+    assert_eq!(
+        sample(&m, "lock_janitor_reclaims_total", &labels),
+        Some(0.0),
+        "{m}"
+    );
     assert_eq!(
         sample(&m, "lock_janitor_locks", &[("state", "stale")]),
         Some(1.0),
@@ -436,7 +441,7 @@ async fn waiting_replica_takes_over_after_eviction() {
     let waiting = {
         let client = s.client.clone();
         let replica = replica.clone();
-        tokio::spawn(async move { become_leader(&client, &replica, "operator-lock", true).await })
+        tokio::spawn(async move { become_leader(&client, &replica, "operator-lock", false).await })
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
@@ -452,6 +457,47 @@ async fn waiting_replica_takes_over_after_eviction() {
     let owner = &new_lock.metadata.owner_references.unwrap()[0];
     assert_eq!(owner.name, "operator-b");
     assert_eq!(Some(owner.uid.clone()), replica.metadata.uid);
+
+    // operator-lib re-creates the lock without labels; the janitor carries
+    // the opt-in label over, so the next eviction is handled too.
+    let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.ns);
+    wait_for(
+        "opt-in label carried over",
+        Duration::from_secs(30),
+        || async {
+            let cm = cms.get("operator-lock").await.ok()?;
+            (cm.metadata.labels?.get(WATCH_LABEL.0).map(String::as_str) == Some(WATCH_LABEL.1))
+                .then_some(())
+        },
+    )
+    .await;
+    let third = s.pod("operator-c").await;
+    let waiting = {
+        let client = s.client.clone();
+        tokio::spawn(async move { become_leader(&client, &third, "operator-lock", false).await })
+    };
+    fail_with(&s, "operator-b", "Preempting").await;
+    let newest = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("second takeover within 60s")
+        .unwrap();
+    assert_eq!(
+        newest.metadata.owner_references.unwrap()[0].name,
+        "operator-c"
+    );
+    // Exactly one label patch per takeover, each guarded by resourceVersion.
+    let patches: Vec<_> = s
+        .janitor_writes()
+        .into_iter()
+        .filter(|e| e.verb == "patch")
+        .collect();
+    assert!(
+        !patches.is_empty()
+            && patches
+                .iter()
+                .all(|e| e.name.as_deref() == Some("operator-lock")),
+        "{patches:?}"
+    );
 }
 
 #[tokio::test]
@@ -480,7 +526,11 @@ async fn restarted_janitor_converges() {
         sample(
             &m,
             "lock_janitor_reclaims_total",
-            &[("namespace", ns), ("lock", "b-lock")]
+            &[
+                ("namespace", ns),
+                ("lock", "b-lock"),
+                ("reason", "Preempted")
+            ]
         ),
         Some(1.0)
     );
@@ -488,9 +538,10 @@ async fn restarted_janitor_converges() {
         sample(
             &m,
             "lock_janitor_reclaims_total",
-            &[("namespace", ns), ("lock", "a-lock")]
+            &[("namespace", ns), ("lock", "a-lock"), ("reason", "Evicted")]
         ),
-        None
+        Some(0.0),
+        "the second janitor never reclaims the new leader's lock"
     );
     assert!(
         lock_exists(&s.client, &s.ns, "a-lock").await,

@@ -118,7 +118,11 @@ pub async fn grant_janitor(client: &Client) {
             ..Default::default()
         },
         rules: Some(vec![
-            rule(&[""], &["configmaps"], &["get", "list", "watch", "delete"]),
+            rule(
+                &[""],
+                &["configmaps"],
+                &["get", "list", "watch", "delete", "patch"],
+            ),
             rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
             rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
         ]),
