@@ -258,31 +258,46 @@ impl Context {
     /// Before calling a lock's owner gone: is a pod with the holder's uid
     /// alive in another namespace (an owner reference that crosses
     /// namespaces)? Owner references are namespace-local, so such a lock is
-    /// not ours to judge. Looks where the janitor may look.
+    /// not ours to judge. One list by name (a field selector), cluster-wide;
+    /// an install limited to some namespaces may not list cluster-wide, and
+    /// then looks in the namespaces it watches.
     async fn holder_elsewhere(&self, lock: &Lock) -> Result<Option<String>, Error> {
         let lp = ListParams::default().fields(&format!("metadata.name={}", lock.holder.name));
-        let apis: Vec<Api<Pod>> = if self.settings.namespaces.is_empty() {
-            vec![Api::all(self.client.clone())]
-        } else {
-            self.settings
-                .namespaces
-                .iter()
-                .filter(|ns| **ns != lock.namespace)
-                .map(|ns| self.pod_api(ns))
-                .collect()
+        let find = |pods: kube::core::ObjectList<PartialObjectMeta<Pod>>| {
+            pods.items
+                .into_iter()
+                .find(|p| p.metadata.uid.as_deref() == Some(lock.holder.uid.as_str()))
+                .map(|p| p.namespace().unwrap_or_default())
         };
-        for api in apis {
+        let all: Api<Pod> = Api::all(self.client.clone());
+        match call(
+            "looking for the holder in other namespaces",
+            all.list_metadata(&lp),
+        )
+        .await
+        {
+            Ok(pods) => return Ok(find(pods)),
+            Err(e)
+                if e.kind() == crate::ErrorKind::Forbidden
+                    && !self.settings.namespaces.is_empty() =>
+            {
+                debug!(error = %e, "cannot list pods cluster-wide; looking in the watched namespaces only");
+            }
+            Err(e) => return Err(e),
+        }
+        for ns in self
+            .settings
+            .namespaces
+            .iter()
+            .filter(|ns| **ns != lock.namespace)
+        {
             let pods = call(
                 "looking for the holder in other namespaces",
-                api.list_metadata(&lp),
+                self.pod_api(ns).list_metadata(&lp),
             )
             .await?;
-            if let Some(p) = pods
-                .items
-                .iter()
-                .find(|p| p.metadata.uid.as_deref() == Some(lock.holder.uid.as_str()))
-            {
-                return Ok(Some(p.namespace().unwrap_or_default()));
+            if let Some(found) = find(pods) {
+                return Ok(Some(found));
             }
         }
         Ok(None)

@@ -733,3 +733,107 @@ async fn lock_recreated_between_judgement_and_delete_survives() {
         lock_janitor::verdict::LockState::Held
     );
 }
+
+/// `/readyz` is 503 until every watch has listed once, 200 after, and 503
+/// again from the moment shutdown starts. The janitor starts as a user with
+/// no RBAC, so its watches cannot list; once granted, they sync.
+#[tokio::test]
+async fn readyz_follows_the_watches() {
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+    use lock_janitor::controller::{self, Context, Settings};
+    use lock_janitor::http::{self, State};
+    let s = scenario("readyz").await;
+    let user = format!("readyz-{}", s.ns);
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig_as(s.cp, &user)).unwrap();
+    let client = Client::try_from(
+        kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+
+    let state = State::new().unwrap();
+    let listener = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(http::serve(
+        listener,
+        state.clone(),
+        shutdown.clone().cancelled_owned(),
+    ));
+    assert_eq!(
+        http_get(port, "/readyz").await.unwrap().0,
+        503,
+        "not ready before any watch"
+    );
+    assert_eq!(http_get(port, "/healthz").await.unwrap().0, 200);
+
+    let ctx = Context::new(
+        client,
+        state.clone(),
+        Settings {
+            selector: lock_janitor::DEFAULT_SELECTOR.into(),
+            namespaces: vec![s.ns.clone()],
+            dry_run: false,
+            delete_pod: false,
+            policy: lock_janitor::verdict::Policy {
+                owner_gone_grace: Duration::from_secs(30),
+            },
+            resync: Duration::from_secs(60),
+        },
+    );
+    let run = tokio::spawn(controller::run(ctx, shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        http_get(port, "/readyz").await.unwrap().0,
+        503,
+        "not ready while the watches cannot list"
+    );
+
+    Api::<ClusterRoleBinding>::all(s.client.clone())
+        .create(
+            &Default::default(),
+            &ClusterRoleBinding {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(user.clone()),
+                    ..Default::default()
+                },
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "ClusterRole".into(),
+                    name: JANITOR_USER.into(),
+                },
+                subjects: Some(vec![Subject {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "User".into(),
+                    name: user.clone(),
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "ready after the watches sync",
+        Duration::from_secs(60),
+        || async { (http_get(port, "/readyz").await.ok()?.0 == 200).then_some(()) },
+    )
+    .await;
+
+    state.readiness.shutting_down();
+    assert_eq!(
+        http_get(port, "/readyz").await.unwrap().0,
+        503,
+        "not ready once shutdown starts"
+    );
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("controller stops")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("server stops")
+        .unwrap()
+        .unwrap();
+}
