@@ -70,8 +70,16 @@ for c in kube-apiserver kube-controller-manager; do
   fi
 done
 if [ ! -x "$bin/helm" ]; then
+  # As helm's Makefile does: the Kubernetes version helm assumes for
+  # .Capabilities and lint comes from its client-go (v0.37.x -> 1.37).
   hv=helm.sh/helm/v3/internal/version
-  run helm "$here/helm" "$cache/log/helm.log" -ldflags "-s -w -X $hv.version=${HELM_VERSION} -X $hv.gitTreeState=clean" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm
+  cgo="$(cd "$here/helm" && go list -m -f '{{.Version}}' k8s.io/client-go)"
+  kminor="${cgo#v0.}"; kminor="${kminor%%.*}"
+  hld="-s -w -X $hv.version=${HELM_VERSION} -X $hv.gitTreeState=clean"
+  for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    hld="$hld -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=${kminor}"
+  done
+  run helm "$here/helm" "$cache/log/helm.log" -ldflags "$hld" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm
   mv "$tmp/helm" "$bin/helm"
 fi
 echo "$bin"
