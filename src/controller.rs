@@ -313,6 +313,10 @@ pub fn key_of(m: &LockMeta) -> LockKey {
 
 /// Judges one lock from live reads and acts on the verdict.
 pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.state.readiness.is_synced() {
+        // Safety rule 4: nothing happens before every watch has synced.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let _timer = ctx.state.metrics.reconcile_duration.start_timer();
     let key = key_of(&obj);
     let Some(judgement) = ctx.judge_live(&key).await? else {
@@ -516,4 +520,54 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             .map(|ns| run_scope(ctx.clone(), ns, shutdown.clone())),
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Before every watch has synced, a reconcile does nothing at all: no
+    /// API call (the client points nowhere), no judgement.
+    #[tokio::test]
+    async fn nothing_happens_before_the_watches_sync() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let state = State::new().unwrap();
+        state.readiness.expect(2);
+        state.readiness.synced();
+        let ctx = Context::new(
+            client,
+            state.clone(),
+            Settings {
+                selector: crate::DEFAULT_SELECTOR.into(),
+                namespaces: vec![],
+                dry_run: false,
+                delete_pod: false,
+                policy: Policy {
+                    owner_gone_grace: Duration::from_secs(30),
+                },
+                resync: Duration::from_secs(300),
+            },
+        );
+        let mut lock = LockMeta::default();
+        lock.metadata.name = Some("op-lock".into());
+        lock.metadata.namespace = Some("ops".into());
+        let lock = Arc::new(lock);
+        let action = reconcile(lock.clone(), ctx.clone()).await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+        assert_eq!(state.metrics.reconcile_duration.get_sample_count(), 0);
+
+        // Once synced, the same reconcile reads live, and fails here (nothing
+        // listens): an error, never a verdict.
+        state.readiness.synced();
+        let err = reconcile(lock, ctx).await.unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                crate::ErrorKind::Api | crate::ErrorKind::Timeout
+            ),
+            "{err}"
+        );
+        assert_eq!(state.metrics.reconcile_duration.get_sample_count(), 1);
+    }
 }

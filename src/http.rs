@@ -35,10 +35,12 @@ impl Readiness {
     pub fn shutting_down(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
+    /// Every declared watch has listed once.
+    pub fn is_synced(&self) -> bool {
+        self.registered.load(Ordering::SeqCst) && self.unsynced.load(Ordering::SeqCst) == 0
+    }
     pub fn is_ready(&self) -> bool {
-        self.registered.load(Ordering::SeqCst)
-            && self.unsynced.load(Ordering::SeqCst) == 0
-            && !self.shutting_down.load(Ordering::SeqCst)
+        self.is_synced() && !self.shutting_down.load(Ordering::SeqCst)
     }
 }
 
