@@ -1,0 +1,1389 @@
+//! The Helm chart, end to end on the real control plane: its RBAC lets the
+//! janitor do its job when it runs as the chart's ServiceAccount, every
+//! granted verb is needed and nothing more is granted, every rendered
+//! manifest is accepted by the API server (server-side dry-run with strict
+//! field validation), and the chart's appVersion is the crate's version.
+//!
+//! Each test renders the chart with the testenv's helm (`helm template`,
+//! release namespace = a fresh namespace), applies its ServiceAccount and RBAC
+//! for real, and runs the real janitor binary with the Deployment's own args,
+//! impersonating the ServiceAccount: user `system:serviceaccount:<ns>:<sa>`
+//! with the groups a token of it carries. The locks live in a second fresh
+//! namespace. Each release watches its own selector
+//! (`lock-janitor.io/watch=<lock namespace>`), so the cluster-wide janitors
+//! of tests running in parallel never touch each other's locks.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview,
+    SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{GroupVersionKind, Request};
+use kube::discovery::{pinned_kind, Scope};
+use kube::{Api, Client, Resource};
+use lock_janitor_testenv::audit::AuditEvent;
+use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(30);
+/// How long a janitor that lacks a right gets to (wrongly) reclaim a stale
+/// lock. With every right it reclaims within about a second of the eviction.
+const NEGATIVE_WAIT: Duration = Duration::from_secs(8);
+const LABEL_KEY: &str = "lock-janitor.io/watch";
+
+fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/lock-janitor")
+}
+
+fn helm() -> PathBuf {
+    if let Some(h) = std::env::var_os("HELM").filter(|h| !h.is_empty()) {
+        return h.into();
+    }
+    lock_janitor_testenv::binary("helm").unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `helm template <release> charts/lock-janitor -n <namespace> <args>`, as
+/// JSON documents.
+fn render(release: &str, namespace: &str, args: &[String]) -> Vec<Value> {
+    let out = Command::new(helm())
+        .args(["template", release])
+        .arg(chart_dir())
+        .args(["--namespace", namespace])
+        .args(args)
+        .output()
+        .expect("running helm");
+    assert!(
+        out.status.success(),
+        "helm template {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("helm prints UTF-8");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+        .unwrap_or_else(|e| panic!("parsing helm template output: {e}\n{text}"));
+    let docs: Vec<Value> = docs
+        .into_iter()
+        .filter(|d| d.is_object() && d.get("kind").is_some())
+        .collect();
+    // Every object helm printed was parsed.
+    let printed = text.lines().filter(|l| l.starts_with("kind: ")).count();
+    assert_eq!(docs.len(), printed, "{text}");
+    docs
+}
+
+fn kind_of(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+fn name_of(doc: &Value) -> &str {
+    doc["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = docs.iter().filter(|d| kind_of(d) == kind).collect();
+    assert_eq!(found.len(), 1, "want one {kind} in the rendered chart");
+    found[0]
+}
+
+fn container(docs: &[Value]) -> &Value {
+    &one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+}
+
+/// Which chart values a test renders with.
+#[derive(Clone, Copy, Default)]
+struct Opts {
+    delete_pod: bool,
+    /// `watchNamespaces: [<lock namespace>]`: Roles instead of a ClusterRole.
+    namespaced: bool,
+    /// `dryRun: true`, with a 2 s owner-gone grace and resync.
+    dry_run: bool,
+}
+
+impl Opts {
+    fn helm_args(self, locks: &str) -> Vec<String> {
+        let mut a = vec!["--set".to_string(), format!("selector={LABEL_KEY}={locks}")];
+        let mut set = |s: String| a.extend(["--set".to_string(), s]);
+        if self.delete_pod {
+            set("deletePod=true".into());
+        }
+        if self.namespaced {
+            set(format!("watchNamespaces={{{locks}}}"));
+        }
+        if self.dry_run {
+            set("dryRun=true".into());
+            set("ownerGoneGrace=2s".into());
+            set("resync=2s".into());
+        }
+        a
+    }
+}
+
+/// A verb taken out of the chart's rules: (API group, resource, verb).
+type Verb = (&'static str, &'static str, &'static str);
+
+/// Removes `verb` from every rendered Role/ClusterRole rule that grants it;
+/// panics if none did (the test would prove nothing).
+fn remove_verb(docs: &mut [Value], (group, resource, verb): Verb) {
+    let mut removed = 0;
+    for d in docs
+        .iter_mut()
+        .filter(|d| matches!(kind_of(d), "ClusterRole" | "Role"))
+    {
+        for rule in d["rules"].as_array_mut().into_iter().flatten() {
+            let has =
+                |k: &str, v: &str| rule[k].as_array().is_some_and(|a| a.iter().any(|x| x == v));
+            if has("apiGroups", group) && has("resources", resource) {
+                let verbs = rule["verbs"].as_array_mut().expect("verbs");
+                let before = verbs.len();
+                verbs.retain(|v| v != verb);
+                removed += before - verbs.len();
+            }
+        }
+    }
+    assert!(
+        removed > 0,
+        "the chart does not grant {verb} on {group}/{resource}"
+    );
+}
+
+async fn create<K>(api: Api<K>, doc: &Value)
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let obj: K = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{} {}: {e}", kind_of(doc), name_of(doc)));
+    api.create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("creating {} {}: {e}", kind_of(doc), name_of(doc)));
+}
+
+/// Creates the rendered ServiceAccount and RBAC objects, for real.
+async fn apply_rbac(client: &Client, docs: &[Value]) {
+    for d in docs {
+        let ns = d["metadata"]["namespace"].as_str().unwrap_or_default();
+        let c = client.clone();
+        match kind_of(d) {
+            "ServiceAccount" => create(Api::<ServiceAccount>::namespaced(c, ns), d).await,
+            "ClusterRole" => create(Api::<ClusterRole>::all(c), d).await,
+            "ClusterRoleBinding" => create(Api::<ClusterRoleBinding>::all(c), d).await,
+            "Role" => create(Api::<Role>::namespaced(c, ns), d).await,
+            "RoleBinding" => create(Api::<RoleBinding>::namespaced(c, ns), d).await,
+            _ => {}
+        }
+    }
+}
+
+/// The groups of a ServiceAccount token of namespace `ns`.
+fn sa_groups(ns: &str) -> Vec<String> {
+    vec![
+        "system:serviceaccounts".into(),
+        format!("system:serviceaccounts:{ns}"),
+        "system:authenticated".into(),
+    ]
+}
+
+/// The chart installed (ServiceAccount and RBAC) into a fresh release
+/// namespace, with a fresh namespace for the locks and a node for the pods.
+struct Release {
+    cp: &'static ControlPlane,
+    client: Client,
+    /// The release namespace (also the release name).
+    ns: String,
+    /// Where the locks and their holders live.
+    locks: String,
+    node: String,
+    /// The ServiceAccount the Deployment runs as.
+    sa: String,
+    /// The Deployment's container args, without --metrics-bind-address.
+    args: Vec<String>,
+}
+
+async fn install(prefix: &str, opts: Opts, without: Option<Verb>) -> Release {
+    let cp = shared().await;
+    let client = cp.client().await.expect("admin client");
+    let ns = fresh_namespace(&client, &format!("{prefix}-rel")).await;
+    let locks = fresh_namespace(&client, &format!("{prefix}-locks")).await;
+    let mut docs = render(&ns, &ns, &opts.helm_args(&locks));
+    if let Some(v) = without {
+        remove_verb(&mut docs, v);
+    }
+    apply_rbac(&client, &docs).await;
+    let node = format!("node-{locks}");
+    kubelet::create_node(&client, &node).await.expect("node");
+    let sa = one(&docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .expect("serviceAccountName")
+        .to_owned();
+    let args = container(&docs)["args"]
+        .as_array()
+        .expect("container args")
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|a| !a.starts_with("--metrics-bind-address"))
+        .map(str::to_owned)
+        .collect();
+    Release {
+        cp,
+        client,
+        ns,
+        locks,
+        node,
+        sa,
+        args,
+    }
+}
+
+impl Release {
+    fn user(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.ns, self.sa)
+    }
+
+    /// A kubeconfig that acts as the chart's ServiceAccount.
+    fn kubeconfig(&self) -> PathBuf {
+        let admin =
+            std::fs::read_to_string(self.cp.kubeconfig_path()).expect("read admin kubeconfig");
+        let groups: String = sa_groups(&self.ns)
+            .iter()
+            .map(|g| format!("    - {g}\n"))
+            .collect();
+        let text = admin.replacen(
+            "  user:\n",
+            &format!("  user:\n    as: {}\n    as-groups:\n{groups}", self.user()),
+            1,
+        );
+        assert_ne!(text, admin, "kubeconfig layout changed: cannot impersonate");
+        let path = self.cp.dir().join(format!("kubeconfig-{}", self.ns));
+        std::fs::write(&path, text).expect("write kubeconfig");
+        path
+    }
+
+    fn arg_refs(&self) -> Vec<&str> {
+        self.args.iter().map(String::as_str).collect()
+    }
+
+    /// Starts the janitor as the ServiceAccount and waits until it is ready.
+    async fn janitor(&self) -> Janitor {
+        Janitor::start(&self.kubeconfig(), &self.arg_refs()).await
+    }
+
+    /// Starts the janitor as the ServiceAccount without waiting.
+    fn spawn_janitor(&self) -> Janitor {
+        Janitor::spawn(&self.kubeconfig(), &self.arg_refs())
+    }
+
+    async fn pod(&self, name: &str) -> Pod {
+        running_pod(&self.client, &self.locks, name, &self.node).await
+    }
+
+    /// A leader-for-life lock held by `holder`, opted in with this release's
+    /// selector.
+    async fn lock(&self, name: &str, holder: &Pod) -> ConfigMap {
+        let mut cm = lock_for(name, holder, false);
+        cm.metadata.labels = Some(BTreeMap::from([(
+            LABEL_KEY.to_string(),
+            self.locks.clone(),
+        )]));
+        create_lock(&self.client, &cm).await
+    }
+
+    /// A running leader, its lock, and then its eviction.
+    async fn stale_lock(&self, lock: &str, holder: &str) {
+        let leader = self.pod(holder).await;
+        self.lock(lock, &leader).await;
+        self.evict(holder).await;
+    }
+
+    async fn evict(&self, pod: &str) {
+        kubelet::set_failed(
+            &self.client,
+            &self.locks,
+            pod,
+            "Evicted",
+            "The node was low on resource: memory.",
+        )
+        .await
+        .expect("evict");
+    }
+
+    async fn lock_exists(&self, lock: &str) -> bool {
+        lock_exists(&self.client, &self.locks, lock).await
+    }
+
+    async fn wait_gone(&self, lock: &str) {
+        wait_for(&format!("lock {lock} deleted"), WAIT, || async {
+            (!self.lock_exists(lock).await).then_some(())
+        })
+        .await
+    }
+
+    async fn pod_exists(&self, pod: &str) -> bool {
+        Api::<Pod>::namespaced(self.client.clone(), &self.locks)
+            .get_opt(pod)
+            .await
+            .expect("get pod")
+            .is_some()
+    }
+
+    /// Requests of the ServiceAccount, from the audit log.
+    fn audit(&self) -> Vec<AuditEvent> {
+        let user = self.user();
+        lock_janitor_testenv::audit::read(self.cp.audit_log_path())
+            .into_iter()
+            .filter(|e| e.effective_user() == user)
+            .collect()
+    }
+
+    /// The ServiceAccount's `verb` requests on `resource` with status `code`.
+    fn audited(&self, verb: &str, resource: &str, code: u16) -> Vec<AuditEvent> {
+        self.audit()
+            .into_iter()
+            .filter(|e| {
+                e.verb == verb
+                    && e.resource.as_deref() == Some(resource)
+                    && e.subresource.is_none()
+                    && e.code == Some(code)
+            })
+            .collect()
+    }
+
+    /// Waits until the audit log has such requests (the apiserver writes an
+    /// event once the response is complete) and returns them.
+    async fn wait_audited(&self, verb: &str, resource: &str, code: u16) -> Vec<AuditEvent> {
+        wait_for(
+            &format!("audit: {verb} {resource} -> {code} by {}", self.user()),
+            WAIT,
+            || async {
+                let found = self.audited(verb, resource, code);
+                (!found.is_empty()).then_some(found)
+            },
+        )
+        .await
+    }
+
+    /// A SubjectAccessReview (as admin) for the ServiceAccount.
+    async fn can(&self, ns: Option<&str>, group: &str, resource: &str, verb: &str) -> bool {
+        let (resource, sub) = match resource.split_once('/') {
+            Some((r, s)) => (r, Some(s.to_owned())),
+            None => (resource, None),
+        };
+        let sar = SubjectAccessReview {
+            metadata: ObjectMeta::default(),
+            spec: SubjectAccessReviewSpec {
+                user: Some(self.user()),
+                groups: Some(sa_groups(&self.ns)),
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: ns.map(str::to_owned),
+                    group: Some(group.into()),
+                    resource: Some(resource.into()),
+                    subresource: sub,
+                    verb: Some(verb.into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            status: None,
+        };
+        Api::<SubjectAccessReview>::all(self.client.clone())
+            .create(&PostParams::default(), &sar)
+            .await
+            .expect("SubjectAccessReview")
+            .status
+            .expect("SubjectAccessReview status")
+            .allowed
+    }
+
+    /// (group, resource, verb) that `user` may use in `ns`, as the user sees
+    /// it (SelfSubjectRulesReview through impersonation).
+    async fn rules_of(&self, user: &str, ns: &str) -> BTreeSet<(String, String, String)> {
+        let mut config = self.cp.kube_config();
+        config.auth_info.impersonate = Some(user.to_owned());
+        config.auth_info.impersonate_groups = Some(sa_groups(&self.ns));
+        let client = Client::try_from(config).expect("impersonating client");
+        let review = SelfSubjectRulesReview {
+            metadata: ObjectMeta::default(),
+            spec: SelfSubjectRulesReviewSpec {
+                namespace: Some(ns.to_owned()),
+            },
+            status: None,
+        };
+        let status = Api::<SelfSubjectRulesReview>::all(client)
+            .create(&PostParams::default(), &review)
+            .await
+            .expect("SelfSubjectRulesReview")
+            .status
+            .expect("SelfSubjectRulesReview status");
+        assert!(!status.incomplete, "{:?}", status.evaluation_error);
+        let mut out = BTreeSet::new();
+        for r in status.resource_rules {
+            assert!(
+                r.resource_names.as_ref().is_none_or(Vec::is_empty),
+                "unexpected resourceNames rule {r:?}"
+            );
+            for g in r.api_groups.iter().flatten() {
+                for res in r.resources.iter().flatten() {
+                    for v in &r.verbs {
+                        out.insert((g.clone(), res.clone(), v.clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// What the ServiceAccount may do in `ns` beyond what every
+    /// ServiceAccount of its namespace may do (discovery, self-reviews).
+    async fn extra_rules_in(&self, ns: &str) -> BTreeSet<(String, String, String)> {
+        let mine = self.rules_of(&self.user(), ns).await;
+        let nobody = format!("system:serviceaccount:{}:nobody", self.ns);
+        let base = self.rules_of(&nobody, ns).await;
+        mine.difference(&base).cloned().collect()
+    }
+}
+
+/// The rules the chart grants: exactly what `lock-janitor run` uses.
+fn granted(delete_pod: bool) -> BTreeSet<(String, String, String)> {
+    let mut g = BTreeSet::new();
+    let mut add = |group: &str, resource: &str, verbs: &[&str]| {
+        for v in verbs {
+            g.insert((group.to_owned(), resource.to_owned(), v.to_string()));
+        }
+    };
+    add(
+        "",
+        "configmaps",
+        &["get", "list", "watch", "delete", "patch"],
+    );
+    add("", "pods", &["get", "list", "watch"]);
+    if delete_pod {
+        add("", "pods", &["delete"]);
+    }
+    add("events.k8s.io", "events", &["create", "patch"]);
+    g
+}
+
+async fn metric(j: &Janitor, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    sample(&j.metrics().await, name, labels)
+}
+
+async fn wait_metric(j: &Janitor, name: &str, labels: &[(&str, &str)], at_least: f64) -> f64 {
+    wait_for(&format!("{name}{labels:?} >= {at_least}"), WAIT, || async {
+        metric(j, name, labels).await.filter(|v| *v >= at_least)
+    })
+    .await
+}
+
+async fn wait_log(j: &Janitor, text: &str) {
+    wait_for(&format!("janitor log line {text:?}"), WAIT, || async {
+        j.logs().contains(text).then_some(())
+    })
+    .await
+}
+
+const FORBIDDEN: [(&str, &str); 1] = [("error", "forbidden")];
+
+// ---------------------------------------------------------------------------
+// The chart's RBAC is enough: reclaims as the chart's ServiceAccount.
+
+/// The janitor's job with the chart's rights: a lock created after it
+/// started (configmaps watch), an eviction (pods watch), the guarded delete,
+/// the Event, the dead pod deleted or not, and the label carried over to the
+/// lock of the replica that takes over, which keeps the operator protected.
+async fn reclaims_with_chart_rbac(opts: Opts, prefix: &str) {
+    let r = install(prefix, opts, None).await;
+    let j = r.janitor().await;
+    let leader = r.pod("leader").await;
+    r.lock("op-lock", &leader).await;
+    wait_metric(&j, "lock_janitor_locks", &[("state", "held")], 1.0).await;
+
+    r.evict("leader").await;
+    r.wait_gone("op-lock").await;
+    let reclaimed = [
+        ("namespace", r.locks.as_str()),
+        ("lock", "op-lock"),
+        ("reason", "Evicted"),
+    ];
+    assert_eq!(
+        wait_metric(&j, "lock_janitor_reclaims_total", &reclaimed, 1.0).await,
+        1.0
+    );
+    let ev = wait_event(&r.client, &r.locks, "StaleLockReclaimed", "op-lock").await;
+    assert_eq!(ev.reporting_controller.as_deref(), Some("lock-janitor"));
+    let deletes = r.wait_audited("delete", "configmaps", 200).await;
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert_eq!(deletes[0].name.as_deref(), Some("op-lock"));
+
+    if opts.delete_pod {
+        wait_for("dead holder deleted", WAIT, || async {
+            (!r.pod_exists("leader").await).then_some(())
+        })
+        .await;
+        let deleted = [("namespace", r.locks.as_str()), ("reason", "Evicted")];
+        assert_eq!(
+            wait_metric(&j, "lock_janitor_pod_deletions_total", &deleted, 1.0).await,
+            1.0
+        );
+        wait_event(&r.client, &r.locks, "DeadHolderDeleted", "op-lock").await;
+        assert_eq!(r.wait_audited("delete", "pods", 200).await.len(), 1);
+    } else {
+        // Without deletePod the ServiceAccount may not delete pods, and the
+        // janitor did not try.
+        assert!(!r.can(Some(&r.locks), "", "pods", "delete").await);
+        assert!(r.pod_exists("leader").await);
+        assert!(
+            r.audit()
+                .iter()
+                .all(|e| !(e.verb == "delete" && e.resource.as_deref() == Some("pods"))),
+            "the janitor tried to delete a pod"
+        );
+    }
+
+    // Takeover, as operator-lib does it: a waiting replica creates the lock,
+    // without the opt-in label. The janitor carries the label over.
+    let replica = r.pod("replica").await;
+    become_leader(&r.client, &replica, "op-lock", false).await;
+    let cms: Api<ConfigMap> = Api::namespaced(r.client.clone(), &r.locks);
+    wait_for("opt-in label carried over", WAIT, || async {
+        let cm = cms.get("op-lock").await.ok()?;
+        (cm.metadata.labels?.get(LABEL_KEY) == Some(&r.locks)).then_some(())
+    })
+    .await;
+    wait_log(&j, "opt-in label carried over").await;
+    assert_eq!(r.wait_audited("patch", "configmaps", 200).await.len(), 1);
+
+    // Still protected: the replica's eviction is reclaimed too.
+    r.evict("replica").await;
+    r.wait_gone("op-lock").await;
+    assert_eq!(
+        wait_metric(&j, "lock_janitor_reclaims_total", &reclaimed, 2.0).await,
+        2.0
+    );
+    assert!(
+        r.audit().iter().all(|e| e.code != Some(403)),
+        "a request of the janitor was forbidden: {:?}",
+        r.audit()
+            .into_iter()
+            .filter(|e| e.code == Some(403))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn chart_rbac_reclaims_without_delete_pod() {
+    reclaims_with_chart_rbac(Opts::default(), "chart-default").await;
+}
+
+#[tokio::test]
+async fn chart_rbac_reclaims_and_deletes_the_dead_pod_with_delete_pod() {
+    let opts = Opts {
+        delete_pod: true,
+        ..Default::default()
+    };
+    reclaims_with_chart_rbac(opts, "chart-delpod").await;
+}
+
+#[tokio::test]
+async fn chart_rbac_reclaims_in_namespaced_mode() {
+    let opts = Opts {
+        namespaced: true,
+        ..Default::default()
+    };
+    reclaims_with_chart_rbac(opts, "chart-nsd").await;
+}
+
+// ---------------------------------------------------------------------------
+// Nothing more: the grants, as the API server's authorizer sees them.
+
+async fn grants_exactly(opts: Opts, prefix: &str) {
+    let r = install(prefix, opts, None).await;
+    let want = granted(opts.delete_pod);
+    // The complete list of what the ServiceAccount may do, beyond what any
+    // ServiceAccount may: exactly the chart's grants where it works...
+    assert_eq!(r.extra_rules_in(&r.locks).await, want);
+    // ...and, in namespaced mode, nothing anywhere else.
+    for elsewhere in [r.ns.as_str(), "default", "kube-system"] {
+        let extra = r.extra_rules_in(elsewhere).await;
+        if opts.namespaced {
+            assert!(extra.is_empty(), "rights in {elsewhere}: {extra:?}");
+        } else {
+            assert_eq!(extra, want, "in {elsewhere}");
+        }
+    }
+
+    // The same, request by request (SubjectAccessReview as admin).
+    let here = Some(r.locks.as_str());
+    let mut cases: Vec<(Option<&str>, &str, &str, &str, bool)> = vec![];
+    for (g, res, v) in &want {
+        cases.push((here, g.as_str(), res.as_str(), v.as_str(), true));
+    }
+    let denied_here: &[(&str, &str, &[&str])] = &[
+        ("", "configmaps", &["create", "update", "deletecollection"]),
+        (
+            "",
+            "pods",
+            &["create", "update", "patch", "deletecollection"],
+        ),
+        ("", "pods/status", &["get", "update", "patch"]),
+        ("", "pods/eviction", &["create"]),
+        ("", "pods/log", &["get"]),
+        ("", "pods/exec", &["create", "get"]),
+        ("", "secrets", &["get", "list", "watch"]),
+        ("", "events", &["create", "patch"]),
+        ("", "serviceaccounts/token", &["create"]),
+        (
+            "events.k8s.io",
+            "events",
+            &["get", "list", "update", "delete"],
+        ),
+        (
+            "coordination.k8s.io",
+            "leases",
+            &["get", "create", "update"],
+        ),
+        ("apps", "deployments", &["get", "update"]),
+    ];
+    for (g, res, verbs) in denied_here {
+        for v in *verbs {
+            cases.push((here, g, res, v, false));
+        }
+    }
+    if !opts.delete_pod {
+        cases.push((here, "", "pods", "delete", false));
+    }
+    // Cluster scope: list/watch of every namespace only for a ClusterRole;
+    // never anything cluster-scoped.
+    for res in ["configmaps", "pods"] {
+        for v in ["list", "watch"] {
+            cases.push((None, "", res, v, !opts.namespaced));
+        }
+    }
+    for (g, res, verbs) in [
+        ("", "nodes", &["get", "list", "watch", "patch"][..]),
+        ("", "namespaces", &["get", "list"][..]),
+        ("", "users", &["impersonate"][..]),
+        ("", "serviceaccounts", &["impersonate"][..]),
+        (
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            &["escalate", "bind"][..],
+        ),
+        (
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            &["list"][..],
+        ),
+    ] {
+        for v in verbs {
+            cases.push((None, g, res, v, false));
+        }
+    }
+    // Namespaced mode: the grants stop at the watched namespace.
+    if opts.namespaced {
+        for ns in [r.ns.as_str(), "default"] {
+            for (g, res, v) in &want {
+                cases.push((Some(ns), g.as_str(), res.as_str(), v.as_str(), false));
+            }
+        }
+    }
+    let answers = join_all(cases.iter().map(|(ns, g, res, v, _)| r.can(*ns, g, res, v))).await;
+    let wrong: Vec<String> = cases
+        .iter()
+        .zip(answers)
+        .filter(|((.., want), got)| want != got)
+        .map(|((ns, g, res, v, want), _)| {
+            format!(
+                "{v} {g}/{res} in {}: want allowed={want}",
+                ns.unwrap_or("<cluster>")
+            )
+        })
+        .collect();
+    assert!(wrong.is_empty(), "RBAC matrix:\n{}", wrong.join("\n"));
+}
+
+#[tokio::test]
+async fn chart_grants_exactly_what_the_janitor_uses() {
+    grants_exactly(Opts::default(), "grants").await;
+}
+
+#[tokio::test]
+async fn chart_grants_pod_delete_only_with_delete_pod() {
+    let opts = Opts {
+        delete_pod: true,
+        ..Default::default()
+    };
+    grants_exactly(opts, "grants-delpod").await;
+}
+
+#[tokio::test]
+async fn chart_grants_nothing_outside_watched_namespaces() {
+    let opts = Opts {
+        namespaced: true,
+        ..Default::default()
+    };
+    grants_exactly(opts, "grants-nsd").await;
+}
+
+// ---------------------------------------------------------------------------
+// Every granted verb is needed: the chart with one verb taken out, and what
+// the janitor then fails to do.
+
+/// Without `list` the start-up check fails: exit code 1, naming RBAC.
+async fn exits_without_list(resource: &'static str, prefix: &str) {
+    let r = install(prefix, Opts::default(), Some(("", resource, "list"))).await;
+    let mut j = r.spawn_janitor();
+    let status = j
+        .wait_exit(WAIT)
+        .await
+        .expect("the janitor keeps running without list");
+    assert_eq!(status.code(), Some(1), "{}", j.logs());
+    let logs = j.logs();
+    assert!(
+        logs.contains("start-up check failed")
+            && logs.contains("RBAC")
+            && logs.contains(&format!("listing {resource}"))
+            && logs.contains("forbidden"),
+        "{logs}"
+    );
+    r.wait_audited("list", resource, 403).await;
+}
+
+#[tokio::test]
+async fn needs_configmaps_list() {
+    exits_without_list("configmaps", "no-cm-list").await;
+}
+
+#[tokio::test]
+async fn needs_pods_list() {
+    exits_without_list("pods", "no-pod-list").await;
+}
+
+/// Without `watch` the janitor lists once and then sees no change, so it
+/// misses what happens after it started: its (forbidden) watch is in the
+/// audit log and a stale lock stays.
+///
+/// configmaps: a lock opted in after the start is never seen.
+#[tokio::test]
+async fn needs_configmaps_watch() {
+    let r = install(
+        "no-cm-watch",
+        Opts::default(),
+        Some(("", "configmaps", "watch")),
+    )
+    .await;
+    let _j = r.spawn_janitor();
+    r.wait_audited("watch", "configmaps", 403).await;
+    r.stale_lock("op-lock", "leader").await;
+    tokio::time::sleep(NEGATIVE_WAIT).await;
+    assert!(r.lock_exists("op-lock").await, "reclaimed without watch");
+}
+
+/// pods: an eviction after the start is seen only at the next resync (5m
+/// with the chart's defaults), not at once.
+#[tokio::test]
+async fn needs_pods_watch() {
+    let r = install("no-pod-watch", Opts::default(), Some(("", "pods", "watch"))).await;
+    let j = r.spawn_janitor();
+    r.wait_audited("watch", "pods", 403).await;
+    let leader = r.pod("leader").await;
+    r.lock("op-lock", &leader).await;
+    wait_for("janitor metrics", WAIT, || async {
+        http_get(j.port, "/metrics")
+            .await
+            .ok()
+            .filter(|(c, _)| *c == 200)
+    })
+    .await;
+    wait_metric(&j, "lock_janitor_locks", &[("state", "held")], 1.0).await;
+    r.evict("leader").await;
+    tokio::time::sleep(NEGATIVE_WAIT).await;
+    assert!(r.lock_exists("op-lock").await, "reclaimed without watch");
+}
+
+/// Without `get` on configmaps or pods the janitor cannot make the live
+/// reads it judges from: every reconcile fails as forbidden, nothing is
+/// deleted.
+async fn no_live_read(resource: &'static str, prefix: &str) {
+    let r = install(prefix, Opts::default(), Some(("", resource, "get"))).await;
+    let j = r.janitor().await;
+    r.stale_lock("op-lock", "leader").await;
+    let before = wait_metric(&j, "lock_janitor_reconcile_errors_total", &FORBIDDEN, 1.0).await;
+    // It tries again (after the eviction, and on its error backoff) and fails again.
+    wait_metric(
+        &j,
+        "lock_janitor_reconcile_errors_total",
+        &FORBIDDEN,
+        before + 1.0,
+    )
+    .await;
+    assert!(r.lock_exists("op-lock").await);
+    r.wait_audited("get", resource, 403).await;
+    assert!(r.audited("delete", "configmaps", 200).is_empty());
+}
+
+#[tokio::test]
+async fn needs_configmaps_get() {
+    no_live_read("configmaps", "no-cm-get").await;
+}
+
+#[tokio::test]
+async fn needs_pods_get() {
+    no_live_read("pods", "no-pod-get").await;
+}
+
+/// Without `delete` on configmaps the stale lock stays, the error counts as
+/// forbidden and the lock is reported stale.
+#[tokio::test]
+async fn needs_configmaps_delete() {
+    let r = install(
+        "no-cm-delete",
+        Opts::default(),
+        Some(("", "configmaps", "delete")),
+    )
+    .await;
+    let j = r.janitor().await;
+    r.stale_lock("op-lock", "leader").await;
+    wait_metric(&j, "lock_janitor_reconcile_errors_total", &FORBIDDEN, 1.0).await;
+    let stale = [
+        ("namespace", r.locks.as_str()),
+        ("lock", "op-lock"),
+        ("reason", "Evicted"),
+    ];
+    assert_eq!(
+        metric(&j, "lock_janitor_stale_locks", &stale).await,
+        Some(1.0)
+    );
+    assert!(r.lock_exists("op-lock").await);
+    r.wait_audited("delete", "configmaps", 403).await;
+}
+
+/// Without `patch` on configmaps the reclaim works once, but the lock of the
+/// replica that takes over stays without the opt-in label: the operator is
+/// no longer protected.
+#[tokio::test]
+async fn needs_configmaps_patch() {
+    let r = install(
+        "no-cm-patch",
+        Opts::default(),
+        Some(("", "configmaps", "patch")),
+    )
+    .await;
+    let j = r.janitor().await;
+    r.stale_lock("op-lock", "leader").await;
+    r.wait_gone("op-lock").await;
+    let replica = r.pod("replica").await;
+    become_leader(&r.client, &replica, "op-lock", false).await;
+    wait_log(&j, "could not carry the opt-in label over").await;
+    let cm = Api::<ConfigMap>::namespaced(r.client.clone(), &r.locks)
+        .get("op-lock")
+        .await
+        .expect("the replica's lock");
+    assert!(
+        !cm.metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key(LABEL_KEY),
+        "the lock was labeled without patch"
+    );
+    r.wait_audited("patch", "configmaps", 403).await;
+}
+
+/// Without `delete` on pods (deletePod=true) the lock is reclaimed but the
+/// dead pod stays, counted as a forbidden error.
+#[tokio::test]
+async fn needs_pods_delete_with_delete_pod() {
+    let opts = Opts {
+        delete_pod: true,
+        ..Default::default()
+    };
+    let r = install("no-pod-delete", opts, Some(("", "pods", "delete"))).await;
+    let j = r.janitor().await;
+    r.stale_lock("op-lock", "leader").await;
+    r.wait_gone("op-lock").await;
+    wait_metric(&j, "lock_janitor_reconcile_errors_total", &FORBIDDEN, 1.0).await;
+    assert!(r.pod_exists("leader").await);
+    assert_eq!(
+        metric(
+            &j,
+            "lock_janitor_pod_deletions_total",
+            &[("namespace", r.locks.as_str())]
+        )
+        .await,
+        None
+    );
+    r.wait_audited("delete", "pods", 403).await;
+}
+
+/// Without `create` on events.k8s.io events the reclaim goes through but
+/// nobody is told: no Event, and an `event` error.
+#[tokio::test]
+async fn needs_events_create() {
+    let r = install(
+        "no-ev-create",
+        Opts::default(),
+        Some(("events.k8s.io", "events", "create")),
+    )
+    .await;
+    let j = r.janitor().await;
+    r.stale_lock("op-lock", "leader").await;
+    r.wait_gone("op-lock").await;
+    wait_metric(
+        &j,
+        "lock_janitor_reconcile_errors_total",
+        &[("error", "event")],
+        1.0,
+    )
+    .await;
+    assert!(events(&r.client, &r.locks, "StaleLockReclaimed")
+        .await
+        .is_empty());
+    r.wait_audited("create", "events", 403).await;
+}
+
+/// kube's event recorder patches an Event it wrote when the same report
+/// repeats (same lock version, reason and related pod, within its 6-minute
+/// cache) instead of creating a new one. The janitor repeats a report when
+/// its verdict flips back while the lock stays unchanged: in dry-run, a lock
+/// reported stale (StaleLockDetected: its holder is gone), then ambiguous (a
+/// pod with the holder's name but another uid appears), then stale again
+/// (that pod goes). With the garbage collector on, a lock outlives its
+/// holder like that only while a finalizer holds its deletion, so the test
+/// gives it one. The second StaleLockDetected is a patch.
+async fn repeated_event(without_patch: bool, prefix: &str) {
+    let opts = Opts {
+        dry_run: true,
+        ..Default::default()
+    };
+    let without = without_patch.then_some(("events.k8s.io", "events", "patch"));
+    let r = install(prefix, opts, without).await;
+    let ghost = Pod {
+        metadata: ObjectMeta {
+            name: Some("ghost".into()),
+            namespace: Some(r.locks.clone()),
+            uid: Some("00000000-0000-4000-8000-00000000dead".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let cms: Api<ConfigMap> = Api::namespaced(r.client.clone(), &r.locks);
+    let mut lock = lock_for("ghost-lock", &ghost, false);
+    lock.metadata.labels = Some(BTreeMap::from([(LABEL_KEY.to_string(), r.locks.clone())]));
+    lock.metadata.finalizers = Some(vec!["lock-janitor.io/test-hold".into()]);
+    create_lock(&r.client, &lock).await;
+    wait_for("the garbage collector deleting the lock", WAIT, || async {
+        cms.get("ghost-lock")
+            .await
+            .ok()?
+            .metadata
+            .deletion_timestamp
+            .map(|_| ())
+    })
+    .await;
+
+    let j = r.janitor().await;
+    wait_event(&r.client, &r.locks, "StaleLockDetected", "ghost-lock").await;
+    r.pod("ghost").await;
+    wait_event(&r.client, &r.locks, "AmbiguousLock", "ghost-lock").await;
+    kubelet::force_delete_pod(&r.client, &r.locks, "ghost")
+        .await
+        .expect("delete pod");
+    let event_errors = [("error", "event")];
+    if without_patch {
+        wait_metric(
+            &j,
+            "lock_janitor_reconcile_errors_total",
+            &event_errors,
+            1.0,
+        )
+        .await;
+        r.wait_audited("patch", "events", 403).await;
+    } else {
+        wait_for("the Event's series count at 2", WAIT, || async {
+            events(&r.client, &r.locks, "StaleLockDetected")
+                .await
+                .into_iter()
+                .find_map(|e| e.series.filter(|s| s.count == 2))
+        })
+        .await;
+        assert_eq!(
+            metric(&j, "lock_janitor_reconcile_errors_total", &event_errors).await,
+            Some(0.0)
+        );
+        assert_eq!(r.wait_audited("patch", "events", 200).await.len(), 1);
+    }
+    assert_eq!(
+        events(&r.client, &r.locks, "StaleLockDetected").await.len(),
+        1
+    );
+    // Let the lock go.
+    cms.patch(
+        "ghost-lock",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("remove finalizer");
+}
+
+#[tokio::test]
+async fn repeated_event_is_patched() {
+    repeated_event(false, "ev-patch").await;
+}
+
+#[tokio::test]
+async fn needs_events_patch() {
+    repeated_event(true, "no-ev-patch").await;
+}
+
+// ---------------------------------------------------------------------------
+// Every manifest is accepted by the API server.
+
+/// Duration strings of Prometheus, as the Prometheus Operator's CRDs check them.
+const PROM_DURATION: &str =
+    "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$";
+
+/// Minimal CRDs for the Prometheus Operator's ServiceMonitor and
+/// PrometheusRule (monitoring.coreos.com/v1): structural schemas with the
+/// fields the chart uses and their types, so that with strict field
+/// validation a misspelt or mistyped field is refused.
+fn monitoring_crds() -> Vec<CustomResourceDefinition> {
+    let string = json!({"type": "string"});
+    let duration = json!({"type": "string", "pattern": PROM_DURATION});
+    let string_map = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    let strings = json!({"type": "array", "items": {"type": "string"}});
+    let preserve = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+    let label_selector = json!({"type": "object", "properties": {
+        "matchLabels": string_map,
+        "matchExpressions": {"type": "array", "items": {
+            "type": "object", "required": ["key", "operator"],
+            "properties": {"key": string, "operator": string, "values": strings}}},
+    }});
+    let service_monitor = json!({"type": "object", "required": ["spec"], "properties": {
+        "apiVersion": string, "kind": string, "metadata": {"type": "object"},
+        "spec": {"type": "object", "required": ["selector"], "properties": {
+            "jobLabel": string,
+            "targetLabels": strings,
+            "podTargetLabels": strings,
+            "sampleLimit": {"type": "integer", "format": "int64"},
+            "selector": label_selector,
+            "namespaceSelector": {"type": "object", "properties": {
+                "any": {"type": "boolean"}, "matchNames": strings}},
+            "endpoints": {"type": "array", "items": {"type": "object", "properties": {
+                "port": string,
+                "targetPort": {"x-kubernetes-int-or-string": true,
+                               "anyOf": [{"type": "integer"}, {"type": "string"}]},
+                "path": string,
+                "scheme": {"type": "string", "enum": ["http", "https", "HTTP", "HTTPS"]},
+                "interval": duration,
+                "scrapeTimeout": duration,
+                "honorLabels": {"type": "boolean"},
+                "honorTimestamps": {"type": "boolean"},
+                "relabelings": {"type": "array", "items": preserve},
+                "metricRelabelings": {"type": "array", "items": preserve},
+            }}},
+        }},
+    }});
+    let prometheus_rule = json!({"type": "object", "required": ["spec"], "properties": {
+        "apiVersion": string, "kind": string, "metadata": {"type": "object"},
+        "spec": {"type": "object", "properties": {
+            "groups": {"type": "array", "items": {
+                "type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "interval": duration,
+                    "limit": {"type": "integer"},
+                    "labels": string_map,
+                    "rules": {"type": "array", "items": {
+                        "type": "object", "required": ["expr"], "properties": {
+                            "alert": string,
+                            "record": string,
+                            "expr": {"x-kubernetes-int-or-string": true,
+                                     "anyOf": [{"type": "integer"}, {"type": "string"}]},
+                            "for": duration,
+                            "keep_firing_for": duration,
+                            "labels": string_map,
+                            "annotations": string_map,
+                        }}},
+                }}},
+        }},
+    }});
+    [
+        ("servicemonitors", "ServiceMonitor", service_monitor),
+        ("prometheusrules", "PrometheusRule", prometheus_rule),
+    ]
+    .into_iter()
+    .map(|(plural, kind, schema)| {
+        serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.monitoring.coreos.com")},
+            "spec": {
+                "group": "monitoring.coreos.com",
+                "scope": "Namespaced",
+                "names": {"plural": plural, "kind": kind},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                              "schema": {"openAPIV3Schema": schema}}],
+            },
+        }))
+        .expect("CRD")
+    })
+    .collect()
+}
+
+async fn install_monitoring_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in monitoring_crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("creating CRD {name}: {e}"),
+        }
+        wait_for(&format!("CRD {name} established"), WAIT, || async {
+            let c = crds.get(&name).await.ok()?;
+            c.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        })
+        .await;
+    }
+}
+
+/// POST `doc` with `dryRun=All` and `fieldValidation=Strict`: the API server
+/// runs defaulting, validation and admission, and stores nothing.
+async fn dry_run_create(client: &Client, doc: &Value) -> Result<Value, kube::Error> {
+    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind_of(doc));
+    // A new CRD takes a moment to show up in discovery.
+    let (ar, caps) = wait_for(&format!("discovery of {gvk:?}"), WAIT, || async {
+        pinned_kind(client, &gvk).await.ok()
+    })
+    .await;
+    let api: Api<DynamicObject> = match caps.scope {
+        Scope::Namespaced => Api::namespaced_with(
+            client.clone(),
+            doc["metadata"]["namespace"].as_str().expect("namespace"),
+            &ar,
+        ),
+        Scope::Cluster => Api::all_with(client.clone(), &ar),
+    };
+    let pp = PostParams {
+        dry_run: true,
+        field_manager: Some("lock-janitor-chart-test".into()),
+    };
+    let mut req = Request::new(api.resource_url())
+        .create(&pp, serde_json::to_vec(doc).expect("json"))
+        .map_err(kube::Error::BuildRequest)?;
+    let uri = format!("{}&fieldValidation=Strict", req.uri());
+    *req.uri_mut() = uri.parse().expect("uri");
+    client.request::<Value>(req).await
+}
+
+async fn exists(client: &Client, doc: &Value) -> bool {
+    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind_of(doc));
+    let (ar, caps) = pinned_kind(client, &gvk).await.expect("discovery");
+    let api: Api<DynamicObject> = match (caps.scope, doc["metadata"]["namespace"].as_str()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &ar),
+        _ => Api::all_with(client.clone(), &ar),
+    };
+    api.get_opt(name_of(doc)).await.expect("get").is_some()
+}
+
+fn api_error(r: Result<Value, kube::Error>) -> (u16, String) {
+    match r {
+        Err(kube::Error::Api(s)) => (s.code, s.message),
+        other => panic!("want an API error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn rendered_manifests_pass_server_side_dry_run() {
+    let cp = shared().await;
+    let client = cp.client().await.expect("admin client");
+    install_monitoring_crds(&client).await;
+    let ns = fresh_namespace(&client, "dryrun").await;
+    let watched = fresh_namespace(&client, "dryrun-watched").await;
+    let ci = chart_dir().join("ci");
+    let file = |f: &str| ci.join(f).to_string_lossy().into_owned();
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        ("defaults", vec![]),
+        ("all-on", vec!["-f".into(), file("all-on-values.yaml")]),
+        (
+            "namespaced",
+            vec![
+                "-f".into(),
+                file("namespaced-values.yaml"),
+                "--set".into(),
+                format!("watchNamespaces={{{watched}}}"),
+            ],
+        ),
+    ];
+    let mut all_kinds = BTreeSet::new();
+    for (case, args) in &cases {
+        let docs = render(&format!("{ns}-{case}"), &ns, args);
+        assert!(!docs.is_empty(), "{case}: nothing rendered");
+        for d in &docs {
+            if let Err(e) = dry_run_create(&client, d).await {
+                panic!(
+                    "{case}: the API server refused {} {}: {e}\n{d:#}",
+                    kind_of(d),
+                    name_of(d)
+                );
+            }
+            all_kinds.insert(kind_of(d).to_owned());
+        }
+        // A dry run stores nothing.
+        for d in &docs {
+            assert!(
+                !exists(&client, d).await,
+                "{case}: {} {} was stored",
+                kind_of(d),
+                name_of(d)
+            );
+        }
+    }
+    let want: BTreeSet<String> = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "PrometheusRule",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(all_kinds, want);
+
+    // The check has teeth: strict field validation and the CRD schemas
+    // refuse a misspelt or mistyped field.
+    let docs = render(
+        &format!("{ns}-bad"),
+        &ns,
+        &["-f".into(), file("all-on-values.yaml")],
+    );
+    let mut dep = one(&docs, "Deployment").clone();
+    dep["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = json!({});
+    let (code, msg) = api_error(dry_run_create(&client, &dep).await);
+    assert!(code == 400 && msg.contains("unknown field"), "{code} {msg}");
+    let mut sm = one(&docs, "ServiceMonitor").clone();
+    sm["spec"]["endpoints"][0]["honorLabel"] = json!(true);
+    let (code, msg) = api_error(dry_run_create(&client, &sm).await);
+    assert!(code == 400 && msg.contains("unknown field"), "{code} {msg}");
+    let mut rule = one(&docs, "PrometheusRule").clone();
+    rule["spec"]["groups"][0]["rules"][0]["for"] = json!("10 minutes");
+    let (code, msg) = api_error(dry_run_create(&client, &rule).await);
+    assert!(code == 422, "{code} {msg}");
+}
+
+/// The Deployment's pod passes Pod Security "restricted", enforced by the
+/// API server's PodSecurity admission in a namespace labeled for it.
+#[tokio::test]
+async fn deployment_pod_meets_pod_security_restricted() {
+    let cp = shared().await;
+    let client = cp.client().await.expect("admin client");
+    let base = fresh_namespace(&client, "pss").await;
+    // A second namespace, restricted: fresh_namespace cannot label.
+    let ns = format!("{base}-restricted");
+    let labels = [
+        ("pod-security.kubernetes.io/enforce", "restricted"),
+        ("pod-security.kubernetes.io/enforce-version", "latest"),
+    ];
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(ns.clone()),
+                    labels: Some(
+                        labels
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .collect(),
+                    ),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("namespace");
+    let all_on = chart_dir().join("ci/all-on-values.yaml");
+    for (case, args) in [
+        ("defaults", vec![]),
+        (
+            "all-on",
+            vec!["-f".to_string(), all_on.to_string_lossy().into_owned()],
+        ),
+    ] {
+        let release = format!("pss-{case}");
+        let docs = render(&release, &ns, &args);
+        // The pod runs as the chart's ServiceAccount, which must exist.
+        create(
+            Api::<ServiceAccount>::namespaced(client.clone(), &ns),
+            one(&docs, "ServiceAccount"),
+        )
+        .await;
+        let template = &one(&docs, "Deployment")["spec"]["template"];
+        let mut pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": template["metadata"].clone(),
+            "spec": template["spec"].clone(),
+        });
+        pod["metadata"]["name"] = json!(format!("{release}-pod"));
+        pod["metadata"]["namespace"] = json!(ns);
+        if let Err(e) = dry_run_create(&client, &pod).await {
+            panic!("{case}: the pod does not pass Pod Security restricted: {e}\n{pod:#}");
+        }
+        // The check has teeth: one weakened setting is refused.
+        pod["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = json!(true);
+        let (code, msg) = api_error(dry_run_create(&client, &pod).await);
+        assert!(
+            code == 403 && msg.contains("violates PodSecurity"),
+            "{code} {msg}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+
+/// The chart installs the version of the code it ships with.
+#[test]
+fn chart_app_version_is_the_crate_version() {
+    let chart: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
+            .expect("Chart.yaml");
+    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+    // And the image tag defaults to it.
+    let docs = render("lj", "lj", &[]);
+    let image = container(&docs)["image"].as_str().expect("image");
+    assert_eq!(
+        image,
+        format!(
+            "ghcr.io/lock-janitor/lock-janitor:{}",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+}
