@@ -1,0 +1,230 @@
+//! The shipped alert rules in a real Prometheus server: it scrapes the real
+//! janitor's /metrics (every second, with the chart's rules file loaded),
+//! and after a staged eviction and reclaim its HTTP API shows
+//! LockJanitorStaleLockReclaimed firing for that lock.
+//!
+//! Needs the `prometheus` binary (Debian package `prometheus`; $PROMETHEUS
+//! to use another one).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
+use serde_json::Value;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn rules_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/lock-janitor/files/prometheus-rules.yaml")
+}
+
+fn prometheus_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PROMETHEUS").filter(|p| !p.is_empty()) {
+        return p.into();
+    }
+    for p in ["/usr/bin/prometheus", "/usr/local/bin/prometheus"] {
+        if Path::new(p).exists() {
+            return p.into();
+        }
+    }
+    panic!(
+        "prometheus not found: install it (Debian: apt-get install prometheus) or set PROMETHEUS"
+    );
+}
+
+/// A Prometheus server on loopback with its own config and storage in a
+/// temp dir. Killed (and its dir removed) on drop.
+struct Prometheus {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Prometheus {
+    /// Scrapes `127.0.0.1:<target>` every second as job `lock-janitor`,
+    /// keeping the metrics' own labels (the lock's `namespace`) as the chart's
+    /// ServiceMonitor does, and evaluates the chart's rules every second.
+    async fn start(target: u16) -> Prometheus {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!(
+            "lock-janitor-prometheus-{}-{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(dir.join("data")).expect("prometheus dir");
+        let config = format!(
+            "global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files:
+  - {rules}
+scrape_configs:
+  - job_name: lock-janitor
+    honor_labels: true
+    static_configs:
+      - targets: ['127.0.0.1:{target}']
+",
+            rules = rules_file().display()
+        );
+        std::fs::write(dir.join("prometheus.yml"), config).expect("prometheus.yml");
+        let log = std::fs::File::create(dir.join("prometheus.log")).expect("log");
+        let child = Command::new(prometheus_bin())
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", prometheus_bin().display()));
+        let p = Prometheus {
+            child: Some(child),
+            port,
+            dir,
+        };
+        wait_for("Prometheus ready", WAIT, || async {
+            (http_get(p.port, "/-/ready").await.ok()?.0 == 200).then_some(())
+        })
+        .await;
+        p
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// GET an API path; the `data` of a successful answer.
+    async fn api(&self, path: &str) -> Option<Value> {
+        let (code, body) = http_get(self.port, path).await.ok()?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        (code == 200 && v["status"] == "success").then(|| v["data"].clone())
+    }
+
+    /// An instant query: the result vector.
+    async fn query(&self, promql: &str) -> Vec<Value> {
+        let path = format!("/api/v1/query?query={}", url_encode(promql));
+        self.api(&path)
+            .await
+            .and_then(|d| d["result"].as_array().cloned())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- prometheus log ---\n{}", self.logs());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn value_of(sample: &Value) -> Option<f64> {
+    sample["value"][1].as_str()?.parse().ok()
+}
+
+#[tokio::test]
+async fn reclaim_alert_fires_in_prometheus() {
+    let cp = shared().await;
+    let client = cp.client().await.expect("admin client");
+    grant_janitor(&client).await;
+    let ns = fresh_namespace(&client, "prom").await;
+    let node = format!("node-{ns}");
+    kubelet::create_node(&client, &node).await.expect("node");
+    let leader = running_pod(&client, &ns, "leader", &node).await;
+    create_lock(&client, &lock_for("op-lock", &leader, true)).await;
+
+    let j = Janitor::start(
+        &kubeconfig_as(cp, JANITOR_USER),
+        &["--namespace", &ns, "--resync", "2s"],
+    )
+    .await;
+    let prom = Prometheus::start(j.port).await;
+
+    // Prometheus has the lock's reclaim counter at 0 (the janitor creates a
+    // watched lock's counters at 0, so increase() has a sample before the
+    // first reclaim), and nothing fires.
+    let counter = format!(
+        "lock_janitor_reclaims_total{{namespace=\"{ns}\",lock=\"op-lock\",reason=\"Evicted\"}}"
+    );
+    wait_for("Prometheus scraped the counter at 0", WAIT, || async {
+        let r = prom.query(&counter).await;
+        (r.len() == 1 && value_of(&r[0]) == Some(0.0)).then_some(())
+    })
+    .await;
+    let firing = format!(
+        "ALERTS{{alertname=\"LockJanitorStaleLockReclaimed\",alertstate=\"firing\",namespace=\"{ns}\"}}"
+    );
+    assert!(prom.query(&firing).await.is_empty());
+
+    kubelet::set_failed(&client, &ns, "leader", "Evicted", "low on memory")
+        .await
+        .expect("evict");
+    wait_for("lock reclaimed", WAIT, || async {
+        (!lock_exists(&client, &ns, "op-lock").await).then_some(())
+    })
+    .await;
+
+    let alert = wait_for("LockJanitorStaleLockReclaimed firing", WAIT, || async {
+        prom.query(&firing).await.into_iter().next()
+    })
+    .await;
+    let labels = &alert["metric"];
+    assert_eq!(labels["namespace"], ns.as_str(), "{alert}");
+    assert_eq!(labels["lock"], "op-lock", "{alert}");
+    assert_eq!(labels["reason"], "Evicted", "{alert}");
+    assert_eq!(labels["severity"], "info", "{alert}");
+
+    // The alerts API carries the annotations people read.
+    let alerts = prom.api("/api/v1/alerts").await.expect("alerts API");
+    let a = alerts["alerts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| {
+            a["labels"]["alertname"] == "LockJanitorStaleLockReclaimed"
+                && a["labels"]["namespace"] == ns.as_str()
+        })
+        .unwrap_or_else(|| panic!("not in /api/v1/alerts: {alerts}"));
+    assert_eq!(a["state"], "firing");
+    assert_eq!(
+        a["annotations"]["summary"],
+        format!("lock-janitor reclaimed the stale lock {ns}/op-lock (Evicted).").as_str()
+    );
+    assert!(a["annotations"]["runbook_url"]
+        .as_str()
+        .is_some_and(|u| u.ends_with("docs/runbooks.md#lockjanitorstalelockreclaimed")));
+
+    // Only the reason that happened fires; the other counters of the lock stay at 0.
+    let all = prom
+        .query(&format!(
+            "ALERTS{{alertname=\"LockJanitorStaleLockReclaimed\",namespace=\"{ns}\"}}"
+        ))
+        .await;
+    assert_eq!(all.len(), 1, "{all:?}");
+}
