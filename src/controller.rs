@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::{future, Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::ListParams;
+use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -469,10 +469,10 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
 }
 
 /// Checks, before any watch starts, that the selector is accepted and the
-/// janitor may list locks and pods in every scope: a clear error at start-up
-/// beats a watch that retries forever.
+/// janitor may list and watch locks and terminal pods in every scope: a clear
+/// error at start-up beats a watcher that lists once (and looks synced) and
+/// then retries a forbidden watch forever.
 pub async fn preflight(client: &Client, settings: &Settings) -> Result<(), Error> {
-    let lp = ListParams::default().labels(&settings.selector).limit(1);
     let scopes: Vec<Option<&str>> = if settings.namespaces.is_empty() {
         vec![None]
     } else {
@@ -491,19 +491,41 @@ pub async fn preflight(client: &Client, settings: &Settings) -> Result<(), Error
             None => (Api::all(client.clone()), Api::all(client.clone())),
         };
         let where_ = ns.unwrap_or("all namespaces");
-        call(
-            format!("listing configmaps in {where_}"),
-            cms.list_metadata(&lp),
-        )
-        .await?;
-        let plp = ListParams::default().fields(TERMINAL_PODS).limit(1);
-        call(
-            format!("listing pods in {where_}"),
-            pods.list_metadata(&plp),
-        )
-        .await?;
+        let lp = ListParams::default().labels(&settings.selector).limit(1);
+        let wp = WatchParams::default().labels(&settings.selector).timeout(1);
+        check_list_and_watch(&cms, &lp, &wp, &format!("configmaps in {where_}")).await?;
+        let lp = ListParams::default().fields(TERMINAL_PODS).limit(1);
+        let wp = WatchParams::default().fields(TERMINAL_PODS).timeout(1);
+        check_list_and_watch(&pods, &lp, &wp, &format!("pods in {where_}")).await?;
     }
     Ok(())
+}
+
+/// Lists (one item) and opens a one-second watch from the list's version;
+/// an error status in the watch stream counts as a failure too.
+async fn check_list_and_watch<K>(
+    api: &Api<K>,
+    lp: &ListParams,
+    wp: &WatchParams,
+    what: &str,
+) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = call(format!("listing {what}"), api.list_metadata(lp)).await?;
+    let rv = list.metadata.resource_version.unwrap_or_else(|| "0".into());
+    let action = format!("watching {what}");
+    let events = call(action.clone(), api.watch_metadata(wp, &rv)).await?;
+    futures::pin_mut!(events);
+    let first = call(action.clone(), async { Ok(events.next().await) }).await?;
+    match first {
+        Some(Err(source)) => Err(Error::Kube { action, source }),
+        Some(Ok(WatchEvent::Error(status))) => Err(Error::Kube {
+            action,
+            source: kube::Error::Api(status),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Runs one controller per scope until `shutdown` is cancelled and every

@@ -520,10 +520,14 @@ async fn restarted_janitor_converges() {
     fail_with(&s, "b", "Preempting").await;
     let second = s.janitor(&[]).await;
     s.wait_gone("b-lock").await;
-    wait_for("the new a-lock judged held", Duration::from_secs(20), || async {
-        let m = second.metrics().await;
-        (sample(&m, "lock_janitor_locks", &[("state", "held")]) == Some(1.0)).then_some(())
-    })
+    wait_for(
+        "the new a-lock judged held",
+        Duration::from_secs(20),
+        || async {
+            let m = second.metrics().await;
+            (sample(&m, "lock_janitor_locks", &[("state", "held")]) == Some(1.0)).then_some(())
+        },
+    )
     .await;
     let m = second.metrics().await;
     let ns = s.ns.as_str();
