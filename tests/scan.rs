@@ -1,0 +1,1221 @@
+//! `lock-janitor scan` and `lock-janitor label`, as the real binary, against a
+//! real control plane (etcd, kube-apiserver, kube-controller-manager). Each
+//! test works in its own namespace and scopes the commands to it.
+//!
+//! The verdict test runs on a control plane of its own, without the
+//! ownerReference garbage collector: with it, a lock whose holder pod does not
+//! exist (and a ConfigMap owned by pods or a Deployment that do not exist) is
+//! deleted within a second, before a scan could see it. Without it, the test
+//! stands for a cluster where the collector lags, which is when `OwnerGone`
+//! matters. The other tests share the usual control plane (collector on).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use lock_janitor_testenv::audit::{self, AuditEvent};
+use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane, Options};
+use serde_json::Value;
+
+const WATCH: &str = "lock-janitor.io/watch";
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+/// The outcome of one run of the binary.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not one JSON document ({e}):\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout ---\n{}--- stderr ---\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_lock-janitor")
+}
+
+/// A command with a clean environment: only `KUBECONFIG` says where the cluster is.
+fn command(kubeconfig: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin());
+    cmd.args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "warn")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("LOCK_JANITOR_") && k != "LOCK_JANITOR_TESTENV_BIN" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+async fn run_with(mut cmd: tokio::process::Command) -> Run {
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("the command finished within 120s")
+        .expect("the command started");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn run(kubeconfig: &Path, args: &[&str]) -> Run {
+    run_with(command(kubeconfig, args)).await
+}
+
+/// Polls `f` every 200 ms until it returns `Some`, or panics after `timeout`.
+async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn pod_owner(name: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: name.into(),
+        uid: uid.into(),
+        ..Default::default()
+    }
+}
+
+fn owner_of(pod: &Pod) -> OwnerReference {
+    pod_owner(
+        pod.metadata.name.as_deref().unwrap(),
+        pod.metadata.uid.as_deref().unwrap(),
+    )
+}
+
+/// Creates a ConfigMap with these owners and labels (operator-lib's lock:
+/// one Pod owner, no labels, a little data).
+async fn configmap(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    owners: Vec<OwnerReference>,
+    labels: &[(&str, &str)],
+) -> ConfigMap {
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            owner_references: (!owners.is_empty()).then_some(owners),
+            labels: (!labels.is_empty()).then(|| {
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            }),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("leader".into(), name.into())])),
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap_or_else(|e| panic!("creating configmap {ns}/{name}: {e}"))
+}
+
+async fn running_pod(client: &Client, ns: &str, name: &str) -> Pod {
+    kubelet::create_pod(client, ns, name, "scan-node", &[])
+        .await
+        .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
+    kubelet::set_running(client, ns, name)
+        .await
+        .unwrap_or_else(|e| panic!("pod {name} running: {e}"))
+}
+
+async fn evicted_pod(client: &Client, ns: &str, name: &str) -> Pod {
+    running_pod(client, ns, name).await;
+    kubelet::set_failed(
+        client,
+        ns,
+        name,
+        "Evicted",
+        "The node was low on resource: memory.",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("pod {name} evicted: {e}"))
+}
+
+/// A Deployment object (nothing runs it: no deployment controller here).
+async fn deployment(client: &Client, ns: &str, name: &str) -> Deployment {
+    let labels = BTreeMap::from([("app".to_string(), name.to_string())]);
+    let d = Deployment {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(0),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                    containers: vec![k8s_openapi::api::core::v1::Container {
+                        name: "main".into(),
+                        image: Some(kubelet::PAUSE_IMAGE.into()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap_or_else(|e| panic!("creating deployment {name}: {e}"))
+}
+
+fn deployment_owner(d: &Deployment) -> OwnerReference {
+    OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "Deployment".into(),
+        name: d.metadata.name.clone().unwrap(),
+        uid: d.metadata.uid.clone().unwrap(),
+        controller: Some(true),
+        ..Default::default()
+    }
+}
+
+async fn labels_of(client: &Client, ns: &str, name: &str) -> BTreeMap<String, String> {
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("reading configmap {name}: {e}"))
+        .metadata
+        .labels
+        .unwrap_or_default()
+}
+
+async fn delete_cm(client: &Client, ns: &str, name: &str) {
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting configmap {name}: {e}"));
+}
+
+/// The lock rows of a `-o json` report, by name.
+fn rows_by_name(report: &Value) -> BTreeMap<String, Value> {
+    report["locks"]
+        .as_array()
+        .expect("locks is an array")
+        .iter()
+        .map(|r| (r["name"].as_str().expect("name").to_owned(), r.clone()))
+        .collect()
+}
+
+/// Audit-log position before a command runs.
+fn audit_mark(cp: &ControlPlane) -> usize {
+    audit::read(cp.audit_log_path()).len()
+}
+
+const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
+/// Writes on ConfigMaps of `ns` logged after `mark`, by anyone. A sentinel
+/// write made now, once it shows up in the log, proves that the log has
+/// caught up with everything the finished command did.
+async fn configmap_writes_since(
+    cp: &ControlPlane,
+    client: &Client,
+    ns: &str,
+    mark: usize,
+) -> Vec<AuditEvent> {
+    let sentinel = format!("audit-sentinel-{}", audit_mark(cp));
+    configmap(client, ns, &sentinel, vec![], &[]).await;
+    let events = wait_for(
+        "the audit log to show the sentinel write",
+        Duration::from_secs(30),
+        || async {
+            let events = audit::read(cp.audit_log_path());
+            events
+                .iter()
+                .any(|e| {
+                    e.verb == "create"
+                        && e.namespace.as_deref() == Some(ns)
+                        && e.name.as_deref() == Some(sentinel.as_str())
+                })
+                .then_some(events)
+        },
+    )
+    .await;
+    events
+        .into_iter()
+        .skip(mark)
+        .filter(|e| {
+            WRITES.contains(&e.verb.as_str())
+                && e.resource.as_deref() == Some("configmaps")
+                && e.namespace.as_deref() == Some(ns)
+                && e.name.as_deref() != Some(sentinel.as_str())
+                && !e
+                    .name
+                    .as_deref()
+                    .unwrap_or_default()
+                    .starts_with("audit-sentinel-")
+        })
+        .collect()
+}
+
+/// `cell` is `full`, or `full` shortened with a `…` in the middle.
+fn shortened(cell: &str, full: &str) -> bool {
+    match cell.split_once('…') {
+        None => cell == full,
+        Some((head, tail)) => {
+            full.starts_with(head)
+                && full.ends_with(tail)
+                && cell.chars().count() < full.chars().count()
+        }
+    }
+}
+
+/// The cells of the table row of the lock `name` (table rows end at the
+/// first empty line).
+fn table_row(stdout: &str, name: &str) -> Option<Vec<String>> {
+    stdout
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .find(|cells| cells.get(1).is_some_and(|c| shortened(c, name)))
+}
+
+/// Each (column, value) is in the row, possibly shortened.
+fn assert_cells(row: &[String], want: &[(usize, &str)], run: &Run) {
+    for (i, value) in want {
+        let cell = row.get(*i).map(String::as_str).unwrap_or_default();
+        assert!(
+            shortened(cell, value),
+            "column {i}: {cell:?} is not {value:?}\n{run}"
+        );
+    }
+}
+
+fn names(events: &[AuditEvent]) -> BTreeSet<String> {
+    events.iter().filter_map(|e| e.name.clone()).collect()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Grants `user` the `verbs` on `resources` (core group) in `ns`.
+async fn grant(client: &Client, ns: &str, user: &str, resources: &[&str], verbs: &[&str]) {
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some(user.into()),
+            ..Default::default()
+        },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(strings(resources)),
+            verbs: strings(verbs),
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some(user.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: user.into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: user.into(),
+            ..Default::default()
+        }]),
+    };
+    let pp = PostParams::default();
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&pp, &role)
+        .await
+        .expect("create role");
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&pp, &binding)
+        .await
+        .expect("create rolebinding");
+}
+
+/// Waits until `user` may list ConfigMaps in `ns` (RBAC changes take a moment).
+async fn wait_until_can_list(cp: &ControlPlane, ns: &str, user: &str) {
+    let mut config = cp.kube_config();
+    config.auth_info.impersonate = Some(user.into());
+    let as_user = Client::try_from(config).expect("impersonating client");
+    let cms: Api<ConfigMap> = Api::namespaced(as_user, ns);
+    wait_for(
+        &format!("{user} to be allowed to list configmaps in {ns}"),
+        Duration::from_secs(30),
+        || async {
+            cms.list_metadata(&ListParams::default())
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
+}
+
+/// A copy of the admin kubeconfig that acts as `user` (impersonation).
+fn kubeconfig_as(cp: &ControlPlane, user: &str, file: &str) -> PathBuf {
+    let admin = std::fs::read_to_string(cp.kubeconfig_path()).expect("admin kubeconfig");
+    let text = admin.replacen("  user:\n", &format!("  user:\n    as: {user}\n"), 1);
+    assert_ne!(text, admin, "kubeconfig layout changed: cannot add `as:`");
+    let path = cp.dir().join(file);
+    std::fs::write(&path, text).expect("write kubeconfig");
+    path
+}
+
+/// A copy of the admin kubeconfig pointing at a port where nothing listens.
+fn kubeconfig_unreachable(cp: &ControlPlane, file: &str) -> PathBuf {
+    let admin = std::fs::read_to_string(cp.kubeconfig_path()).expect("admin kubeconfig");
+    let port = free_port();
+    let text = admin.replace(cp.server_url(), &format!("https://127.0.0.1:{port}"));
+    assert_ne!(text, admin, "kubeconfig has no {}", cp.server_url());
+    let path = cp.dir().join(file);
+    std::fs::write(&path, text).expect("write kubeconfig");
+    path
+}
+
+// ---------------------------------------------------------------------------
+// scan
+
+#[tokio::test]
+async fn scan_finds_candidates_and_judges_them_like_the_controller() {
+    // Own control plane without the garbage collector: see the module docs.
+    let cp = ControlPlane::start(Options {
+        garbage_collector: false,
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let kc = cp.kubeconfig_path().to_path_buf();
+    let client = cp.client().await.unwrap();
+    let ns = fresh_namespace(&client, "scan-verdicts").await;
+
+    let live = running_pod(&client, &ns, "live-op").await;
+    let evicted = evicted_pod(&client, &ns, "evicted-op").await;
+    let deploy = deployment(&client, &ns, "some-app").await;
+    // Candidates: labeled or not, a live, an evicted and a never-existing holder.
+    configmap(
+        &client,
+        &ns,
+        "live-lock",
+        vec![owner_of(&live)],
+        &[(WATCH, "true")],
+    )
+    .await;
+    configmap(&client, &ns, "evicted-lock", vec![owner_of(&evicted)], &[]).await;
+    configmap(
+        &client,
+        &ns,
+        "ghost-lock",
+        vec![pod_owner(
+            "ghost-op",
+            "0b5e8f3c-6d1a-4c57-9d0e-000000000001",
+        )],
+        &[],
+    )
+    .await;
+    // Labeled but not a lock: reported as unmanageable, never silently dropped.
+    configmap(&client, &ns, "labeled-plain", vec![], &[(WATCH, "true")]).await;
+    // Ordinary ConfigMaps: never reported.
+    configmap(&client, &ns, "plain", vec![], &[]).await;
+    configmap(
+        &client,
+        &ns,
+        "deployment-owned",
+        vec![deployment_owner(&deploy)],
+        &[],
+    )
+    .await;
+    configmap(
+        &client,
+        &ns,
+        "two-owners",
+        vec![owner_of(&live), owner_of(&evicted)],
+        &[],
+    )
+    .await;
+    configmap(&client, &ns, "opted-out", vec![], &[(WATCH, "false")]).await;
+
+    let scan = |extra: &'static [&'static str]| {
+        let kc = kc.clone();
+        let ns = ns.clone();
+        async move {
+            let mut args = vec!["scan", "--namespace", ns.as_str()];
+            args.extend_from_slice(extra);
+            run(&kc, &args).await
+        }
+    };
+
+    // --owner-gone-grace 0s: the missing holder is stale at once.
+    let mark = audit_mark(&cp);
+    let r = scan(&["--owner-gone-grace", "0s", "-o", "json"]).await;
+    assert_eq!(r.code, 3, "a stale lock exits 3\n{r}");
+    let report = r.json();
+    let rows = rows_by_name(&report);
+    assert_eq!(
+        rows.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["evicted-lock", "ghost-lock", "labeled-plain", "live-lock"],
+        "exactly the candidates\n{r}"
+    );
+    let verdict = |name: &str| rows[name]["verdict"].as_str().unwrap().to_owned();
+    assert_eq!(verdict("live-lock"), "held");
+    assert_eq!(verdict("evicted-lock"), "stale:Evicted");
+    assert_eq!(verdict("ghost-lock"), "stale:OwnerGone");
+    assert_eq!(verdict("labeled-plain"), "unmanageable:NoOwner");
+    assert_eq!(rows["live-lock"]["labeled"], true);
+    assert_eq!(rows["evicted-lock"]["labeled"], false);
+    assert_eq!(rows["ghost-lock"]["holder_found"], false);
+    assert_eq!(rows["live-lock"]["phase"], "Running");
+    assert_eq!(rows["evicted-lock"]["phase"], "Failed");
+    assert_eq!(rows["evicted-lock"]["phase_reason"], "Evicted");
+    assert_eq!(rows["evicted-lock"]["node"], "scan-node");
+    let s = &report["summary"];
+    assert_eq!(
+        (&s["total"], &s["held"], &s["stale"], &s["unmanageable"]),
+        (
+            &Value::from(4),
+            &Value::from(1),
+            &Value::from(2),
+            &Value::from(1)
+        ),
+        "{r}"
+    );
+    assert_eq!(
+        (&s["labeled"], &s["unlabeled"]),
+        (&Value::from(2), &Value::from(2))
+    );
+    let in_ns = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .list_metadata(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert_eq!(s["configmaps_scanned"], in_ns, "{r}");
+
+    // The default grace (30s): a lock younger than the grace whose holder is
+    // missing is held, as the controller would hold it.
+    let r = scan(&["-o", "json"]).await;
+    assert_eq!(r.code, 3, "{r}");
+    let rows = rows_by_name(&r.json());
+    assert_eq!(rows["ghost-lock"]["verdict"], "held");
+    assert_eq!(rows["ghost-lock"]["reason"], "OwnerGoneGrace");
+
+    // The table says the same, within 100 columns.
+    let r = scan(&["--owner-gone-grace", "0s"]).await;
+    assert_eq!(r.code, 3, "{r}");
+    let header = r.stdout.lines().next().unwrap();
+    for col in [
+        "NAMESPACE",
+        "NAME",
+        "LABELED",
+        "HOLDER",
+        "PHASE",
+        "NODE",
+        "AGE",
+        "VERDICT",
+    ] {
+        assert!(header.contains(col), "{col} missing\n{r}");
+    }
+    assert!(r.stdout.lines().all(|l| l.chars().count() <= 100), "{r}");
+    let row =
+        |name: &str| table_row(&r.stdout, name).unwrap_or_else(|| panic!("no row for {name}\n{r}"));
+    assert_cells(
+        &row("evicted-lock"),
+        &[
+            (2, "no"),
+            (3, "evicted-op"),
+            (4, "Failed/Evicted"),
+            (7, "stale:Evicted"),
+        ],
+        &r,
+    );
+    assert_cells(
+        &row("live-lock"),
+        &[
+            (2, "yes"),
+            (3, "live-op"),
+            (4, "Running"),
+            (5, "scan-node"),
+            (7, "held"),
+        ],
+        &r,
+    );
+    assert_cells(
+        &row("ghost-lock"),
+        &[(3, "ghost-op"), (4, "(gone)"), (7, "stale:OwnerGone")],
+        &r,
+    );
+    assert_cells(
+        &row("labeled-plain"),
+        &[(2, "yes"), (3, "-"), (7, "unmanageable:NoOwner")],
+        &r,
+    );
+    for name in ["plain", "deployment-owned", "two-owners", "opted-out"] {
+        assert!(
+            table_row(&r.stdout, name).is_none(),
+            "{name} is not a candidate\n{r}"
+        );
+    }
+
+    // Scanning wrote nothing.
+    let writes = configmap_writes_since(&cp, &client, &ns, mark).await;
+    assert!(writes.is_empty(), "scan wrote: {writes:?}");
+
+    // Without the stale locks: only held (and unmanageable) ones, exit 0.
+    delete_cm(&client, &ns, "evicted-lock").await;
+    delete_cm(&client, &ns, "ghost-lock").await;
+    let r = scan(&["--owner-gone-grace", "0s"]).await;
+    assert_eq!(r.code, 0, "no stale lock exits 0\n{r}");
+    assert!(r.stdout.contains("1 held, 0 stale"), "{r}");
+
+    drop(client);
+    cp.stop();
+}
+
+#[tokio::test]
+async fn scan_json_carries_every_column() {
+    let cp = shared().await;
+    let client = cp.client().await.unwrap();
+    let ns = fresh_namespace(&client, "scan-json").await;
+    let other = fresh_namespace(&client, "scan-json-other").await;
+    let live = running_pod(&client, &ns, "memcached-operator-7d9f8b6c5-x2x9k").await;
+    let evicted = evicted_pod(&client, &other, "redis-operator-5c8d7f9b4-abcde").await;
+    configmap(
+        &client,
+        &ns,
+        "memcached-operator-lock",
+        vec![owner_of(&live)],
+        &[],
+    )
+    .await;
+    configmap(
+        &client,
+        &other,
+        "redis-operator-lock",
+        vec![owner_of(&evicted)],
+        &[(WATCH, "true")],
+    )
+    .await;
+
+    let kc = cp.kubeconfig_path();
+    let r = run(
+        kc,
+        &["scan", "-n", &ns, "--namespace", &other, "-o", "json"],
+    )
+    .await;
+    assert_eq!(r.code, 3, "{r}");
+    let report = r.json();
+    let rows = rows_by_name(&report);
+    assert_eq!(rows.len(), 2, "{r}");
+
+    let lock = &rows["redis-operator-lock"];
+    let fields = [
+        "namespace",
+        "name",
+        "labeled",
+        "holder",
+        "holder_uid",
+        "holder_found",
+        "holder_pod_uid",
+        "phase",
+        "phase_reason",
+        "phase_message",
+        "holder_deleting",
+        "node",
+        "created_at",
+        "age_seconds",
+        "verdict",
+        "state",
+        "reason",
+        "died_at",
+        "message",
+    ];
+    let obj = lock.as_object().unwrap();
+    for f in fields {
+        assert!(obj.contains_key(f), "field {f} missing: {lock:#}");
+    }
+    assert_eq!(obj.len(), fields.len(), "unexpected fields: {lock:#}");
+    assert_eq!(lock["namespace"], other.as_str());
+    assert_eq!(lock["labeled"], true);
+    assert_eq!(lock["holder"], "redis-operator-5c8d7f9b4-abcde");
+    assert_eq!(
+        lock["holder_uid"],
+        evicted.metadata.uid.clone().unwrap().as_str()
+    );
+    assert_eq!(lock["holder_pod_uid"], lock["holder_uid"]);
+    assert_eq!(lock["phase"], "Failed");
+    assert_eq!(lock["phase_reason"], "Evicted");
+    assert_eq!(
+        lock["phase_message"],
+        "The node was low on resource: memory."
+    );
+    assert_eq!(lock["node"], "scan-node");
+    assert_eq!(lock["verdict"], "stale:Evicted");
+    assert_eq!(lock["state"], "stale");
+    assert_eq!(lock["reason"], "Evicted");
+    assert!(lock["died_at"].is_string(), "{lock:#}");
+    assert!(lock["age_seconds"].as_u64().unwrap() < 600, "{lock:#}");
+    assert!(
+        lock["created_at"].as_str().unwrap().ends_with('Z'),
+        "{lock:#}"
+    );
+    let held = &rows["memcached-operator-lock"];
+    assert_eq!(
+        (
+            &held["verdict"],
+            &held["state"],
+            &held["reason"],
+            &held["labeled"]
+        ),
+        (
+            &Value::from("held"),
+            &Value::from("held"),
+            &Value::from("Running"),
+            &Value::from(false)
+        )
+    );
+    assert!(held["died_at"].is_null());
+
+    let s = report["summary"].as_object().unwrap();
+    for f in [
+        "total",
+        "labeled",
+        "unlabeled",
+        "held",
+        "stale",
+        "ambiguous",
+        "unmanageable",
+        "configmaps_scanned",
+        "namespaces",
+        "selector",
+        "owner_gone_grace_seconds",
+        "duration_seconds",
+    ] {
+        assert!(s.contains_key(f), "summary.{f} missing: {s:?}");
+    }
+    assert_eq!(s["selector"], "lock-janitor.io/watch=true");
+    assert_eq!(s["owner_gone_grace_seconds"], 30.0);
+
+    // Each table cell is in the JSON.
+    let t = run(kc, &["scan", "-n", &ns, "-n", &other]).await;
+    assert_eq!(t.code, 3, "{t}");
+    let cells = table_row(&t.stdout, "redis-operator-lock").expect("a row for the lock");
+    let field = |f: &str| lock[f].as_str().unwrap().to_owned();
+    assert_cells(
+        &cells,
+        &[
+            (0, &field("namespace")),
+            (1, &field("name")),
+            (2, "yes"),
+            (3, &field("holder")),
+            (4, "Failed/Evicted"),
+            (5, &field("node")),
+            (7, &field("verdict")),
+        ],
+        &t,
+    );
+
+    // Without --namespace, every namespace is scanned (other tests' locks too).
+    let all = run(kc, &["scan", "-o", "json"]).await;
+    assert!([0, 3].contains(&all.code), "{all}");
+    let found: BTreeSet<(String, String)> = all.json()["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["namespace"].as_str().unwrap().to_owned(),
+                r["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        found.contains(&(ns.clone(), "memcached-operator-lock".into())),
+        "{all}"
+    );
+    assert!(
+        found.contains(&(other.clone(), "redis-operator-lock".into())),
+        "{all}"
+    );
+}
+
+#[tokio::test]
+async fn scan_and_label_fail_with_a_clear_message() {
+    let cp = shared().await;
+    let client = cp.client().await.unwrap();
+    let ns = fresh_namespace(&client, "scan-errors").await;
+
+    // No access: says which list was forbidden.
+    let nobody = kubeconfig_as(cp, "scan-nobody", "kubeconfig-scan-nobody");
+    let r = run(&nobody, &["scan", "-n", &ns]).await;
+    assert_eq!(r.code, 1, "{r}");
+    assert!(
+        r.stderr.contains(&format!(
+            "listing configmaps in namespace {ns} was forbidden"
+        )) && r.stderr.contains("scan-nobody"),
+        "{r}"
+    );
+    assert!(r.stdout.is_empty(), "{r}");
+    let r = run(&nobody, &["label", "-n", &ns]).await;
+    assert_eq!(r.code, 1, "{r}");
+    assert!(r.stderr.contains("forbidden"), "{r}");
+
+    // May list ConfigMaps, nothing else: each command says what it lacks.
+    let pod = running_pod(&client, &ns, "op").await;
+    configmap(&client, &ns, "op-lock", vec![owner_of(&pod)], &[]).await;
+    grant(&client, &ns, "scan-reader", &["configmaps"], &["list"]).await;
+    wait_until_can_list(cp, &ns, "scan-reader").await;
+    let reader = kubeconfig_as(cp, "scan-reader", "kubeconfig-scan-reader");
+    let r = run(&reader, &["scan", "-n", &ns]).await;
+    assert_eq!(r.code, 1, "{r}");
+    assert!(
+        r.stderr
+            .contains(&format!("reading holder pod {ns}/op was forbidden")),
+        "{r}"
+    );
+    let r = run(&reader, &["label", "-n", &ns]).await;
+    assert_eq!(r.code, 0, "a dry run only lists\n{r}");
+    let r = run(&reader, &["label", "-n", &ns, "--apply"]).await;
+    assert_eq!(r.code, 1, "{r}");
+    assert!(
+        r.stderr
+            .contains(&format!("labeling configmap {ns}/op-lock was forbidden")),
+        "{r}"
+    );
+    assert!(
+        r.stdout.contains("stopped at the first forbidden write"),
+        "{r}"
+    );
+    assert!(!labels_of(&client, &ns, "op-lock").await.contains_key(WATCH));
+
+    // No cluster configured at all.
+    let home = cp.dir().join("scan-empty-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let mut cmd = command(&home.join("no-such-kubeconfig"), &["scan"]);
+    cmd.env("HOME", &home);
+    let r = run_with(cmd).await;
+    assert_eq!(r.code, 1, "{r}");
+    assert!(r.stderr.contains("no Kubernetes cluster configured"), "{r}");
+
+    // A cluster that does not answer.
+    let down = kubeconfig_unreachable(cp, "kubeconfig-scan-down");
+    let r = run(&down, &["scan", "-n", &ns]).await;
+    assert_eq!(r.code, 1, "{r}");
+    assert!(
+        r.stderr.contains("cannot reach the Kubernetes API server"),
+        "{r}"
+    );
+
+    // label needs a key=value to write.
+    let r = run(
+        cp.kubeconfig_path(),
+        &["label", "-n", &ns, "--selector", "team!=x"],
+    )
+    .await;
+    assert_eq!(r.code, 1, "{r}");
+    assert!(r.stderr.contains("no single key=value"), "{r}");
+}
+
+// ---------------------------------------------------------------------------
+// label
+
+#[tokio::test]
+async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
+    let cp = shared().await;
+    let kc = cp.kubeconfig_path();
+    let client = cp.client().await.unwrap();
+    let ns = fresh_namespace(&client, "label").await;
+    let a = running_pod(&client, &ns, "a-op").await;
+    let b = evicted_pod(&client, &ns, "b-op").await;
+    let c = running_pod(&client, &ns, "c-op").await;
+    let deploy = deployment(&client, &ns, "some-app").await;
+    configmap(&client, &ns, "a-lock", vec![owner_of(&a)], &[]).await;
+    configmap(&client, &ns, "b-lock", vec![owner_of(&b)], &[("team", "x")]).await;
+    configmap(&client, &ns, "skip-lock", vec![owner_of(&c)], &[]).await;
+    configmap(
+        &client,
+        &ns,
+        "already-lock",
+        vec![owner_of(&a)],
+        &[(WATCH, "true")],
+    )
+    .await;
+    configmap(
+        &client,
+        &ns,
+        "optout-lock",
+        vec![owner_of(&c)],
+        &[(WATCH, "false")],
+    )
+    .await;
+    configmap(&client, &ns, "plain", vec![], &[]).await;
+    configmap(
+        &client,
+        &ns,
+        "deployment-owned",
+        vec![deployment_owner(&deploy)],
+        &[],
+    )
+    .await;
+    configmap(
+        &client,
+        &ns,
+        "two-owners",
+        vec![owner_of(&a), owner_of(&c)],
+        &[],
+    )
+    .await;
+
+    // Dry run: prints the changes, writes nothing.
+    let mark = audit_mark(cp);
+    let r = run(kc, &["label", "-n", &ns]).await;
+    assert_eq!(r.code, 0, "{r}");
+    for name in ["a-lock", "b-lock", "skip-lock"] {
+        assert!(
+            r.stdout.contains(&format!("would label  {ns}/{name}")),
+            "{name}\n{r}"
+        );
+    }
+    assert!(
+        r.stdout
+            .contains(&format!("unchanged    {ns}/already-lock")),
+        "{r}"
+    );
+    assert!(
+        r.stdout
+            .contains(&format!("skipped      {ns}/optout-lock: has {WATCH}=false")),
+        "{r}"
+    );
+    for name in ["plain", "deployment-owned", "two-owners"] {
+        assert!(!r.stdout.contains(&format!("/{name}")), "{name}\n{r}");
+    }
+    assert!(
+        r.stdout
+            .contains("dry run: 3 would be labeled, 1 unchanged, 1 skipped"),
+        "{r}"
+    );
+    let writes = configmap_writes_since(cp, &client, &ns, mark).await;
+    assert!(writes.is_empty(), "the dry run wrote: {writes:?}");
+
+    // --apply, with --exclude: labels exactly a-lock and b-lock.
+    let mark = audit_mark(cp);
+    let r = run(kc, &["label", "-n", &ns, "--apply", "--exclude", "skip-*"]).await;
+    assert_eq!(r.code, 0, "{r}");
+    assert!(
+        r.stdout.contains(&format!("labeled      {ns}/a-lock")),
+        "{r}"
+    );
+    assert!(
+        r.stdout.contains(&format!("labeled      {ns}/b-lock")),
+        "{r}"
+    );
+    assert!(!r.stdout.contains("skip-lock"), "{r}");
+    assert!(
+        r.stdout.contains("1 left out by --include/--exclude"),
+        "{r}"
+    );
+    let writes = configmap_writes_since(cp, &client, &ns, mark).await;
+    assert_eq!(
+        names(&writes),
+        BTreeSet::from(["a-lock".to_string(), "b-lock".to_string()]),
+        "{writes:?}"
+    );
+    assert!(
+        writes
+            .iter()
+            .all(|e| e.verb == "patch" && e.code == Some(200)),
+        "{writes:?}"
+    );
+    assert_eq!(
+        labels_of(&client, &ns, "a-lock")
+            .await
+            .get(WATCH)
+            .map(String::as_str),
+        Some("true")
+    );
+    let b_labels = labels_of(&client, &ns, "b-lock").await;
+    assert_eq!(b_labels.get(WATCH).map(String::as_str), Some("true"));
+    assert_eq!(
+        b_labels.get("team").map(String::as_str),
+        Some("x"),
+        "other labels kept"
+    );
+    assert!(!labels_of(&client, &ns, "skip-lock")
+        .await
+        .contains_key(WATCH));
+    assert_eq!(
+        labels_of(&client, &ns, "optout-lock")
+            .await
+            .get(WATCH)
+            .map(String::as_str),
+        Some("false"),
+        "an opt-out is never overwritten"
+    );
+    for name in ["plain", "deployment-owned", "two-owners"] {
+        assert!(
+            !labels_of(&client, &ns, name).await.contains_key(WATCH),
+            "{name}"
+        );
+    }
+
+    // --include: only the matching lock.
+    let mark = audit_mark(cp);
+    let r = run(kc, &["label", "-n", &ns, "--apply", "--include", "skip-*"]).await;
+    assert_eq!(r.code, 0, "{r}");
+    assert!(
+        r.stdout.contains(&format!("labeled      {ns}/skip-lock")),
+        "{r}"
+    );
+    assert!(!r.stdout.contains("a-lock"), "{r}");
+    let writes = configmap_writes_since(cp, &client, &ns, mark).await;
+    assert_eq!(
+        names(&writes),
+        BTreeSet::from(["skip-lock".to_string()]),
+        "{writes:?}"
+    );
+
+    // Again: nothing to change, nothing written.
+    let mark = audit_mark(cp);
+    let r = run(kc, &["label", "-n", &ns, "--apply"]).await;
+    assert_eq!(r.code, 0, "{r}");
+    assert!(
+        r.stdout.contains("0 labeled, 4 unchanged, 1 skipped"),
+        "{r}"
+    );
+    let writes = configmap_writes_since(cp, &client, &ns, mark).await;
+    assert!(writes.is_empty(), "the second run wrote: {writes:?}");
+
+    // Everything labeled is now seen as labeled by scan.
+    let r = run(kc, &["scan", "-n", &ns, "-o", "json"]).await;
+    assert_eq!(r.code, 3, "b-lock's holder is evicted\n{r}");
+    let rows = rows_by_name(&r.json());
+    for name in ["a-lock", "b-lock", "skip-lock", "already-lock"] {
+        assert_eq!(rows[name]["labeled"], true, "{name}\n{r}");
+    }
+    assert_eq!(rows["optout-lock"]["labeled"], false, "{r}");
+}
+
+#[tokio::test]
+async fn label_never_overwrites_a_concurrent_change() {
+    // The patch label writes carries the resourceVersion it read: a stale one
+    // is refused with 409 and the object is left as it is.
+    let cp = shared().await;
+    let client = cp.client().await.unwrap();
+    let ns = fresh_namespace(&client, "label-conflict").await;
+    let pod = running_pod(&client, &ns, "op").await;
+    let read = configmap(&client, &ns, "op-lock", vec![owner_of(&pod)], &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    // Someone else changes it after label read it...
+    cms.patch(
+        "op-lock",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"labels": {WATCH: "false"}}})),
+    )
+    .await
+    .unwrap();
+    // ...then label's write, built from the old read, must fail.
+    let patch = lock_janitor::scan::label_patch(&read.metadata, WATCH, "true");
+    assert_eq!(
+        patch["metadata"]["resourceVersion"],
+        read.metadata.resource_version.clone().unwrap().as_str()
+    );
+    let err = cms
+        .patch("op-lock", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409),
+        "{err}"
+    );
+    assert_eq!(
+        labels_of(&client, &ns, "op-lock")
+            .await
+            .get(WATCH)
+            .map(String::as_str),
+        Some("false")
+    );
+}
+
+#[tokio::test]
+async fn controller_reclaims_a_newly_labeled_stale_lock() {
+    let cp = shared().await;
+    let kc = cp.kubeconfig_path();
+    let client = cp.client().await.unwrap();
+    let ns = fresh_namespace(&client, "label-reclaim").await;
+    let evicted = evicted_pod(&client, &ns, "op-evicted").await;
+    configmap(&client, &ns, "op-lock", vec![owner_of(&evicted)], &[]).await;
+
+    let port = free_port();
+    let log = cp.dir().join(format!("janitor-{ns}.log"));
+    let out = std::fs::File::create(&log).unwrap();
+    let mut cmd = command(
+        kc,
+        &[
+            "run",
+            "--namespace",
+            &ns,
+            "--metrics-bind-address",
+            &format!("127.0.0.1:{port}"),
+            "--owner-gone-grace",
+            "1s",
+            "--resync",
+            "2s",
+        ],
+    );
+    cmd.env("RUST_LOG", "info")
+        .stdout(out.try_clone().unwrap())
+        .stderr(out);
+    let mut janitor = cmd.spawn().expect("start lock-janitor run");
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // Ready: its watches have synced.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !readyz(port).await {
+        if let Ok(Some(st)) = janitor.try_wait() {
+            panic!("the janitor exited ({st}):\n{}", logs());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the janitor was not ready within 60s:\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let r = run(kc, &["scan", "-n", &ns]).await;
+    assert_eq!(r.code, 3, "{r}");
+    assert!(r.stdout.contains("stale:Evicted"), "{r}");
+
+    let r = run(kc, &["label", "-n", &ns, "--apply"]).await;
+    assert_eq!(r.code, 0, "{r}");
+    assert!(
+        r.stdout.contains(&format!("labeled      {ns}/op-lock")),
+        "{r}"
+    );
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    wait_for(
+        "the janitor to delete op-lock",
+        Duration::from_secs(30),
+        || async {
+            cms.get_opt("op-lock")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    // It was the janitor, and it said so.
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let reclaimed = wait_for(
+        "a StaleLockReclaimed Event",
+        Duration::from_secs(30),
+        || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("StaleLockReclaimed"))
+        },
+    )
+    .await;
+    assert_eq!(
+        reclaimed.regarding.and_then(|r| r.name).as_deref(),
+        Some("op-lock")
+    );
+    // The evicted pod stays (no --delete-pod); the lock is gone: scan exits 0.
+    assert!(Api::<Pod>::namespaced(client.clone(), &ns)
+        .get_opt("op-evicted")
+        .await
+        .unwrap()
+        .is_some());
+    let r = run(kc, &["scan", "-n", &ns]).await;
+    assert_eq!(r.code, 0, "{r}");
+    assert!(r.stdout.contains("No lock candidates"), "{r}");
+
+    janitor.kill().await.expect("kill the janitor");
+}
+
+async fn readyz(port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    if s.write_all(b"GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf).await;
+    buf.starts_with("HTTP/1.1 200") || buf.starts_with("HTTP/1.0 200")
+}
