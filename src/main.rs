@@ -35,6 +35,7 @@ fn init_logs(format: LogFormat) {
 async fn main() -> ExitCode {
     // clap prints usage errors and exits 2 on bad flags.
     let cli = Cli::parse();
+    let is_run = matches!(cli.command, Command::Run(_));
     let result = match cli.command {
         Command::Run(args) => {
             init_logs(args.log_format);
@@ -51,8 +52,13 @@ async fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => {
+        // The controller reports through its logs (maybe JSON); the admin
+        // commands print plainly.
+        Err(e) if is_run => {
             error!("{e:#}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
             eprintln!("lock-janitor: {e:#}");
             ExitCode::FAILURE
         }
