@@ -748,7 +748,6 @@ async fn lock_recreated_between_judgement_and_delete_survives() {
 /// no RBAC, so its watches cannot list; once granted, they sync.
 #[tokio::test]
 async fn readyz_follows_the_watches() {
-    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
     use lock_janitor::controller::{self, Context, Settings};
     use lock_janitor::http::{self, State};
     let s = scenario("readyz").await;
@@ -799,29 +798,7 @@ async fn readyz_follows_the_watches() {
         "not ready while the watches cannot list"
     );
 
-    Api::<ClusterRoleBinding>::all(s.client.clone())
-        .create(
-            &Default::default(),
-            &ClusterRoleBinding {
-                metadata: kube::api::ObjectMeta {
-                    name: Some(user.clone()),
-                    ..Default::default()
-                },
-                role_ref: RoleRef {
-                    api_group: "rbac.authorization.k8s.io".into(),
-                    kind: "ClusterRole".into(),
-                    name: JANITOR_USER.into(),
-                },
-                subjects: Some(vec![Subject {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "User".into(),
-                    name: user.clone(),
-                    ..Default::default()
-                }]),
-            },
-        )
-        .await
-        .unwrap();
+    bind_cluster_role(&s.client, &user, JANITOR_USER).await;
     wait_for(
         "ready after the watches sync",
         Duration::from_secs(60),

@@ -128,39 +128,45 @@ pub async fn grant_janitor(client: &Client) {
         ]),
         ..Default::default()
     };
+    ignore_conflict(
+        Api::<ClusterRole>::all(client.clone())
+            .create(&PostParams::default(), &role)
+            .await,
+    );
+    bind_cluster_role(client, JANITOR_USER, JANITOR_USER).await;
+}
+
+/// Binds the ClusterRole `role` to the user `user` (idempotent).
+pub async fn bind_cluster_role(client: &Client, user: &str, role: &str) {
     let binding = ClusterRoleBinding {
         metadata: ObjectMeta {
-            name: Some(JANITOR_USER.into()),
+            name: Some(user.into()),
             ..Default::default()
         },
         role_ref: RoleRef {
             api_group: "rbac.authorization.k8s.io".into(),
             kind: "ClusterRole".into(),
-            name: JANITOR_USER.into(),
+            name: role.into(),
         },
         subjects: Some(vec![Subject {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "User".into(),
-            name: JANITOR_USER.into(),
+            name: user.into(),
             ..Default::default()
         }]),
     };
-    let pp = PostParams::default();
-    for r in [
-        Api::<ClusterRole>::all(client.clone())
-            .create(&pp, &role)
-            .await
-            .map(|_| ()),
+    ignore_conflict(
         Api::<ClusterRoleBinding>::all(client.clone())
-            .create(&pp, &binding)
-            .await
-            .map(|_| ()),
-    ] {
-        match r {
-            Ok(()) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("granting the janitor: {e}"),
-        }
+            .create(&PostParams::default(), &binding)
+            .await,
+    );
+}
+
+fn ignore_conflict<T>(r: kube::Result<T>) {
+    match r {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("creating RBAC: {e}"),
     }
 }
 
