@@ -55,14 +55,32 @@ async fn main() -> ExitCode {
         // The controller reports through its logs (maybe JSON); the admin
         // commands print plainly.
         Err(e) if is_run => {
-            error!("{e:#}");
+            error!("{}", describe(&e));
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("lock-janitor: {e:#}");
+            eprintln!("lock-janitor: {}", describe(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, once each: kube's errors already print their
+/// source, so a cause that the previous message contains is left out.
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut last = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if !last.contains(&msg) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&msg);
+        }
+        last = msg;
+    }
+    out
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
