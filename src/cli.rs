@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::selector::Selector;
 use crate::DEFAULT_SELECTOR;
 
 #[derive(Debug, Parser)]
@@ -43,8 +44,8 @@ pub enum LogFormat {
 #[derive(Clone, Debug, Args)]
 pub struct Scope {
     /// Label selector of the locks to manage (opt-in label).
-    #[arg(long, env = "LOCK_JANITOR_SELECTOR", default_value = DEFAULT_SELECTOR, value_parser = parse_selector)]
-    pub selector: String,
+    #[arg(long, env = "LOCK_JANITOR_SELECTOR", default_value = DEFAULT_SELECTOR, value_parser = Selector::parse)]
+    pub selector: Selector,
     /// Namespace to watch; repeat for several (or comma-separate in the env var). Default: all namespaces.
     #[arg(long = "namespace", short = 'n', env = "LOCK_JANITOR_NAMESPACE", value_delimiter = ',', value_parser = parse_namespace)]
     pub namespaces: Vec<String>,
@@ -112,8 +113,16 @@ pub struct LabelArgs {
     pub exclude: Vec<glob::Pattern>,
 }
 
+/// Longest accepted duration: a day. Longer waits are mistakes, and bounded
+/// values keep every deadline computable.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (use a duration like 30s, 2m, 1h)"))
+    match humantime::parse_duration(s) {
+        Ok(d) if d <= MAX_DURATION => Ok(d),
+        Ok(_) => Err("must be at most 24h".into()),
+        Err(e) => Err(format!("{e} (use a duration like 30s, 2m, 1h)")),
+    }
 }
 
 fn parse_positive_duration(s: &str) -> Result<Duration, String> {
@@ -144,110 +153,9 @@ fn parse_namespace(s: &str) -> Result<String, String> {
     }
 }
 
-/// Accepts the equality-based selectors the janitor needs (`key=value`,
-/// `key==value`, `key!=value`, `key`, `!key`, comma-separated). The API server
-/// has the last word; this catches typos before any watch starts.
-pub fn parse_selector(s: &str) -> Result<String, String> {
-    let bad = |why: &str| Err(format!("invalid label selector {s:?}: {why}"));
-    if s.trim().is_empty() {
-        return bad("it is empty, which would select every ConfigMap");
-    }
-    for term in s.split(',') {
-        let term = term.trim();
-        let key = if let Some(k) = term.strip_prefix('!') {
-            k
-        } else if let Some((k, v)) = term
-            .split_once("!=")
-            .or_else(|| term.split_once("=="))
-            .or_else(|| term.split_once('='))
-        {
-            if !valid_label_value(v) {
-                return bad(&format!("{v:?} is not a label value"));
-            }
-            k
-        } else {
-            term
-        };
-        if !valid_label_key(key) {
-            return bad(&format!("{key:?} is not a label key"));
-        }
-    }
-    Ok(s.to_owned())
-}
-
-/// The equality term (`key=value`) of a selector, which `label` writes.
-pub fn selector_label(s: &str) -> Option<(&str, &str)> {
-    let (k, v) = s.split_once("==").or_else(|| s.split_once('='))?;
-    (!k.ends_with('!') && !s.contains(',')).then_some((k.trim(), v.trim()))
-}
-
-fn valid_name_part(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.first().is_some_and(u8::is_ascii_alphanumeric)
-        && b.last().is_some_and(u8::is_ascii_alphanumeric)
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-}
-
-fn valid_label_key(k: &str) -> bool {
-    match k.split_once('/') {
-        Some((prefix, name)) => {
-            !prefix.is_empty()
-                && prefix.len() <= 253
-                && prefix.split('.').all(|p| {
-                    !p.is_empty()
-                        && p.bytes()
-                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-                })
-                && valid_name_part(name)
-        }
-        None => valid_name_part(k),
-    }
-}
-
-fn valid_label_value(v: &str) -> bool {
-    v.is_empty() || valid_name_part(v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn selectors() {
-        for ok in [
-            "lock-janitor.io/watch=true",
-            "a==b",
-            "a!=b",
-            "team",
-            "!legacy",
-            "lock-janitor.io/watch=true,team=x",
-            "a=",
-        ] {
-            assert!(parse_selector(ok).is_ok(), "{ok}");
-        }
-        for bad in [
-            "",
-            "  ",
-            "=x",
-            "a=b c",
-            "lock-janitor.io/=true",
-            "a=-b",
-            "/x=1",
-            "a=b,",
-        ] {
-            assert!(parse_selector(bad).is_err(), "{bad}");
-        }
-        assert_eq!(
-            selector_label("lock-janitor.io/watch=true"),
-            Some(("lock-janitor.io/watch", "true"))
-        );
-        assert_eq!(selector_label("a!=b"), None);
-        assert_eq!(selector_label("a=b,c=d"), None);
-        assert_eq!(selector_label("a"), None);
-    }
 
     #[test]
     fn namespaces() {
@@ -263,7 +171,7 @@ mod tests {
         let Command::Run(a) = cli.command else {
             panic!("not run")
         };
-        assert_eq!(a.scope.selector, "lock-janitor.io/watch=true");
+        assert_eq!(a.scope.selector.as_str(), "lock-janitor.io/watch=true");
         assert!(a.scope.namespaces.is_empty());
         assert_eq!(a.owner_gone_grace, Duration::from_secs(30));
         assert_eq!(a.resync, Duration::from_secs(300));
@@ -277,6 +185,8 @@ mod tests {
         for args in [
             vec!["lock-janitor", "run", "--resync", "0s"],
             vec!["lock-janitor", "run", "--owner-gone-grace", "soon"],
+            vec!["lock-janitor", "run", "--owner-gone-grace", "100000000000d"],
+            vec!["lock-janitor", "run", "--resync", "25h"],
             vec!["lock-janitor", "run", "--namespace", "Bad_NS"],
             vec!["lock-janitor", "run", "--log-format", "xml"],
             vec!["lock-janitor", "run", "--metrics-bind-address", "8080"],

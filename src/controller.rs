@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{future, Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 use crate::http::State;
 use crate::lock::{self, Lock, Unmanageable};
 use crate::reclaim;
+use crate::selector::Selector;
 use crate::verdict::{self, HolderSeen, LockState, Policy, Verdict};
 use crate::{call, Error, NAME};
 
@@ -40,7 +41,7 @@ pub type LockMeta = PartialObjectMeta<ConfigMap>;
 
 #[derive(Clone, Debug)]
 pub struct Settings {
-    pub selector: String,
+    pub selector: Selector,
     /// Empty: the whole cluster.
     pub namespaces: Vec<String>,
     pub dry_run: bool,
@@ -59,8 +60,12 @@ pub struct LockKey {
 #[derive(Debug, Default)]
 pub(crate) struct Memo {
     pub state: Option<LockState>,
-    /// (holder uid, first seen missing): the start of the owner-gone grace.
-    pub missing_since: Option<(String, Timestamp)>,
+    /// The holder uid last judged, so that a follower knows whose lock it was.
+    pub holder_uid: Option<String>,
+    /// (holder uid, first seen missing, wall time then): the start of the
+    /// owner-gone grace, measured on the monotonic clock so that a clock
+    /// step never shortens it.
+    pub missing_since: Option<(String, Instant, Timestamp)>,
     /// (holder uid, first seen terminal): the death time when the pod does
     /// not say when its containers finished.
     pub stale_since: Option<(String, Timestamp)>,
@@ -76,6 +81,8 @@ pub struct Context {
     pub state: State,
     pub settings: Settings,
     memos: Mutex<HashMap<LockKey, Memo>>,
+    /// Label carry-over tasks waiting for a takeover, one per lock.
+    followers: Mutex<HashMap<LockKey, tokio::task::JoinHandle<()>>>,
 }
 
 /// A lock as judged from live reads: what `reclaim` acts on, and nothing else.
@@ -103,6 +110,7 @@ impl Context {
             state,
             settings,
             memos: Mutex::default(),
+            followers: Mutex::default(),
         })
     }
 
@@ -115,7 +123,7 @@ impl Context {
     pub(crate) fn set_state(&self, key: &LockKey, state: LockState) {
         let mut memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
         let memo = memos.entry(key.clone()).or_default();
-        if memo.state.is_none() {
+        if memo.state.is_none() && state != LockState::Unmanageable {
             // A lock's reclaim counters exist at 0 from the moment it is
             // watched: increase() needs a sample before the first reclaim,
             // or the reclaim alert cannot see it.
@@ -131,15 +139,79 @@ impl Context {
         self.publish_counts(&memos);
     }
 
-    /// Forgets a lock that no longer exists.
+    /// Forgets a lock that no longer exists (or no longer carries the
+    /// opt-in label), and starts following its name for a takeover.
     pub fn forget(&self, key: &LockKey) {
         let mut memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
-        if memos.remove(key).is_some() {
-            self.publish_counts(&memos);
+        let memo = memos.remove(key);
+        self.publish_counts(&memos);
+        let m = &self.state.metrics;
+        m.set_stale(&key.namespace, &key.name, None);
+        for r in verdict::StaleReason::ALL {
+            let labels = [key.namespace.as_str(), key.name.as_str(), r.as_str()];
+            // Counters that never counted go with the lock; the others stay
+            // so that increase() keeps seeing them.
+            if m.reclaims
+                .get_metric_with_label_values(&labels)
+                .is_ok_and(|c| c.get() == 0)
+            {
+                let _ = m.reclaims.remove_label_values(&labels);
+            }
         }
-        self.state
-            .metrics
-            .set_stale(&key.namespace, &key.name, None);
+        drop(memos);
+        if let Some(uid) = memo.and_then(|m| m.holder_uid) {
+            self.follow_takeover(key, uid);
+        }
+    }
+
+    /// Marks a lock stale-but-not-reclaimed, unless it was forgotten
+    /// meanwhile (deleted under a reclaim that then failed or timed out).
+    pub(crate) fn mark_stale(&self, key: &LockKey, reason: verdict::StaleReason) {
+        let memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
+        if memos.contains_key(key) {
+            self.state
+                .metrics
+                .set_stale(&key.namespace, &key.name, Some(reason));
+        }
+    }
+
+    /// operator-lib re-creates a lock without labels: after a lock is gone,
+    /// wait for a new holder to create it and carry the opt-in label over,
+    /// so the operator stays protected. One follower per lock; none in
+    /// dry-run (no writes) or when the selector is not one `key=value`.
+    fn follow_takeover(&self, key: &LockKey, old_holder_uid: String) {
+        if self.settings.dry_run {
+            return;
+        }
+        let Some((k, v)) = self.settings.selector.opt_in_label() else {
+            warn!(namespace = %key.namespace, lock = %key.name, selector = %self.settings.selector,
+                  "the selector is not a single key=value label; label the new lock by hand after a takeover");
+            return;
+        };
+        let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
+        followers.retain(|_, t| !t.is_finished());
+        if followers.contains_key(key) {
+            return;
+        }
+        let task = reclaim::carry_label_over(
+            self.cm_api(&key.namespace),
+            key.name.clone(),
+            (k.to_owned(), v.to_owned()),
+            old_holder_uid,
+        );
+        followers.insert(key.clone(), tokio::spawn(task));
+    }
+
+    /// Locks whose takeover is still awaited (lost if the process stops).
+    pub fn awaiting_takeover(&self) -> Vec<LockKey> {
+        let followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keys: Vec<LockKey> = followers
+            .iter()
+            .filter(|(_, t)| !t.is_finished())
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort();
+        keys
     }
 
     /// After a re-list: forgets locks of this scope that are no longer there.
@@ -175,6 +247,41 @@ impl Context {
         Api::namespaced(self.client.clone(), namespace)
     }
 
+    async fn read_holder(&self, lock: &Lock) -> Result<Option<Pod>, Error> {
+        call(
+            format!("reading holder pod {}/{}", lock.namespace, lock.holder.name),
+            self.pod_api(&lock.namespace).get_opt(&lock.holder.name),
+        )
+        .await
+    }
+
+    /// Judges what a live read found of the holder, remembering since when
+    /// it has been missing.
+    fn judge_holder(&self, key: &LockKey, lock: &Lock, holder: Option<&Pod>) -> Verdict {
+        let now = Timestamp::now();
+        let seen = match holder {
+            Some(pod) => {
+                self.with_memo(key, |m| m.missing_since = None);
+                HolderSeen::Pod(pod)
+            }
+            None => self.with_memo(key, |m| {
+                let (since, at) = match &m.missing_since {
+                    Some((u, since, at)) if *u == lock.holder.uid => (*since, *at),
+                    _ => {
+                        let first = (Instant::now(), now);
+                        m.missing_since = Some((lock.holder.uid.clone(), first.0, first.1));
+                        first
+                    }
+                };
+                HolderSeen::Missing {
+                    since: at,
+                    gone_for: since.elapsed(),
+                }
+            }),
+        };
+        verdict::judge(lock, seen, &self.settings.policy)
+    }
+
     /// Reads the lock and its holder live and judges them. `None`: the lock
     /// no longer exists.
     pub async fn judge_live(&self, key: &LockKey) -> Result<Option<Judgement>, Error> {
@@ -187,6 +294,10 @@ impl Context {
             return Ok(None);
         };
         let meta = live.metadata;
+        // The cache said this lock is opted in; the live copy must say so too.
+        if !self.settings.selector.matches(meta.labels.as_ref()) {
+            return Ok(None);
+        }
         let lock = match lock::parse(&meta) {
             Ok(lock) => lock,
             Err(why) => {
@@ -200,39 +311,27 @@ impl Context {
                 }))
             }
         };
-        let holder = call(
-            format!("reading holder pod {}/{}", key.namespace, lock.holder.name),
-            self.pod_api(&key.namespace).get_opt(&lock.holder.name),
-        )
-        .await?;
-        let now = Timestamp::now();
         let uid = lock.holder.uid.clone();
-        let seen = match &holder {
-            Some(pod) => {
-                self.with_memo(key, |m| m.missing_since = None);
-                HolderSeen::Pod(pod)
-            }
-            None => {
-                let since = self.with_memo(key, |m| match &m.missing_since {
-                    Some((u, t)) if *u == uid => *t,
-                    _ => {
-                        m.missing_since = Some((uid.clone(), now));
-                        now
-                    }
-                });
-                HolderSeen::Missing { since }
-            }
-        };
-        let mut verdict = verdict::judge(&lock, seen, now, &self.settings.policy);
+        self.with_memo(key, |m| m.holder_uid = Some(uid.clone()));
+        let mut holder = self.read_holder(&lock).await?;
+        let mut verdict = self.judge_holder(key, &lock, holder.as_ref());
         if let Verdict::Stale {
             reason: verdict::StaleReason::OwnerGone,
             ..
         } = verdict
         {
-            if let Some(ns) = self.holder_elsewhere(&lock).await? {
+            if let Some(ns) =
+                holder_elsewhere(&self.client, &self.settings.namespaces, &lock).await?
+            {
                 verdict = Verdict::Unmanageable(Unmanageable::OwnerInOtherNamespace(ns));
+            } else {
+                // That search took time: the holder read must be the last
+                // read before a delete (a same-name pod may have appeared).
+                holder = self.read_holder(&lock).await?;
+                verdict = self.judge_holder(key, &lock, holder.as_ref());
             }
         }
+        let now = Timestamp::now();
         let died_at = match &verdict {
             Verdict::Stale { died_at, .. } => Some(died_at.unwrap_or_else(|| {
                 self.with_memo(key, |m| match &m.stale_since {
@@ -254,54 +353,50 @@ impl Context {
             died_at,
         }))
     }
+}
 
-    /// Before calling a lock's owner gone: is a pod with the holder's uid
-    /// alive in another namespace (an owner reference that crosses
-    /// namespaces)? Owner references are namespace-local, so such a lock is
-    /// not ours to judge. One list by name (a field selector), cluster-wide;
-    /// an install limited to some namespaces may not list cluster-wide, and
-    /// then looks in the namespaces it watches.
-    async fn holder_elsewhere(&self, lock: &Lock) -> Result<Option<String>, Error> {
-        let lp = ListParams::default().fields(&format!("metadata.name={}", lock.holder.name));
-        let find = |pods: kube::core::ObjectList<PartialObjectMeta<Pod>>| {
-            pods.items
-                .into_iter()
-                .find(|p| p.metadata.uid.as_deref() == Some(lock.holder.uid.as_str()))
-                .map(|p| p.namespace().unwrap_or_default())
-        };
-        let all: Api<Pod> = Api::all(self.client.clone());
-        match call(
-            "looking for the holder in other namespaces",
-            all.list_metadata(&lp),
-        )
-        .await
-        {
-            Ok(pods) => return Ok(find(pods)),
-            Err(e)
-                if e.kind() == crate::ErrorKind::Forbidden
-                    && !self.settings.namespaces.is_empty() =>
-            {
-                debug!(error = %e, "cannot list pods cluster-wide; looking in the watched namespaces only");
-            }
-            Err(e) => return Err(e),
+/// Before calling a lock's owner gone: is a pod with the holder's uid
+/// alive in another namespace (an owner reference that crosses
+/// namespaces)? Owner references are namespace-local, so such a lock is
+/// not ours to judge. One list by name (a field selector), cluster-wide;
+/// an install limited to some namespaces may not list cluster-wide, and
+/// then looks in the namespaces it watches.
+pub async fn holder_elsewhere(
+    client: &Client,
+    namespaces: &[String],
+    lock: &Lock,
+) -> Result<Option<String>, Error> {
+    let lp = ListParams::default().fields(&format!("metadata.name={}", lock.holder.name));
+    let find = |pods: kube::core::ObjectList<PartialObjectMeta<Pod>>| {
+        pods.items
+            .into_iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(lock.holder.uid.as_str()))
+            .map(|p| p.namespace().unwrap_or_default())
+    };
+    let all: Api<Pod> = Api::all(client.clone());
+    match call(
+        "looking for the holder in other namespaces",
+        all.list_metadata(&lp),
+    )
+    .await
+    {
+        Ok(pods) => return Ok(find(pods)),
+        Err(e) if e.kind() == crate::ErrorKind::Forbidden && !namespaces.is_empty() => {
+            debug!(error = %e, "cannot list pods cluster-wide; looking in the watched namespaces only");
         }
-        for ns in self
-            .settings
-            .namespaces
-            .iter()
-            .filter(|ns| **ns != lock.namespace)
-        {
-            let pods = call(
-                "looking for the holder in other namespaces",
-                self.pod_api(ns).list_metadata(&lp),
-            )
-            .await?;
-            if let Some(found) = find(pods) {
-                return Ok(Some(found));
-            }
-        }
-        Ok(None)
+        Err(e) => return Err(e),
     }
+    for ns in namespaces.iter().filter(|ns| **ns != lock.namespace) {
+        let pods = call(
+            "looking for the holder in other namespaces",
+            Api::<Pod>::namespaced(client.clone(), ns).list_metadata(&lp),
+        )
+        .await?;
+        if let Some(found) = find(pods) {
+            return Ok(Some(found));
+        }
+    }
+    Ok(None)
 }
 
 pub fn key_of(m: &LockMeta) -> LockKey {
@@ -331,23 +426,23 @@ pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, 
 pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
     let resync = Action::requeue(ctx.settings.resync);
     ctx.set_state(&j.key, j.verdict.state());
+    if !matches!(j.verdict, Verdict::Stale { .. }) {
+        ctx.state
+            .metrics
+            .set_stale(&j.key.namespace, &j.key.name, None);
+    }
     match &j.verdict {
         Verdict::Held(why) => {
-            ctx.state
-                .metrics
-                .set_stale(&j.key.namespace, &j.key.name, None);
             debug!(namespace = %j.key.namespace, lock = %j.key.name, held = ?why, "lock is held");
             if let verdict::HeldBecause::OwnerGoneGrace { remaining } = why {
                 info!(namespace = %j.key.namespace, lock = %j.key.name,
                       "holder pod is missing; reclaiming after the owner-gone grace unless it reappears");
-                return Ok(Action::requeue(*remaining + Duration::from_millis(100)));
+                let wait = remaining.saturating_add(Duration::from_millis(100));
+                return Ok(Action::requeue(wait.min(ctx.settings.resync)));
             }
             Ok(resync)
         }
         Verdict::Ambiguous { .. } | Verdict::Unmanageable(_) => {
-            ctx.state
-                .metrics
-                .set_stale(&j.key.namespace, &j.key.name, None);
             reclaim::report_untouchable(ctx, &j).await;
             Ok(resync)
         }
@@ -400,7 +495,6 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
     };
     let (reader, writer) = reflector::store::<LockMeta>();
     let readiness = ctx.state.readiness.clone();
-    readiness.expect(2);
 
     let locks = {
         let ctx = ctx.clone();
@@ -408,7 +502,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
         let readiness = readiness.clone();
         let ns = namespace.clone();
         let config = watcher::Config::default()
-            .labels(&ctx.settings.selector)
+            .labels(ctx.settings.selector.as_str())
             .any_semantic();
         let stream = watcher(cms, config)
             .default_backoff()
@@ -450,6 +544,30 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
             .collect::<Vec<_>>()
     };
 
+    // A lock deleted while its reconcile was in flight may be remembered
+    // again after the watch said it was gone; prune such ghosts each resync.
+    let pruner = {
+        let (ctx, reader, ns, shutdown) = (
+            ctx.clone(),
+            reader.clone(),
+            namespace.clone(),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(ctx.settings.resync);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tick.tick() => {
+                        if ctx.state.readiness.is_synced() {
+                            ctx.forget_missing(ns.as_deref(), &reader);
+                        }
+                    }
+                }
+            }
+        })
+    };
+
     let scope = namespace.as_deref().unwrap_or("all namespaces").to_owned();
     info!(scope = %scope, selector = %ctx.settings.selector, "watching locks");
     Controller::for_stream(locks, reader)
@@ -465,6 +583,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
             future::ready(())
         })
         .await;
+    pruner.abort();
     info!(scope = %scope, "stopped watching");
 }
 
@@ -491,8 +610,12 @@ pub async fn preflight(client: &Client, settings: &Settings) -> Result<(), Error
             None => (Api::all(client.clone()), Api::all(client.clone())),
         };
         let where_ = ns.unwrap_or("all namespaces");
-        let lp = ListParams::default().labels(&settings.selector).limit(1);
-        let wp = WatchParams::default().labels(&settings.selector).timeout(1);
+        let lp = ListParams::default()
+            .labels(settings.selector.as_str())
+            .limit(1);
+        let wp = WatchParams::default()
+            .labels(settings.selector.as_str())
+            .timeout(1);
         check_list_and_watch(&cms, &lp, &wp, &format!("configmaps in {where_}")).await?;
         let lp = ListParams::default().fields(TERMINAL_PODS).limit(1);
         let wp = WatchParams::default().fields(TERMINAL_PODS).timeout(1);
@@ -536,6 +659,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     } else {
         ctx.settings.namespaces.iter().cloned().map(Some).collect()
     };
+    // Two watches per scope (locks, terminal pods) must list before ready.
+    ctx.state.readiness.expect(2 * scopes.len());
     future::join_all(
         scopes
             .into_iter()
@@ -561,7 +686,7 @@ mod tests {
             client,
             state.clone(),
             Settings {
-                selector: crate::DEFAULT_SELECTOR.into(),
+                selector: Selector::parse(crate::DEFAULT_SELECTOR).unwrap(),
                 namespaces: vec![],
                 dry_run: false,
                 delete_pod: false,

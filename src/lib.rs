@@ -9,6 +9,7 @@ pub mod lock;
 pub mod metrics;
 pub mod reclaim;
 pub mod scan;
+pub mod selector;
 pub mod verdict;
 
 use std::future::Future;

@@ -140,6 +140,41 @@ pub fn looks_like_lock(meta: &ObjectMeta) -> bool {
     matches!(meta.owner_references.as_deref(), Some([one]) if one.kind == "Pod" && one.api_version == "v1")
 }
 
+/// What `label` does with one lock-shaped ConfigMap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Add `key=value`.
+    Add,
+    /// It already has `key=value`.
+    Unchanged,
+    /// It has `key` with another value (a deliberate opt-out?): never overwritten.
+    Conflicting(String),
+}
+
+/// Decides what `label` does with a ConfigMap; `None`: not a candidate, never touched.
+pub fn plan_label(meta: &ObjectMeta, key: &str, value: &str) -> Option<Plan> {
+    if !looks_like_lock(meta) {
+        return None;
+    }
+    Some(match meta.labels.as_ref().and_then(|l| l.get(key)) {
+        Some(v) if v == value => Plan::Unchanged,
+        Some(v) => Plan::Conflicting(v.clone()),
+        None => Plan::Add,
+    })
+}
+
+/// The merge patch `label` writes: the label, and the resourceVersion that
+/// was read, which makes the patch conditional (409 if the ConfigMap changed
+/// since).
+pub fn label_patch(meta: &ObjectMeta, key: &str, value: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "resourceVersion": meta.resource_version,
+            "labels": { key: value },
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -84,9 +85,17 @@ fn describe(e: &anyhow::Error) -> String {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
+    // Signals first: a SIGTERM during start-up is a clean stop, not a kill.
+    let shutdown = CancellationToken::new();
+    let state = State::new().context("registering metrics")?;
+    tokio::spawn(watch_signals(shutdown.clone(), state.clone()));
+
+    let mut namespaces = args.scope.namespaces;
+    namespaces.sort();
+    namespaces.dedup();
     let settings = Settings {
         selector: args.scope.selector,
-        namespaces: args.scope.namespaces,
+        namespaces,
         dry_run: args.dry_run,
         delete_pod: args.delete_pod,
         policy: Policy {
@@ -102,7 +111,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await.context(
         "no Kubernetes cluster found: set KUBECONFIG, create ~/.kube/config, or run in a pod with a service account",
     )?;
-    let state = State::new().context("registering metrics")?;
     let listener = http::bind(args.metrics_bind_address)
         .await
         .with_context(|| {
@@ -111,25 +119,41 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 args.metrics_bind_address
             )
         })?;
-    controller::preflight(&client, &settings)
-        .await
-        .context("start-up check failed (is the selector valid, and does RBAC grant list on configmaps and pods?)")?;
-
-    let shutdown = CancellationToken::new();
+    // The server outlives the controller: /readyz answers 503 (not a refused
+    // connection) while in-flight work drains, and /metrics stays scrapable.
+    let http_stop = CancellationToken::new();
     let server = tokio::spawn(http::serve(
         listener,
         state.clone(),
-        shutdown.clone().cancelled_owned(),
+        http_stop.clone().cancelled_owned(),
     ));
-    tokio::spawn(watch_signals(shutdown.clone(), state.clone()));
+
+    tokio::select! {
+        checked = controller::preflight(&client, &settings) => checked.context(
+            "start-up check failed (is the selector valid, and does RBAC grant list and watch on configmaps and pods?)",
+        )?,
+        _ = shutdown.cancelled() => {
+            info!("stopped before start-up finished");
+            return Ok(());
+        }
+    }
 
     let ctx = Context::new(client, state, settings);
-    controller::run(ctx, shutdown.clone()).await;
-    shutdown.cancel();
-    match server.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => warn!(error = %e, "metrics server stopped with an error"),
-        Err(e) => warn!(error = %e, "metrics server task failed"),
+    controller::run(ctx.clone(), shutdown.clone()).await;
+    let waiting = ctx.awaiting_takeover();
+    if !waiting.is_empty() {
+        let locks: Vec<String> = waiting
+            .iter()
+            .map(|k| format!("{}/{}", k.namespace, k.name))
+            .collect();
+        warn!(locks = ?locks, "stopping while these locks await a takeover: label the new locks with `lock-janitor label --apply`");
+    }
+    http_stop.cancel();
+    match tokio::time::timeout(Duration::from_secs(5), server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => warn!(error = %e, "metrics server stopped with an error"),
+        Ok(Err(e)) => warn!(error = %e, "metrics server task failed"),
+        Err(_) => warn!("metrics server did not stop within 5s"),
     }
     info!("stopped");
     Ok(())

@@ -10,8 +10,8 @@ use kube::runtime::events::{Event, EventType};
 use kube::Api;
 use tracing::{error, info, warn};
 
-use crate::cli::selector_label;
 use crate::controller::{Context, Judgement};
+use crate::lock;
 use crate::verdict::{self, StaleReason, Verdict};
 use crate::{api_code, call, Error, ErrorKind};
 
@@ -57,8 +57,23 @@ fn holder_ref(j: &Judgement) -> Option<ObjectReference> {
     })
 }
 
+/// events.k8s.io refuses a note over 1 KiB.
+const MAX_NOTE: usize = 1024;
+
+fn truncate(mut note: String) -> String {
+    if note.len() > MAX_NOTE {
+        let mut end = MAX_NOTE - '…'.len_utf8();
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push('…');
+    }
+    note
+}
+
 /// Publishes an Event on the lock (related: the holder pod). A failed Event
-/// never undoes or blocks a reclaim; it is logged and counted.
+/// never undoes or blocks a reclaim; it is logged and counted. True if written.
 async fn publish(
     ctx: &Context,
     j: &Judgement,
@@ -66,18 +81,18 @@ async fn publish(
     reason: &str,
     action: &str,
     note: String,
-) {
+) -> bool {
     let ev = Event {
         type_,
         reason: reason.into(),
-        note: Some(note),
+        note: Some(truncate(note)),
         action: action.into(),
         secondary: holder_ref(j),
     };
     let res =
         tokio::time::timeout(crate::API_TIMEOUT, ctx.recorder.publish(&ev, &lock_ref(j))).await;
     let err = match res {
-        Ok(Ok(())) => return,
+        Ok(Ok(())) => return true,
         Ok(Err(e)) => e.to_string(),
         Err(_) => "timed out".to_owned(),
     };
@@ -87,9 +102,11 @@ async fn publish(
         .with_label_values(&[ErrorKind::Event.as_str()])
         .inc();
     warn!(namespace = %j.key.namespace, lock = %j.key.name, reason, error = %err, "could not write Event");
+    false
 }
 
-/// Publishes at most once per resourceVersion of the lock and reason.
+/// Publishes at most once per resourceVersion of the lock and reason (a
+/// failed write is tried again at the next reconcile).
 async fn publish_once(
     ctx: &Context,
     j: &Judgement,
@@ -98,14 +115,12 @@ async fn publish_once(
     action: &str,
     note: String,
 ) {
-    let rv = j.meta.resource_version.clone().unwrap_or_default();
-    let first = ctx.with_memo(&j.key, |m| {
-        let first = m.reported.as_ref() != Some(&(rv.clone(), reason));
-        m.reported = Some((rv, reason));
-        first
-    });
-    if first {
-        publish(ctx, j, type_, reason, action, note).await;
+    let seen = (j.meta.resource_version.clone().unwrap_or_default(), reason);
+    if ctx.with_memo(&j.key, |m| m.reported.as_ref() == Some(&seen)) {
+        return;
+    }
+    if publish(ctx, j, type_, reason, action, note).await {
+        ctx.with_memo(&j.key, |m| m.reported = Some(seen));
     }
 }
 
@@ -144,7 +159,7 @@ pub async fn reclaim(ctx: &Context, j: &Judgement) -> Result<Outcome, Error> {
     let why = describe(reason, j);
 
     if ctx.settings.dry_run {
-        m.set_stale(ns, name, Some(reason));
+        ctx.mark_stale(&j.key, reason);
         info!(namespace = ns, lock = name, holder = %lock.holder.name, reason = %reason, dry_run = true,
               "stale lock detected; not deleting (dry run)");
         let note = format!("Would delete this lock: {why} (dry run: nothing deleted).");
@@ -178,7 +193,7 @@ pub async fn reclaim(ctx: &Context, j: &Judgement) -> Result<Outcome, Error> {
             return Ok(Outcome::Changed);
         }
         Err(e) => {
-            m.set_stale(ns, name, Some(reason));
+            ctx.mark_stale(&j.key, reason);
             error!(namespace = ns, lock = name, reason = %reason, error = %e, "stale lock not reclaimed");
             return Err(e);
         }
@@ -209,31 +224,20 @@ pub async fn reclaim(ctx: &Context, j: &Judgement) -> Result<Outcome, Error> {
     if ctx.settings.delete_pod {
         delete_dead_pod(ctx, j, reason).await;
     }
-    match selector_label(&ctx.settings.selector) {
-        Some((k, v)) => {
-            tokio::spawn(carry_label_over(
-                cms,
-                name.to_owned(),
-                (k.to_owned(), v.to_owned()),
-                lock.holder.uid.clone(),
-            ));
-        }
-        None => warn!(namespace = ns, lock = name, selector = %ctx.settings.selector,
-                      "the selector is not a single key=value label; the new lock must be labeled by hand"),
-    }
     Ok(Outcome::Reclaimed)
 }
 
-/// How long to wait for a takeover after a reclaim. operator-lib's waiting
-/// replicas retry at most every 16 s; a new pod may need to start first.
+/// How long to wait for a takeover after a lock is gone. operator-lib's
+/// waiting replicas retry at most every 16 s; a new pod may need to start.
 const TAKEOVER_WINDOW: Duration = Duration::from_secs(600);
 
-/// After a reclaim, waits for the takeover (a live pod creating the lock
-/// again) and adds the opt-in label to the new lock: operator-lib creates it
-/// without labels, and without the label the janitor would stop watching the
-/// operator after one reclaim. Writes only a leader-for-life lock with
-/// another holder, with a resourceVersion-guarded merge patch, so it never
-/// overwrites a concurrent change.
+/// After a lock is gone, waits for the takeover (a new holder creating the
+/// lock again) and adds the opt-in label to the new lock: operator-lib
+/// creates it without labels, and without the label the janitor would stop
+/// watching the operator. Writes only a leader-for-life lock of another
+/// holder that has no value for the label key (`false` is an opt-out), with
+/// a resourceVersion-guarded merge patch, so it never overwrites a
+/// concurrent change.
 pub async fn carry_label_over(
     cms: Api<k8s_openapi::api::core::v1::ConfigMap>,
     name: String,
@@ -246,12 +250,11 @@ pub async fn carry_label_over(
     while started.elapsed() < TAKEOVER_WINDOW {
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_secs(16));
-        let meta = match call(
-            "reading the lock after a reclaim",
+        let read = call(
+            "reading the lock after it was deleted",
             cms.get_metadata_opt(&name),
-        )
-        .await
-        {
+        );
+        let meta = match read.await {
             Ok(Some(m)) => m.metadata,
             Ok(None) => continue,
             Err(e) => {
@@ -259,32 +262,41 @@ pub async fn carry_label_over(
                 continue;
             }
         };
-        let holder = match crate::lock::parse(&meta) {
-            Ok(lock) if lock.holder.uid != old_holder_uid => lock.holder.name,
-            Ok(_) => continue,
+        let holder = match lock::parse(&meta) {
+            // Same holder: the lock was not deleted but left the selector
+            // (someone removed the label). Respect that.
+            Ok(l) if l.holder.uid == old_holder_uid => return,
+            Ok(l) => l.holder.name,
             Err(why) => {
-                info!(namespace = %ns, lock = %name, why = %why, "the lock was re-created but is not a leader-for-life lock; not labeling it");
+                info!(namespace = %ns, lock = %name, why = %why,
+                      "the lock was re-created but is not a leader-for-life lock; not labeling it");
                 return;
             }
         };
-        if meta.labels.as_ref().and_then(|l| l.get(&key)) == Some(&value) {
-            info!(namespace = %ns, lock = %name, holder = %holder, after_seconds = started.elapsed().as_secs_f64(), "takeover: a new holder leads; the lock already carries the opt-in label");
-            return;
-        }
-        let patch = serde_json::json!({
-            "metadata": {
-                "resourceVersion": meta.resource_version,
-                "labels": { &key: &value },
+        let after = started.elapsed().as_secs_f64();
+        match lock::plan_label(&meta, &key, &value) {
+            Some(lock::Plan::Add) => {}
+            Some(lock::Plan::Unchanged) => {
+                info!(namespace = %ns, lock = %name, holder = %holder, after_seconds = after,
+                      "takeover: a new holder leads; the lock already carries the opt-in label");
+                return;
             }
-        });
-        match call(
-            format!("labeling lock {ns}/{name}"),
-            cms.patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch)),
-        )
-        .await
-        {
+            Some(lock::Plan::Conflicting(other)) => {
+                info!(namespace = %ns, lock = %name, holder = %holder, value = %other,
+                      "takeover: a new holder leads; its lock sets the opt-in label key to another value, left alone");
+                return;
+            }
+            None => return,
+        }
+        let patch = Patch::Merge(lock::label_patch(&meta, &key, &value));
+        let pp = PatchParams {
+            field_manager: Some(crate::NAME.into()),
+            ..Default::default()
+        };
+        let write = cms.patch_metadata(&name, &pp, &patch);
+        match call(format!("labeling lock {ns}/{name}"), write).await {
             Ok(_) => {
-                info!(namespace = %ns, lock = %name, holder = %holder, after_seconds = started.elapsed().as_secs_f64(),
+                info!(namespace = %ns, lock = %name, holder = %holder, after_seconds = after,
                       "takeover: a new holder leads; opt-in label carried over");
                 return;
             }
@@ -292,12 +304,15 @@ pub async fn carry_label_over(
                 continue
             }
             Err(e) => {
-                warn!(namespace = %ns, lock = %name, error = %e, "could not carry the opt-in label over; label the lock with `lock-janitor label --apply`");
+                warn!(namespace = %ns, lock = %name, error = %e,
+                      "could not carry the opt-in label over; label the lock with `lock-janitor label --apply`");
                 return;
             }
         }
     }
-    warn!(namespace = %ns, lock = %name, "no takeover within {}s of the reclaim; if a replica takes over later, label its lock with `lock-janitor label --apply`", TAKEOVER_WINDOW.as_secs());
+    warn!(namespace = %ns, lock = %name,
+          "no takeover within {}s; if a replica takes over later, label its lock with `lock-janitor label --apply`",
+          TAKEOVER_WINDOW.as_secs());
 }
 
 fn describe(reason: StaleReason, j: &Judgement) -> String {
@@ -320,7 +335,12 @@ fn describe(reason: StaleReason, j: &Judgement) -> String {
 /// very pod judged (uid precondition). Failures are logged, never retried
 /// blindly: the lock is already free.
 async fn delete_dead_pod(ctx: &Context, j: &Judgement, reason: StaleReason) {
-    let Some(pod) = j.holder.as_ref().filter(|p| verdict::is_terminal(p)) else {
+    // Terminal, and not already being deleted (a rollout deletes it anyway).
+    let Some(pod) = j
+        .holder
+        .as_ref()
+        .filter(|p| verdict::is_terminal(p) && p.metadata.deletion_timestamp.is_none())
+    else {
         return;
     };
     let (Some(ns), Some(name), Some(uid)) = (

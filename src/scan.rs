@@ -8,7 +8,7 @@
 //! - One paged (500 per page), metadata-only list of all ConfigMaps per
 //!   namespace in scope (one cluster-wide list without `--namespace`). Each
 //!   ConfigMap is classified client-side: *labeled* when its labels match the
-//!   `--selector` (the equality-based grammar `cli::parse_selector` accepts,
+//!   `--selector` (the equality-based grammar `selector::Selector` accepts,
 //!   with the API server's semantics), *unlabeled candidate* when it is not
 //!   labeled but [`looks_like_lock`]. A second, selector-filtered list is not
 //!   made: there is no server-side filter on ownerReferences, so the unfiltered
@@ -43,7 +43,7 @@
 //! another value (e.g. `lock-janitor.io/watch=false`, a deliberate opt-out) is
 //! skipped, never overwritten.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -57,8 +57,9 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde::Serialize;
 
-use crate::cli::{self, LabelArgs, Output, ScanArgs, Scope};
-use crate::lock::{self, looks_like_lock, Lock, Unmanageable};
+use crate::cli::{LabelArgs, Output, ScanArgs, Scope};
+use crate::lock::{self, label_patch, looks_like_lock, plan_label, Lock, Plan, Unmanageable};
+use crate::selector::Selector;
 use crate::verdict::{self, HeldBecause, HolderSeen, Policy, StaleReason, Verdict};
 use crate::{call, Error};
 
@@ -70,57 +71,6 @@ const CONCURRENCY: usize = 16;
 const TABLE_WIDTH: usize = 100;
 /// Exit code of `scan` when at least one lock is stale.
 pub const EXIT_STALE: u8 = 3;
-
-// ---------------------------------------------------------------------------
-// Selector matching
-
-/// One term of an equality-based label selector.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Term {
-    Eq(String, String),
-    NotEq(String, String),
-    Exists(String),
-    NotExists(String),
-}
-
-/// A label selector, matched client-side with the API server's semantics
-/// (`k!=v` also matches objects without `k`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Selector(Vec<Term>);
-
-impl Selector {
-    /// Parses the grammar `cli::parse_selector` accepts.
-    pub fn parse(s: &str) -> anyhow::Result<Selector> {
-        cli::parse_selector(s).map_err(|e| anyhow!(e))?;
-        let terms = s
-            .split(',')
-            .map(|term| {
-                let term = term.trim();
-                if let Some(k) = term.strip_prefix('!') {
-                    Term::NotExists(k.trim().to_owned())
-                } else if let Some((k, v)) = term.split_once("!=") {
-                    Term::NotEq(k.trim().to_owned(), v.trim().to_owned())
-                } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('='))
-                {
-                    Term::Eq(k.trim().to_owned(), v.trim().to_owned())
-                } else {
-                    Term::Exists(term.to_owned())
-                }
-            })
-            .collect();
-        Ok(Selector(terms))
-    }
-
-    pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
-        let get = |k: &str| labels.and_then(|l| l.get(k));
-        self.0.iter().all(|t| match t {
-            Term::Eq(k, v) => get(k) == Some(v),
-            Term::NotEq(k, v) => get(k) != Some(v),
-            Term::Exists(k) => get(k).is_some(),
-            Term::NotExists(k) => get(k).is_none(),
-        })
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Cluster access and errors
@@ -412,44 +362,12 @@ async fn fetch_holders(
         .await
 }
 
-/// Like the controller: a pod with the holder's uid in another namespace
-/// (within scope) makes an owner-gone lock unmanageable.
-async fn holder_elsewhere(
-    cluster: &Cluster,
-    scope: &Scope,
-    lock: &Lock,
-) -> Result<Option<String>, Error> {
-    let lp = ListParams::default().fields(&format!("metadata.name={}", lock.holder.name));
-    let apis: Vec<Api<Pod>> = if scope.namespaces.is_empty() {
-        vec![Api::all(cluster.client.clone())]
-    } else {
-        scope
-            .namespaces
-            .iter()
-            .filter(|ns| **ns != lock.namespace)
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .map(|ns| Api::namespaced(cluster.client.clone(), ns))
-            .collect()
-    };
-    for api in apis {
-        let pods = call(
-            format!(
-                "looking for holder pod {} in other namespaces",
-                lock.holder.name
-            ),
-            api.list_metadata(&lp),
-        )
-        .await?;
-        if let Some(p) = pods
-            .items
-            .iter()
-            .find(|p| p.metadata.uid.as_deref() == Some(lock.holder.uid.as_str()))
-        {
-            return Ok(Some(p.metadata.namespace.clone().unwrap_or_default()));
-        }
-    }
-    Ok(None)
+/// A one-shot scan cannot watch a grace go by: the lock's age stands in
+/// for how long its missing holder has been gone.
+fn missing_holder(lock: &Lock, now: Timestamp) -> HolderSeen<'static> {
+    let since = lock.created.unwrap_or(now);
+    let gone_for = std::time::Duration::try_from(now.duration_since(since)).unwrap_or_default();
+    HolderSeen::Missing { since, gone_for }
 }
 
 fn held_code(why: &HeldBecause) -> String {
@@ -591,8 +509,8 @@ fn build_row(
 async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Report> {
     let started = Instant::now();
     let needs = "list on configmaps and get and list on pods";
-    let selector = Selector::parse(&args.scope.selector)?;
-    let listing = list_candidates(cluster, &args.scope, &selector, needs).await?;
+    let selector = &args.scope.selector;
+    let listing = list_candidates(cluster, &args.scope, selector, needs).await?;
 
     let parsed: Vec<Result<Lock, Unmanageable>> = listing
         .candidates
@@ -620,11 +538,9 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
                 let found = holders.get(&(lock.namespace.clone(), lock.holder.name.clone()));
                 let seen = match found {
                     Some(Found::Pod(pod)) => HolderSeen::Pod(pod),
-                    _ => HolderSeen::Missing {
-                        since: lock.created.unwrap_or(now),
-                    },
+                    _ => missing_holder(lock, now),
                 };
-                (verdict::judge(lock, seen, now, &policy), found)
+                (verdict::judge(lock, seen, &policy), found)
             }
         });
     }
@@ -647,7 +563,7 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
         .map(|i| {
             let lock = parsed[i].as_ref().expect("judged locks parsed");
             async move {
-                holder_elsewhere(cluster, &args.scope, lock)
+                crate::controller::holder_elsewhere(&cluster.client, &args.scope.namespaces, lock)
                     .await
                     .map(|ns| (i, ns))
             }
@@ -673,7 +589,7 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
         total: locks.len(),
         configmaps_scanned: listing.scanned,
         namespaces: args.scope.namespaces.clone(),
-        selector: args.scope.selector.clone(),
+        selector: args.scope.selector.to_string(),
         owner_gone_grace_seconds: args.owner_gone_grace.as_secs_f64(),
         ..Default::default()
     };
@@ -998,45 +914,10 @@ fn render_report(report: &Report, scope: &Scope) -> String {
 // ---------------------------------------------------------------------------
 // label
 
-/// What `label` does with one lock-shaped ConfigMap.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Plan {
-    /// Add `key=value`.
-    Add,
-    /// It already has `key=value`.
-    Unchanged,
-    /// It has `key` with another value (a deliberate opt-out?): never overwritten.
-    Conflicting(String),
-}
-
-/// Decides what `label` does with a ConfigMap; `None`: not a candidate, never touched.
-pub fn plan_label(meta: &ObjectMeta, key: &str, value: &str) -> Option<Plan> {
-    if !looks_like_lock(meta) {
-        return None;
-    }
-    Some(match meta.labels.as_ref().and_then(|l| l.get(key)) {
-        Some(v) if v == value => Plan::Unchanged,
-        Some(v) => Plan::Conflicting(v.clone()),
-        None => Plan::Add,
-    })
-}
-
 /// `--include` (any; empty: all) and `--exclude` (none) on the lock name.
 pub fn name_selected(name: &str, include: &[glob::Pattern], exclude: &[glob::Pattern]) -> bool {
     (include.is_empty() || include.iter().any(|p| p.matches(name)))
         && !exclude.iter().any(|p| p.matches(name))
-}
-
-/// The merge patch `label` writes: the label, and the resourceVersion that
-/// was read, which makes the patch conditional (409 if the ConfigMap changed
-/// since).
-pub fn label_patch(meta: &ObjectMeta, key: &str, value: &str) -> serde_json::Value {
-    serde_json::json!({
-        "metadata": {
-            "resourceVersion": meta.resource_version,
-            "labels": { key: value },
-        }
-    })
 }
 
 /// The result of one label write.
@@ -1080,21 +961,21 @@ async fn write_label(cluster: &Cluster, meta: &ObjectMeta, key: &str, value: &st
 
 /// `lock-janitor label`: adds the opt-in label to unlabeled lock candidates.
 pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
-    let Some((key, value)) = cli::selector_label(&args.scope.selector) else {
+    let Some((key, value)) = args.scope.selector.opt_in_label() else {
         anyhow::bail!(
             "--selector {:?} has no single key=value term to write; label needs a selector like \
              lock-janitor.io/watch=true (the one `lock-janitor run` is given)",
             args.scope.selector
         );
     };
-    let selector = Selector::parse(&args.scope.selector)?;
+    let selector = &args.scope.selector;
     let cluster = connect().await?;
     let needs = if args.apply {
         "list and patch on configmaps"
     } else {
         "list on configmaps"
     };
-    let listing = list_candidates(&cluster, &args.scope, &selector, needs).await?;
+    let listing = list_candidates(&cluster, &args.scope, selector, needs).await?;
 
     let mut excluded = 0;
     let mut planned: Vec<(&ObjectMeta, Plan)> = Vec::new();
@@ -1243,43 +1124,13 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+    use std::collections::BTreeMap;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
-    }
-
-    #[test]
-    fn selector_matches_like_the_api_server() {
-        let watch = labels(&[("lock-janitor.io/watch", "true"), ("team", "a")]);
-        let off = labels(&[("lock-janitor.io/watch", "false")]);
-        let none = BTreeMap::new();
-        let cases = [
-            ("lock-janitor.io/watch=true", [true, false, false]),
-            ("lock-janitor.io/watch==true", [true, false, false]),
-            ("lock-janitor.io/watch!=true", [false, true, true]),
-            ("lock-janitor.io/watch", [true, true, false]),
-            ("!lock-janitor.io/watch", [false, false, true]),
-            ("lock-janitor.io/watch=true,team=a", [true, false, false]),
-            ("lock-janitor.io/watch=true, team=b", [false, false, false]),
-            ("team=", [false, false, false]),
-        ];
-        for (sel, want) in cases {
-            let s = Selector::parse(sel).unwrap();
-            let got = [
-                s.matches(Some(&watch)),
-                s.matches(Some(&off)),
-                s.matches(Some(&none)),
-            ];
-            assert_eq!(got, want, "{sel}");
-            assert_eq!(s.matches(None), want[2], "{sel} without labels");
-        }
-        assert!(Selector::parse("").is_err());
-        assert!(Selector::parse("a in (b)").is_err());
-        let empty_value = Selector::parse("team=").unwrap();
-        assert!(empty_value.matches(Some(&labels(&[("team", "")]))));
     }
 
     #[test]
@@ -1469,7 +1320,7 @@ mod tests {
         let policy = Policy {
             owner_gone_grace: Duration::from_secs(30),
         };
-        let v = verdict::judge(&lock, HolderSeen::Pod(&pod), now, &policy);
+        let v = verdict::judge(&lock, HolderSeen::Pod(&pod), &policy);
         let found = Found::Pod(Box::new(pod));
         let r = build_row(&c, &parsed, Some(&found), &v, now);
         assert_eq!(r.verdict, "stale:Evicted");
@@ -1481,12 +1332,11 @@ mod tests {
         assert!(r.message.contains("low on resource"), "{}", r.message);
 
         // A missing holder: the grace runs from the lock's creation.
-        let since = lock.created.unwrap();
         for (grace, want) in [(30, "stale:OwnerGone"), (120, "held")] {
             let policy = Policy {
                 owner_gone_grace: Duration::from_secs(grace),
             };
-            let v = verdict::judge(&lock, HolderSeen::Missing { since }, now, &policy);
+            let v = verdict::judge(&lock, missing_holder(&lock, now), &policy);
             let r = build_row(&c, &parsed, Some(&Found::Missing), &v, now);
             assert_eq!(r.verdict, want);
             assert_eq!(r.holder_found, Some(false));

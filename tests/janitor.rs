@@ -679,7 +679,8 @@ async fn lock_recreated_between_judgement_and_delete_survives() {
         client,
         lock_janitor::http::State::new().unwrap(),
         Settings {
-            selector: lock_janitor::DEFAULT_SELECTOR.into(),
+            selector: lock_janitor::selector::Selector::parse(lock_janitor::DEFAULT_SELECTOR)
+                .unwrap(),
             namespaces: vec![s.ns.clone()],
             dry_run: false,
             delete_pod: false,
@@ -780,7 +781,8 @@ async fn readyz_follows_the_watches() {
         client,
         state.clone(),
         Settings {
-            selector: lock_janitor::DEFAULT_SELECTOR.into(),
+            selector: lock_janitor::selector::Selector::parse(lock_janitor::DEFAULT_SELECTOR)
+                .unwrap(),
             namespaces: vec![s.ns.clone()],
             dry_run: false,
             delete_pod: false,
@@ -822,4 +824,189 @@ async fn readyz_follows_the_watches() {
         .expect("server stops")
         .unwrap()
         .unwrap();
+}
+
+/// A routine rollout: the leader pod is deleted, the garbage collector (not
+/// the janitor) deletes its lock, and the new leader re-creates it without
+/// labels. The janitor still carries the opt-in label over.
+#[tokio::test]
+async fn label_is_carried_over_when_the_gc_deletes_the_lock() {
+    let s = scenario("gc-takeover").await;
+    let leader = s.pod("operator-a").await;
+    let replica = s.pod("operator-b").await;
+    become_leader(&s.client, &leader, "operator-lock", true).await;
+    let kc = kubeconfig_as(s.cp, JANITOR_USER);
+    let j = Janitor::start(
+        &kc,
+        &[
+            "--namespace",
+            &s.ns,
+            "--resync",
+            "2s",
+            "--owner-gone-grace",
+            "10m",
+        ],
+    )
+    .await;
+    wait_for("lock judged", Duration::from_secs(20), || async {
+        (sample(
+            &j.metrics().await,
+            "lock_janitor_locks",
+            &[("state", "held")],
+        ) == Some(1.0))
+        .then_some(())
+    })
+    .await;
+    let waiting = {
+        let client = s.client.clone();
+        tokio::spawn(async move { become_leader(&client, &replica, "operator-lock", false).await })
+    };
+    kubelet::force_delete_pod(&s.client, &s.ns, "operator-a")
+        .await
+        .unwrap();
+    let new_lock = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("takeover after the GC deleted the lock")
+        .unwrap();
+    assert_eq!(
+        new_lock.metadata.owner_references.unwrap()[0].name,
+        "operator-b"
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.ns);
+    wait_for(
+        "opt-in label carried over",
+        Duration::from_secs(30),
+        || async {
+            let cm = cms.get("operator-lock").await.ok()?;
+            (cm.metadata.labels?.get(WATCH_LABEL.0).map(String::as_str) == Some(WATCH_LABEL.1))
+                .then_some(())
+        },
+    )
+    .await;
+    let writes = s.janitor_writes();
+    assert!(
+        writes.iter().all(|e| e.verb == "patch"),
+        "the GC deleted the lock, not the janitor: {writes:?}"
+    );
+}
+
+/// After a reclaim, a new lock that sets the opt-in key to another value
+/// (`false`: an opt-out) is left as it is.
+#[tokio::test]
+async fn carry_over_respects_an_opt_out() {
+    let s = scenario("opt-out").await;
+    let leader = s.pod("operator-a").await;
+    s.lock("operator-lock", &leader).await;
+    let j = s.janitor(&[]).await;
+    fail_with(&s, "operator-a", "Evicted").await;
+    s.wait_gone("operator-lock").await;
+    let replica = s.pod("operator-b").await;
+    let mut opted_out = lock_for("operator-lock", &replica, false);
+    opted_out.metadata.labels = Some([(WATCH_LABEL.0.to_string(), "false".to_string())].into());
+    create_lock(&s.client, &opted_out).await;
+    wait_for("the follower gives up", Duration::from_secs(30), || async {
+        j.logs().contains("left alone").then_some(())
+    })
+    .await;
+    let cm = Api::<ConfigMap>::namespaced(s.client.clone(), &s.ns)
+        .get("operator-lock")
+        .await
+        .unwrap();
+    assert_eq!(
+        cm.metadata
+            .labels
+            .unwrap()
+            .get(WATCH_LABEL.0)
+            .map(String::as_str),
+        Some("false")
+    );
+    assert!(
+        s.janitor_writes().iter().all(|e| e.verb != "patch"),
+        "{:?}",
+        s.janitor_writes()
+    );
+}
+
+/// Removing the opt-in label stops the janitor: a live read that no longer
+/// matches the selector is not judged, and no label comes back.
+#[tokio::test]
+async fn removing_the_label_opts_out() {
+    use lock_janitor::controller::{Context, LockKey, Settings};
+    let s = scenario("unlabel").await;
+    let leader = s.pod("operator-a").await;
+    s.lock("operator-lock", &leader).await;
+    let j = s.janitor(&[]).await;
+    wait_for("lock judged", Duration::from_secs(20), || async {
+        (sample(
+            &j.metrics().await,
+            "lock_janitor_locks",
+            &[("state", "held")],
+        ) == Some(1.0))
+        .then_some(())
+    })
+    .await;
+
+    // In-process: a judgement made from a live copy without the label.
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig_as(s.cp, JANITOR_USER)).unwrap();
+    let client = Client::try_from(
+        kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let ctx = Context::new(
+        client,
+        lock_janitor::http::State::new().unwrap(),
+        Settings {
+            selector: lock_janitor::selector::Selector::parse(lock_janitor::DEFAULT_SELECTOR)
+                .unwrap(),
+            namespaces: vec![s.ns.clone()],
+            dry_run: false,
+            delete_pod: false,
+            policy: lock_janitor::verdict::Policy {
+                owner_gone_grace: Duration::from_secs(30),
+            },
+            resync: Duration::from_secs(60),
+        },
+    );
+    let key = LockKey {
+        namespace: s.ns.clone(),
+        name: "operator-lock".into(),
+    };
+    assert!(ctx.judge_live(&key).await.unwrap().is_some());
+    let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.ns);
+    cms.patch(
+        "operator-lock",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"labels": {WATCH_LABEL.0: null}}})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        ctx.judge_live(&key).await.unwrap().is_none(),
+        "an unlabeled live copy is not judged"
+    );
+
+    // The running janitor lets go: the dead holder's lock stays, unlabeled.
+    wait_for("lock forgotten", Duration::from_secs(20), || async {
+        (sample(
+            &j.metrics().await,
+            "lock_janitor_locks",
+            &[("state", "held")],
+        ) == Some(0.0))
+        .then_some(())
+    })
+    .await;
+    fail_with(&s, "operator-a", "Evicted").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let cm = cms
+        .get("operator-lock")
+        .await
+        .expect("the unlabeled lock stays");
+    assert!(!cm
+        .metadata
+        .labels
+        .unwrap_or_default()
+        .contains_key(WATCH_LABEL.0));
+    assert!(s.janitor_writes().is_empty(), "{:?}", s.janitor_writes());
 }

@@ -1,0 +1,208 @@
+//! The opt-in label selector: parsed once, matched client-side with the API
+//! server's semantics, and the one `key=value` that `label` and the label
+//! carry-over write.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// One term of an equality-based label selector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Term {
+    Eq(String, String),
+    NotEq(String, String),
+    Exists(String),
+    NotExists(String),
+}
+
+/// An equality-based label selector (`key=value`, `key==value`,
+/// `key!=value`, `key`, `!key`, comma-separated). The API server has the
+/// last word; parsing catches typos before any watch starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selector {
+    text: String,
+    terms: Vec<Term>,
+}
+
+impl Selector {
+    pub fn parse(s: &str) -> Result<Selector, String> {
+        let bad = |why: &str| Err(format!("invalid label selector {s:?}: {why}"));
+        if s.trim().is_empty() {
+            return bad("it is empty, which would select every ConfigMap");
+        }
+        let mut terms = Vec::new();
+        for term in s.split(',') {
+            let term = term.trim();
+            let (key, t) = if let Some(k) = term.strip_prefix('!') {
+                (k.trim(), Term::NotExists(k.trim().to_owned()))
+            } else if let Some((k, v, eq)) = term
+                .split_once("!=")
+                .map(|(k, v)| (k, v, false))
+                .or_else(|| term.split_once("==").map(|(k, v)| (k, v, true)))
+                .or_else(|| term.split_once('=').map(|(k, v)| (k, v, true)))
+            {
+                let (k, v) = (k.trim(), v.trim());
+                if !valid_label_value(v) {
+                    return bad(&format!("{v:?} is not a label value"));
+                }
+                let t = if eq {
+                    Term::Eq(k.to_owned(), v.to_owned())
+                } else {
+                    Term::NotEq(k.to_owned(), v.to_owned())
+                };
+                (k, t)
+            } else {
+                (term, Term::Exists(term.to_owned()))
+            };
+            if !valid_label_key(key) {
+                return bad(&format!("{key:?} is not a label key"));
+            }
+            terms.push(t);
+        }
+        Ok(Selector {
+            text: s.to_owned(),
+            terms,
+        })
+    }
+
+    /// The selector as given, for the API server.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
+        let get = |k: &str| labels.and_then(|l| l.get(k));
+        self.terms.iter().all(|t| match t {
+            Term::Eq(k, v) => get(k) == Some(v),
+            Term::NotEq(k, v) => get(k) != Some(v),
+            Term::Exists(k) => get(k).is_some(),
+            Term::NotExists(k) => get(k).is_none(),
+        })
+    }
+
+    /// The label that opts a lock in, when the selector is exactly one
+    /// `key=value`: what `label` and the carry-over after a takeover write.
+    pub fn opt_in_label(&self) -> Option<(&str, &str)> {
+        match self.terms.as_slice() {
+            [Term::Eq(k, v)] => Some((k, v)),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+fn valid_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+fn valid_label_key(k: &str) -> bool {
+    match k.split_once('/') {
+        Some((prefix, name)) => {
+            !prefix.is_empty()
+                && prefix.len() <= 253
+                && prefix.split('.').all(|p| {
+                    !p.is_empty()
+                        && p.bytes()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                })
+                && valid_name_part(name)
+        }
+        None => valid_name_part(k),
+    }
+}
+
+fn valid_label_value(v: &str) -> bool {
+    v.is_empty() || valid_name_part(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn grammar() {
+        for ok in [
+            "lock-janitor.io/watch=true",
+            "a==b",
+            "a!=b",
+            "team",
+            "!legacy",
+            "lock-janitor.io/watch=true,team=x",
+            "a=",
+        ] {
+            assert!(Selector::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "  ",
+            "=x",
+            "a=b c",
+            "lock-janitor.io/=true",
+            "a=-b",
+            "/x=1",
+            "a=b,",
+            "a in (b)",
+        ] {
+            assert!(Selector::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn opt_in_label_is_the_single_equality() {
+        let one = |s: &str| Selector::parse(s).unwrap();
+        assert_eq!(
+            one("lock-janitor.io/watch=true").opt_in_label(),
+            Some(("lock-janitor.io/watch", "true"))
+        );
+        assert_eq!(one("a==b").opt_in_label(), Some(("a", "b")));
+        assert_eq!(one("a!=b").opt_in_label(), None);
+        assert_eq!(one("a=b,c=d").opt_in_label(), None);
+        assert_eq!(one("a").opt_in_label(), None);
+        assert_eq!(one("a=b").as_str(), "a=b");
+    }
+
+    #[test]
+    fn matches_like_the_api_server() {
+        let watch = labels(&[("lock-janitor.io/watch", "true"), ("team", "a")]);
+        let off = labels(&[("lock-janitor.io/watch", "false")]);
+        let none = BTreeMap::new();
+        let cases = [
+            ("lock-janitor.io/watch=true", [true, false, false]),
+            ("lock-janitor.io/watch==true", [true, false, false]),
+            ("lock-janitor.io/watch!=true", [false, true, true]),
+            ("lock-janitor.io/watch", [true, true, false]),
+            ("!lock-janitor.io/watch", [false, false, true]),
+            ("lock-janitor.io/watch=true,team=a", [true, false, false]),
+            ("lock-janitor.io/watch=true, team=b", [false, false, false]),
+            ("team=", [false, false, false]),
+        ];
+        for (sel, want) in cases {
+            let s = Selector::parse(sel).unwrap();
+            let got = [
+                s.matches(Some(&watch)),
+                s.matches(Some(&off)),
+                s.matches(Some(&none)),
+            ];
+            assert_eq!(got, want, "{sel}");
+            assert_eq!(s.matches(None), want[2], "{sel} without labels");
+        }
+        let empty_value = Selector::parse("team=").unwrap();
+        assert!(empty_value.matches(Some(&labels(&[("team", "")]))));
+    }
+}
