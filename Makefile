@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo bench-scan clean-testenv
+.PHONY: all build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo bench-scan bench-janitor
 
 all: build
 
@@ -50,5 +50,9 @@ demo: testenv-build
 	$(CARGO) build --locked -q --bin lock-janitor
 	$(CARGO) run --locked -q --example demo
 
+## Benchmarks: they report numbers (not part of make test).
 bench-scan: testenv-build
 	hack/bench-scan.sh
+
+bench-janitor: testenv-build
+	hack/bench-janitor.sh
