@@ -151,7 +151,8 @@ pub async fn report_untouchable(ctx: &Context, j: &Judgement) {
 /// Reclaims a stale lock: the guarded DELETE, then (if asked) the dead pod.
 pub async fn reclaim(ctx: &Context, j: &Judgement) -> Result<Outcome, Error> {
     let (Verdict::Stale { reason, .. }, Some(lock)) = (&j.verdict, &j.lock) else {
-        return Ok(Outcome::DryRun);
+        // Only stale locks come here; anything else is judged again, never deleted.
+        return Ok(Outcome::Changed);
     };
     let reason = *reason;
     let m = &ctx.state.metrics;
