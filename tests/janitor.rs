@@ -69,6 +69,34 @@ impl Scenario {
     fn janitor_writes(&self) -> Vec<lock_janitor_testenv::audit::AuditEvent> {
         writes_by(self.cp, JANITOR_USER, &self.ns)
     }
+
+    /// The janitor's library in this process, acting as `user` on this
+    /// scenario's namespace, for tests that drive it step by step.
+    async fn context_as(
+        &self,
+        user: &str,
+        state: lock_janitor::http::State,
+    ) -> std::sync::Arc<lock_janitor::controller::Context> {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig_as(self.cp, user)).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        lock_janitor::controller::Context::new(
+            Client::try_from(config).unwrap(),
+            state,
+            lock_janitor::controller::Settings {
+                selector: lock_janitor::selector::Selector::parse(lock_janitor::DEFAULT_SELECTOR)
+                    .unwrap(),
+                namespaces: vec![self.ns.clone()],
+                dry_run: false,
+                delete_pod: false,
+                policy: lock_janitor::verdict::Policy {
+                    owner_gone_grace: Duration::from_secs(30),
+                },
+                resync: Duration::from_secs(60),
+            },
+        )
+    }
 }
 
 /// A holder dies with `pod_reason` (or succeeds); the lock is deleted, the
@@ -663,33 +691,16 @@ async fn bad_flags_exit_2_with_a_message() {
 /// the stale judgement; the API server's preconditions refuse the delete.
 #[tokio::test]
 async fn lock_recreated_between_judgement_and_delete_survives() {
-    use lock_janitor::controller::{Context, LockKey, Settings};
+    use lock_janitor::controller::LockKey;
     use lock_janitor::reclaim::{reclaim, Outcome};
     let s = scenario("race").await;
     let dead = s.pod("dead").await;
     s.lock("op-lock", &dead).await;
     fail_with(&s, "dead", "Evicted").await;
 
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig_as(s.cp, JANITOR_USER)).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    let client = Client::try_from(config).unwrap();
-    let ctx = Context::new(
-        client,
-        lock_janitor::http::State::new().unwrap(),
-        Settings {
-            selector: lock_janitor::selector::Selector::parse(lock_janitor::DEFAULT_SELECTOR)
-                .unwrap(),
-            namespaces: vec![s.ns.clone()],
-            dry_run: false,
-            delete_pod: false,
-            policy: lock_janitor::verdict::Policy {
-                owner_gone_grace: Duration::from_secs(30),
-            },
-            resync: Duration::from_secs(60),
-        },
-    );
+    let ctx = s
+        .context_as(JANITOR_USER, lock_janitor::http::State::new().unwrap())
+        .await;
     let key = LockKey {
         namespace: s.ns.clone(),
         name: "op-lock".into(),
@@ -749,18 +760,10 @@ async fn lock_recreated_between_judgement_and_delete_survives() {
 /// no RBAC, so its watches cannot list; once granted, they sync.
 #[tokio::test]
 async fn readyz_follows_the_watches() {
-    use lock_janitor::controller::{self, Context, Settings};
+    use lock_janitor::controller;
     use lock_janitor::http::{self, State};
     let s = scenario("readyz").await;
     let user = format!("readyz-{}", s.ns);
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig_as(s.cp, &user)).unwrap();
-    let client = Client::try_from(
-        kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap(),
-    )
-    .unwrap();
-
     let state = State::new().unwrap();
     let listener = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -777,21 +780,7 @@ async fn readyz_follows_the_watches() {
     );
     assert_eq!(http_get(port, "/healthz").await.unwrap().0, 200);
 
-    let ctx = Context::new(
-        client,
-        state.clone(),
-        Settings {
-            selector: lock_janitor::selector::Selector::parse(lock_janitor::DEFAULT_SELECTOR)
-                .unwrap(),
-            namespaces: vec![s.ns.clone()],
-            dry_run: false,
-            delete_pod: false,
-            policy: lock_janitor::verdict::Policy {
-                owner_gone_grace: Duration::from_secs(30),
-            },
-            resync: Duration::from_secs(60),
-        },
-    );
+    let ctx = s.context_as(&user, state.clone()).await;
     let run = tokio::spawn(controller::run(ctx, shutdown.clone()));
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
@@ -931,7 +920,7 @@ async fn carry_over_respects_an_opt_out() {
 /// matches the selector is not judged, and no label comes back.
 #[tokio::test]
 async fn removing_the_label_opts_out() {
-    use lock_janitor::controller::{Context, LockKey, Settings};
+    use lock_janitor::controller::LockKey;
     let s = scenario("unlabel").await;
     let leader = s.pod("operator-a").await;
     s.lock("operator-lock", &leader).await;
@@ -947,28 +936,9 @@ async fn removing_the_label_opts_out() {
     .await;
 
     // In-process: a judgement made from a live copy without the label.
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig_as(s.cp, JANITOR_USER)).unwrap();
-    let client = Client::try_from(
-        kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap(),
-    )
-    .unwrap();
-    let ctx = Context::new(
-        client,
-        lock_janitor::http::State::new().unwrap(),
-        Settings {
-            selector: lock_janitor::selector::Selector::parse(lock_janitor::DEFAULT_SELECTOR)
-                .unwrap(),
-            namespaces: vec![s.ns.clone()],
-            dry_run: false,
-            delete_pod: false,
-            policy: lock_janitor::verdict::Policy {
-                owner_gone_grace: Duration::from_secs(30),
-            },
-            resync: Duration::from_secs(60),
-        },
-    );
+    let ctx = s
+        .context_as(JANITOR_USER, lock_janitor::http::State::new().unwrap())
+        .await;
     let key = LockKey {
         namespace: s.ns.clone(),
         name: "operator-lock".into(),
