@@ -302,24 +302,29 @@ pub async fn set_failed(
         "message": message,
         "conditions": conditions,
         "startTime": f.start_time,
-        "containerStatuses": [{
-            "name": "main",
-            "image": PAUSE_IMAGE,
-            "imageID": PAUSE_IMAGE_ID,
-            "containerID": container_id(ns, name, &f.uid),
-            "ready": false,
-            "started": false,
-            "restartCount": 0,
-            "state": {"terminated": {
-                "exitCode": if killed { 137 } else { 1 },
-                "reason": "Error",
-                "startedAt": f.start_time,
-                "finishedAt": now(),
-                "containerID": container_id(ns, name, &f.uid),
-            }},
-        }],
+        "containerStatuses": [terminated(ns, name, &f, if killed { 137 } else { 1 }, "Error")],
     }});
     patch_pod_status(&api, name, patch).await
+}
+
+/// The status of the pod's one container after it terminated just now.
+fn terminated(ns: &str, name: &str, f: &PodFacts, exit_code: i32, reason: &str) -> Value {
+    json!({
+        "name": "main",
+        "image": PAUSE_IMAGE,
+        "imageID": PAUSE_IMAGE_ID,
+        "containerID": container_id(ns, name, &f.uid),
+        "ready": false,
+        "started": false,
+        "restartCount": 0,
+        "state": {"terminated": {
+            "exitCode": exit_code,
+            "reason": reason,
+            "startedAt": f.start_time,
+            "finishedAt": now(),
+            "containerID": container_id(ns, name, &f.uid),
+        }},
+    })
 }
 
 /// Phase Succeeded: the container terminated with exit code 0, reason Completed.
@@ -338,22 +343,7 @@ pub async fn set_succeeded(client: &Client, ns: &str, name: &str) -> kube::Resul
             condition("PodScheduled", "True", None),
         ],
         "startTime": f.start_time,
-        "containerStatuses": [{
-            "name": "main",
-            "image": PAUSE_IMAGE,
-            "imageID": PAUSE_IMAGE_ID,
-            "containerID": container_id(ns, name, &f.uid),
-            "ready": false,
-            "started": false,
-            "restartCount": 0,
-            "state": {"terminated": {
-                "exitCode": 0,
-                "reason": "Completed",
-                "startedAt": f.start_time,
-                "finishedAt": now(),
-                "containerID": container_id(ns, name, &f.uid),
-            }},
-        }],
+        "containerStatuses": [terminated(ns, name, &f, 0, "Completed")],
     }});
     patch_pod_status(&api, name, patch).await
 }
