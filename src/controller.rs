@@ -1,19 +1,17 @@
 //! kube-runtime wiring: a metadata-only watch of the opted-in locks, a watch
 //! of terminal pods that maps each to the locks it holds, and a periodic
-//! resync. Every reconcile re-reads the lock and its holder live, judges, and
-//! hands stale locks to `reclaim`.
+//! resync. Each reconcile judges the lock from live reads (`observe`) and
+//! acts on the verdict (`reclaim`), remembering what it needs (`memory`)
+//! and following deleted locks for a takeover (`takeover`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{future, Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
@@ -21,16 +19,16 @@ use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::http::State;
-use crate::lock::{self, Lock, Unmanageable};
-use crate::reclaim;
+use crate::events::Events;
+use crate::lock::{self, LockKey};
+use crate::memory::Memory;
+use crate::observe::{Judgement, Observer};
+use crate::reclaim::{self, Mode, Reclaimer};
 use crate::selector::Selector;
-use crate::verdict::{self, HolderSeen, LockState, Policy, Verdict};
-use crate::{call, Error, NAME};
-
-/// Pods that can no longer run. A pod entering this set (Running -> Failed)
-/// arrives as a new object; pods that never hold a lock are never cached.
-pub const TERMINAL_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
+use crate::shared::Shared;
+use crate::takeover::Takeovers;
+use crate::verdict::{self, Policy, Verdict};
+use crate::{scoped, Error, TERMINAL_PODS};
 
 /// How soon a lock that changed under a delete is judged again.
 const REJUDGE_AFTER: Duration = Duration::from_millis(500);
@@ -50,353 +48,77 @@ pub struct Settings {
     pub resync: Duration,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-/// What the janitor remembers about a lock between reconciles.
-#[derive(Debug, Default)]
-pub(crate) struct Memo {
-    pub state: Option<LockState>,
-    /// The holder uid last judged, so that a follower knows whose lock it was.
-    pub holder_uid: Option<String>,
-    /// (holder uid, first seen missing, wall time then): the start of the
-    /// owner-gone grace, measured on the monotonic clock so that a clock
-    /// step never shortens it.
-    pub missing_since: Option<(String, Instant, Timestamp)>,
-    /// (holder uid, first seen terminal): the death time when the pod does
-    /// not say when its containers finished.
-    pub stale_since: Option<(String, Timestamp)>,
-    /// (resourceVersion, Event reason) last reported, so that a condition is
-    /// announced once per version of the lock, not once per resync.
-    pub reported: Option<(String, &'static str)>,
-}
-
-/// Per-reconcile context: the client, the Event recorder, metrics and memory.
+/// Per-reconcile context: who reads, who remembers, who writes.
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
-    pub state: State,
+    pub shared: Shared,
     pub settings: Settings,
-    memos: Mutex<HashMap<LockKey, Memo>>,
-    /// Label carry-over tasks waiting for a takeover, one per lock.
-    followers: Mutex<HashMap<LockKey, tokio::task::JoinHandle<()>>>,
-}
-
-/// A lock as judged from live reads: what `reclaim` acts on, and nothing else.
-#[derive(Clone, Debug)]
-pub struct Judgement {
-    pub key: LockKey,
-    /// The lock's metadata exactly as read (uid and resourceVersion guard the delete).
-    pub meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    pub lock: Option<Lock>,
-    pub holder: Option<Pod>,
-    pub verdict: Verdict,
-    /// For stale locks: when the holder died, as well as is known.
-    pub died_at: Option<Timestamp>,
+    pub observer: Observer,
+    pub memory: Arc<Memory>,
+    pub reclaimer: Reclaimer,
+    pub takeovers: Takeovers,
 }
 
 impl Context {
-    pub fn new(client: Client, state: State, settings: Settings) -> Arc<Self> {
-        let reporter = Reporter {
-            controller: NAME.into(),
-            instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
+    pub fn new(client: Client, shared: Shared, settings: Settings) -> Arc<Self> {
+        let metrics = shared.metrics.clone();
+        let memory = Arc::new(Memory::new(metrics.clone()));
+        let mode = Mode {
+            dry_run: settings.dry_run,
+            delete_pod: settings.delete_pod,
         };
         Arc::new(Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            observer: Observer::new(
+                client.clone(),
+                settings.selector.clone(),
+                settings.namespaces.clone(),
+                settings.policy.clone(),
+            ),
+            reclaimer: Reclaimer::new(
+                client.clone(),
+                Events::new(client.clone(), metrics.clone()),
+                metrics,
+                memory.clone(),
+                mode,
+            ),
+            takeovers: Takeovers::new(client.clone(), settings.selector.clone(), settings.dry_run),
+            memory,
             client,
-            state,
+            shared,
             settings,
-            memos: Mutex::default(),
-            followers: Mutex::default(),
         })
     }
 
-    pub(crate) fn with_memo<T>(&self, key: &LockKey, f: impl FnOnce(&mut Memo) -> T) -> T {
-        let mut memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
-        f(memos.entry(key.clone()).or_default())
-    }
-
-    /// Records a lock's state and refreshes `lock_janitor_locks{state}`.
-    pub(crate) fn set_state(&self, key: &LockKey, state: LockState) {
-        let mut memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
-        let memo = memos.entry(key.clone()).or_default();
-        if memo.state.is_none() && state != LockState::Unmanageable {
-            // A lock's reclaim counters exist at 0 from the moment it is
-            // watched: increase() needs a sample before the first reclaim,
-            // or the reclaim alert cannot see it.
-            for r in verdict::StaleReason::ALL {
-                self.state.metrics.reclaims.with_label_values(&[
-                    &key.namespace,
-                    &key.name,
-                    r.as_str(),
-                ]);
-            }
+    /// Reads the lock and its holder live and judges them with this
+    /// janitor's memory. `None`: the lock is gone or no longer opted in.
+    pub async fn judge_live(&self, key: &LockKey) -> Result<Option<Judgement>, Error> {
+        let j = self
+            .observer
+            .judge_live(key, &self.memory.clock(key))
+            .await?;
+        if let Some(lock) = j.as_ref().and_then(|j| j.lock.as_ref()) {
+            self.memory.set_holder(key, &lock.holder.uid);
         }
-        memo.state = Some(state);
-        self.publish_counts(&memos);
+        Ok(j)
     }
 
     /// Forgets a lock that no longer exists (or no longer carries the
     /// opt-in label), and starts following its name for a takeover.
     pub fn forget(&self, key: &LockKey) {
-        let mut memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
-        let memo = memos.remove(key);
-        self.publish_counts(&memos);
-        let m = &self.state.metrics;
-        m.set_stale(&key.namespace, &key.name, None);
-        for r in verdict::StaleReason::ALL {
-            let labels = [key.namespace.as_str(), key.name.as_str(), r.as_str()];
-            // Counters that never counted go with the lock; the others stay
-            // so that increase() keeps seeing them.
-            if m.reclaims
-                .get_metric_with_label_values(&labels)
-                .is_ok_and(|c| c.get() == 0)
-            {
-                let _ = m.reclaims.remove_label_values(&labels);
-            }
+        if let Some(uid) = self.memory.forget(key) {
+            self.takeovers.follow(key, uid);
         }
-        drop(memos);
-        if let Some(uid) = memo.and_then(|m| m.holder_uid) {
-            self.follow_takeover(key, uid);
-        }
-    }
-
-    /// Marks a lock stale-but-not-reclaimed, unless it was forgotten
-    /// meanwhile (deleted under a reclaim that then failed or timed out).
-    pub(crate) fn mark_stale(&self, key: &LockKey, reason: verdict::StaleReason) {
-        let memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
-        if memos.contains_key(key) {
-            self.state
-                .metrics
-                .set_stale(&key.namespace, &key.name, Some(reason));
-        }
-    }
-
-    /// operator-lib re-creates a lock without labels: after a lock is gone,
-    /// wait for a new holder to create it and carry the opt-in label over,
-    /// so the operator stays protected. One follower per lock; none in
-    /// dry-run (no writes) or when the selector is not one `key=value`.
-    fn follow_takeover(&self, key: &LockKey, old_holder_uid: String) {
-        if self.settings.dry_run {
-            return;
-        }
-        let Some((k, v)) = self.settings.selector.opt_in_label() else {
-            warn!(namespace = %key.namespace, lock = %key.name, selector = %self.settings.selector,
-                  "the selector is not a single key=value label; label the new lock by hand after a takeover");
-            return;
-        };
-        let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
-        followers.retain(|_, t| !t.is_finished());
-        if followers.contains_key(key) {
-            return;
-        }
-        let task = reclaim::carry_label_over(
-            self.cm_api(&key.namespace),
-            key.name.clone(),
-            (k.to_owned(), v.to_owned()),
-            old_holder_uid,
-        );
-        followers.insert(key.clone(), tokio::spawn(task));
-    }
-
-    /// Locks whose takeover is still awaited (lost if the process stops).
-    pub fn awaiting_takeover(&self) -> Vec<LockKey> {
-        let followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
-        let mut keys: Vec<LockKey> = followers
-            .iter()
-            .filter(|(_, t)| !t.is_finished())
-            .map(|(k, _)| k.clone())
-            .collect();
-        keys.sort();
-        keys
     }
 
     /// After a re-list: forgets locks of this scope that are no longer there.
     fn forget_missing(&self, namespace: Option<&str>, store: &Store<LockMeta>) {
-        let present: std::collections::HashSet<LockKey> =
-            store.state().iter().map(|m| key_of(m)).collect();
-        let gone: Vec<LockKey> = {
-            let memos = self.memos.lock().unwrap_or_else(|e| e.into_inner());
-            memos
-                .keys()
-                .filter(|k| namespace.is_none_or(|ns| k.namespace == ns) && !present.contains(k))
-                .cloned()
-                .collect()
-        };
-        for k in gone {
-            self.forget(&k);
-        }
-    }
-
-    fn publish_counts(&self, memos: &HashMap<LockKey, Memo>) {
-        let mut counts: HashMap<LockState, i64> = LockState::ALL.iter().map(|s| (*s, 0)).collect();
-        for s in memos.values().filter_map(|m| m.state) {
-            *counts.entry(s).or_default() += 1;
-        }
-        self.state.metrics.set_lock_counts(counts);
-    }
-
-    fn cm_api(&self, namespace: &str) -> Api<ConfigMap> {
-        Api::namespaced(self.client.clone(), namespace)
-    }
-
-    fn pod_api(&self, namespace: &str) -> Api<Pod> {
-        Api::namespaced(self.client.clone(), namespace)
-    }
-
-    async fn read_holder(&self, lock: &Lock) -> Result<Option<Pod>, Error> {
-        call(
-            format!("reading holder pod {}/{}", lock.namespace, lock.holder.name),
-            self.pod_api(&lock.namespace).get_opt(&lock.holder.name),
-        )
-        .await
-    }
-
-    /// Judges what a live read found of the holder, remembering since when
-    /// it has been missing.
-    fn judge_holder(&self, key: &LockKey, lock: &Lock, holder: Option<&Pod>) -> Verdict {
-        let now = Timestamp::now();
-        let seen = match holder {
-            Some(pod) => {
-                self.with_memo(key, |m| m.missing_since = None);
-                HolderSeen::Pod(pod)
-            }
-            None => self.with_memo(key, |m| {
-                let (since, at) = match &m.missing_since {
-                    Some((u, since, at)) if *u == lock.holder.uid => (*since, *at),
-                    _ => {
-                        let first = (Instant::now(), now);
-                        m.missing_since = Some((lock.holder.uid.clone(), first.0, first.1));
-                        first
-                    }
-                };
-                HolderSeen::Missing {
-                    since: at,
-                    gone_for: since.elapsed(),
-                }
-            }),
-        };
-        verdict::judge(lock, seen, &self.settings.policy)
-    }
-
-    /// Reads the lock and its holder live and judges them. `None`: the lock
-    /// no longer exists.
-    pub async fn judge_live(&self, key: &LockKey) -> Result<Option<Judgement>, Error> {
-        let Some(live) = call(
-            format!("reading lock {}/{}", key.namespace, key.name),
-            self.cm_api(&key.namespace).get_metadata_opt(&key.name),
-        )
-        .await?
-        else {
-            return Ok(None);
-        };
-        let meta = live.metadata;
-        // The cache said this lock is opted in; the live copy must say so too.
-        if !self.settings.selector.matches(meta.labels.as_ref()) {
-            return Ok(None);
-        }
-        let lock = match lock::parse(&meta) {
-            Ok(lock) => lock,
-            Err(why) => {
-                return Ok(Some(Judgement {
-                    key: key.clone(),
-                    meta,
-                    lock: None,
-                    holder: None,
-                    verdict: Verdict::Unmanageable(why),
-                    died_at: None,
-                }))
-            }
-        };
-        let uid = lock.holder.uid.clone();
-        self.with_memo(key, |m| m.holder_uid = Some(uid.clone()));
-        let mut holder = self.read_holder(&lock).await?;
-        let mut verdict = self.judge_holder(key, &lock, holder.as_ref());
-        if let Verdict::Stale {
-            reason: verdict::StaleReason::OwnerGone,
-            ..
-        } = verdict
-        {
-            if let Some(ns) =
-                holder_elsewhere(&self.client, &self.settings.namespaces, &lock).await?
-            {
-                verdict = Verdict::Unmanageable(Unmanageable::OwnerInOtherNamespace(ns));
-            } else {
-                // That search took time: the holder read must be the last
-                // read before a delete (a same-name pod may have appeared).
-                holder = self.read_holder(&lock).await?;
-                verdict = self.judge_holder(key, &lock, holder.as_ref());
+        let present: HashSet<LockKey> = store.state().iter().map(|m| key_of(m)).collect();
+        for k in self.memory.keys_in(namespace) {
+            if !present.contains(&k) {
+                self.forget(&k);
             }
         }
-        let now = Timestamp::now();
-        let died_at = match &verdict {
-            Verdict::Stale { died_at, .. } => Some(died_at.unwrap_or_else(|| {
-                self.with_memo(key, |m| match &m.stale_since {
-                    Some((u, t)) if *u == uid => *t,
-                    _ => {
-                        m.stale_since = Some((uid.clone(), now));
-                        now
-                    }
-                })
-            })),
-            _ => None,
-        };
-        Ok(Some(Judgement {
-            key: key.clone(),
-            meta,
-            lock: Some(lock),
-            holder,
-            verdict,
-            died_at,
-        }))
     }
-}
-
-/// Before calling a lock's owner gone: is a pod with the holder's uid
-/// alive in another namespace (an owner reference that crosses
-/// namespaces)? Owner references are namespace-local, so such a lock is
-/// not ours to judge. One list by name (a field selector), cluster-wide;
-/// an install limited to some namespaces may not list cluster-wide, and
-/// then looks in the namespaces it watches.
-pub async fn holder_elsewhere(
-    client: &Client,
-    namespaces: &[String],
-    lock: &Lock,
-) -> Result<Option<String>, Error> {
-    let lp = ListParams::default().fields(&format!("metadata.name={}", lock.holder.name));
-    let find = |pods: kube::core::ObjectList<PartialObjectMeta<Pod>>| {
-        pods.items
-            .into_iter()
-            .find(|p| p.metadata.uid.as_deref() == Some(lock.holder.uid.as_str()))
-            .map(|p| p.namespace().unwrap_or_default())
-    };
-    let all: Api<Pod> = Api::all(client.clone());
-    match call(
-        "looking for the holder in other namespaces",
-        all.list_metadata(&lp),
-    )
-    .await
-    {
-        Ok(pods) => return Ok(find(pods)),
-        Err(e) if e.kind() == crate::ErrorKind::Forbidden && !namespaces.is_empty() => {
-            debug!(error = %e, "cannot list pods cluster-wide; looking in the watched namespaces only");
-        }
-        Err(e) => return Err(e),
-    }
-    for ns in namespaces.iter().filter(|ns| **ns != lock.namespace) {
-        let pods = call(
-            "looking for the holder in other namespaces",
-            Api::<Pod>::namespaced(client.clone(), ns).list_metadata(&lp),
-        )
-        .await?;
-        if let Some(found) = find(pods) {
-            return Ok(Some(found));
-        }
-    }
-    Ok(None)
 }
 
 pub fn key_of(m: &LockMeta) -> LockKey {
@@ -408,12 +130,16 @@ pub fn key_of(m: &LockMeta) -> LockKey {
 
 /// Judges one lock from live reads and acts on the verdict.
 pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.state.readiness.is_synced() {
+    if !ctx.shared.readiness.is_synced() {
         // Safety rule 4: nothing happens before every watch has synced.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let _timer = ctx.state.metrics.reconcile_duration.start_timer();
+    let _timer = ctx.shared.metrics.reconcile_duration.start_timer();
     let key = key_of(&obj);
+    if let Ok(cached) = lock::parse(&obj.metadata) {
+        // Known before any read can fail: whose lock to follow if it goes.
+        ctx.memory.set_holder(&key, &cached.holder.uid);
+    }
     let Some(judgement) = ctx.judge_live(&key).await? else {
         debug!(namespace = %key.namespace, lock = %key.name, "lock is gone");
         ctx.forget(&key);
@@ -425,11 +151,9 @@ pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, 
 /// Acts on a judgement: reports, reclaims, and says when to look again.
 pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
     let resync = Action::requeue(ctx.settings.resync);
-    ctx.set_state(&j.key, j.verdict.state());
+    ctx.memory.set_state(&j.key, j.verdict.state());
     if !matches!(j.verdict, Verdict::Stale { .. }) {
-        ctx.state
-            .metrics
-            .set_stale(&j.key.namespace, &j.key.name, None);
+        ctx.memory.clear_stale(&j.key);
     }
     match &j.verdict {
         Verdict::Held(why) => {
@@ -443,10 +167,10 @@ pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
             Ok(resync)
         }
         Verdict::Ambiguous { .. } | Verdict::Unmanageable(_) => {
-            reclaim::report_untouchable(ctx, &j).await;
+            ctx.reclaimer.report_untouchable(&j).await;
             Ok(resync)
         }
-        Verdict::Stale { .. } => match reclaim::reclaim(ctx, &j).await? {
+        Verdict::Stale { .. } => match ctx.reclaimer.reclaim(&j).await? {
             reclaim::Outcome::Reclaimed | reclaim::Outcome::AlreadyGone => {
                 ctx.forget(&j.key);
                 Ok(Action::await_change())
@@ -459,7 +183,7 @@ pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
 
 /// The one place where failures are counted.
 pub fn error_policy(obj: Arc<LockMeta>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.state
+    ctx.shared
         .metrics
         .reconcile_errors
         .with_label_values(&[err.kind().as_str()])
@@ -486,15 +210,10 @@ fn on_first_sync<K>(
 /// Runs the controller for one scope (a namespace, or all) until `shutdown`.
 async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: CancellationToken) {
     // Api<PartialObjectMeta<_>> makes metadata-only requests.
-    let (cms, pods): (Api<LockMeta>, Api<PartialObjectMeta<Pod>>) = match &namespace {
-        Some(ns) => (
-            Api::namespaced(ctx.client.clone(), ns),
-            Api::namespaced(ctx.client.clone(), ns),
-        ),
-        None => (Api::all(ctx.client.clone()), Api::all(ctx.client.clone())),
-    };
+    let cms: Api<LockMeta> = scoped(&ctx.client, namespace.as_deref());
+    let pods: Api<PartialObjectMeta<Pod>> = scoped(&ctx.client, namespace.as_deref());
     let (reader, writer) = reflector::store::<LockMeta>();
-    let readiness = ctx.state.readiness.clone();
+    let readiness = ctx.shared.readiness.clone();
 
     let locks = {
         let ctx = ctx.clone();
@@ -559,7 +278,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tick.tick() => {
-                        if ctx.state.readiness.is_synced() {
+                        if ctx.shared.readiness.is_synced() {
                             ctx.forget_missing(ns.as_deref(), &reader);
                         }
                     }
@@ -587,70 +306,6 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
     info!(scope = %scope, "stopped watching");
 }
 
-/// Checks, before any watch starts, that the selector is accepted and the
-/// janitor may list and watch locks and terminal pods in every scope: a clear
-/// error at start-up beats a watcher that lists once (and looks synced) and
-/// then retries a forbidden watch forever.
-pub async fn preflight(client: &Client, settings: &Settings) -> Result<(), Error> {
-    let scopes: Vec<Option<&str>> = if settings.namespaces.is_empty() {
-        vec![None]
-    } else {
-        settings
-            .namespaces
-            .iter()
-            .map(|n| Some(n.as_str()))
-            .collect()
-    };
-    for ns in scopes {
-        let (cms, pods): (Api<ConfigMap>, Api<Pod>) = match ns {
-            Some(ns) => (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-            ),
-            None => (Api::all(client.clone()), Api::all(client.clone())),
-        };
-        let where_ = ns.unwrap_or("all namespaces");
-        let lp = ListParams::default()
-            .labels(settings.selector.as_str())
-            .limit(1);
-        let wp = WatchParams::default()
-            .labels(settings.selector.as_str())
-            .timeout(1);
-        check_list_and_watch(&cms, &lp, &wp, &format!("configmaps in {where_}")).await?;
-        let lp = ListParams::default().fields(TERMINAL_PODS).limit(1);
-        let wp = WatchParams::default().fields(TERMINAL_PODS).timeout(1);
-        check_list_and_watch(&pods, &lp, &wp, &format!("pods in {where_}")).await?;
-    }
-    Ok(())
-}
-
-/// Lists (one item) and opens a one-second watch from the list's version;
-/// an error status in the watch stream counts as a failure too.
-async fn check_list_and_watch<K>(
-    api: &Api<K>,
-    lp: &ListParams,
-    wp: &WatchParams,
-    what: &str,
-) -> Result<(), Error>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let list = call(format!("listing {what}"), api.list_metadata(lp)).await?;
-    let rv = list.metadata.resource_version.unwrap_or_else(|| "0".into());
-    let action = format!("watching {what}");
-    let events = call(action.clone(), api.watch_metadata(wp, &rv)).await?;
-    futures::pin_mut!(events);
-    let first = call(action.clone(), async { Ok(events.next().await) }).await?;
-    match first {
-        Some(Err(source)) => Err(Error::Kube { action, source }),
-        Some(Ok(WatchEvent::Error(status))) => Err(Error::Kube {
-            action,
-            source: kube::Error::Api(status),
-        }),
-        _ => Ok(()),
-    }
-}
-
 /// Runs one controller per scope until `shutdown` is cancelled and every
 /// in-flight reconcile has finished.
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
@@ -660,7 +315,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         ctx.settings.namespaces.iter().cloned().map(Some).collect()
     };
     // Two watches per scope (locks, terminal pods) must list before ready.
-    ctx.state.readiness.expect(2 * scopes.len());
+    ctx.shared.readiness.expect(2 * scopes.len());
     future::join_all(
         scopes
             .into_iter()
@@ -679,12 +334,12 @@ mod tests {
     async fn nothing_happens_before_the_watches_sync() {
         let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
         let client = Client::try_from(config).unwrap();
-        let state = State::new().unwrap();
-        state.readiness.expect(2);
-        state.readiness.synced();
+        let shared = Shared::new().unwrap();
+        shared.readiness.expect(2);
+        shared.readiness.synced();
         let ctx = Context::new(
             client,
-            state.clone(),
+            shared.clone(),
             Settings {
                 selector: Selector::parse(crate::DEFAULT_SELECTOR).unwrap(),
                 namespaces: vec![],
@@ -702,11 +357,11 @@ mod tests {
         let lock = Arc::new(lock);
         let action = reconcile(lock.clone(), ctx.clone()).await.unwrap();
         assert_eq!(action, Action::requeue(Duration::from_secs(1)));
-        assert_eq!(state.metrics.reconcile_duration.get_sample_count(), 0);
+        assert_eq!(shared.metrics.reconcile_duration.get_sample_count(), 0);
 
         // Once synced, the same reconcile reads live, and fails here (nothing
         // listens): an error, never a verdict.
-        state.readiness.synced();
+        shared.readiness.synced();
         let err = reconcile(lock, ctx).await.unwrap_err();
         assert!(
             matches!(
@@ -715,6 +370,6 @@ mod tests {
             ),
             "{err}"
         );
-        assert_eq!(state.metrics.reconcile_duration.get_sample_count(), 1);
+        assert_eq!(shared.metrics.reconcile_duration.get_sample_count(), 1);
     }
 }

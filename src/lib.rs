@@ -2,15 +2,27 @@
 //! run, so that a waiting replica takes over. See DESIGN.md for the contract.
 #![forbid(unsafe_code)]
 
+// One module a concern; dependencies run one way (top to bottom here):
+// commands and the controller use observe/reclaim/takeover, which use
+// memory/events/optin, which use verdict/lock/selector/metrics.
 pub mod cli;
+pub mod cmd;
 pub mod controller;
+pub mod events;
 pub mod http;
 pub mod lock;
+pub mod memory;
 pub mod metrics;
+pub mod observe;
+pub mod optin;
+pub mod preflight;
+pub mod readiness;
 pub mod reclaim;
-pub mod scan;
 pub mod selector;
+pub mod shared;
+pub mod takeover;
 pub mod verdict;
+pub mod words;
 
 use std::future::Future;
 use std::time::Duration;
@@ -19,6 +31,10 @@ use std::time::Duration;
 pub const NAME: &str = "lock-janitor";
 /// The default opt-in label selector.
 pub const DEFAULT_SELECTOR: &str = "lock-janitor.io/watch=true";
+/// Pods that can no longer run. A pod entering this set (Running -> Failed)
+/// arrives at a watch as a new object; pods that never hold a lock are never
+/// cached.
+pub const TERMINAL_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
 /// Every API call the janitor makes is bounded by this.
 pub const API_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -85,6 +101,36 @@ pub fn api_code(err: &kube::Error) -> Option<u16> {
         kube::Error::Api(status) => Some(status.code),
         _ => None,
     }
+}
+
+/// An `Api` for one namespace, or for all of them.
+pub fn scoped<K>(client: &kube::Client, namespace: Option<&str>) -> kube::Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => kube::Api::namespaced(client.clone(), ns),
+        None => kube::Api::all(client.clone()),
+    }
+}
+
+/// An error and its causes, once each: kube's errors already print their
+/// source, so a cause that the previous message contains is left out.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut last = out.clone();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        let msg = cause.to_string();
+        if !last.contains(&msg) {
+            out.push_str(": ");
+            out.push_str(&msg);
+        }
+        last = msg;
+        src = cause.source();
+    }
+    out
 }
 
 /// Runs one API call with the janitor's timeout, naming it in any error.

@@ -12,7 +12,8 @@ use tracing::{error, info, warn};
 
 use lock_janitor::cli::{Cli, Command, LogFormat, RunArgs};
 use lock_janitor::controller::{self, Context, Settings};
-use lock_janitor::http::{self, State};
+use lock_janitor::http;
+use lock_janitor::shared::Shared;
 use lock_janitor::verdict::Policy;
 
 fn init_logs(format: LogFormat) {
@@ -44,11 +45,11 @@ async fn main() -> ExitCode {
         }
         Command::Scan(args) => {
             init_logs(LogFormat::Plain);
-            lock_janitor::scan::scan_command(args).await
+            lock_janitor::cmd::scan::scan_command(args).await
         }
         Command::Label(args) => {
             init_logs(LogFormat::Plain);
-            lock_janitor::scan::label_command(args).await
+            lock_janitor::cmd::label::label_command(args).await
         }
     };
     match result {
@@ -56,39 +57,21 @@ async fn main() -> ExitCode {
         // The controller reports through its logs (maybe JSON); the admin
         // commands print plainly.
         Err(e) if is_run => {
-            error!("{}", describe(&e));
+            error!("{}", lock_janitor::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("lock-janitor: {}", describe(&e));
+            eprintln!("lock-janitor: {}", lock_janitor::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes, once each: kube's errors already print their
-/// source, so a cause that the previous message contains is left out.
-fn describe(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    let mut last = String::new();
-    for cause in e.chain() {
-        let msg = cause.to_string();
-        if !last.contains(&msg) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&msg);
-        }
-        last = msg;
-    }
-    out
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Signals first: a SIGTERM during start-up is a clean stop, not a kill.
     let shutdown = CancellationToken::new();
-    let state = State::new().context("registering metrics")?;
-    tokio::spawn(watch_signals(shutdown.clone(), state.clone()));
+    let shared = Shared::new().context("registering metrics")?;
+    tokio::spawn(watch_signals(shutdown.clone(), shared.clone()));
 
     let mut namespaces = args.scope.namespaces;
     namespaces.sort();
@@ -124,12 +107,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let http_stop = CancellationToken::new();
     let server = tokio::spawn(http::serve(
         listener,
-        state.clone(),
+        shared.clone(),
         http_stop.clone().cancelled_owned(),
     ));
 
     tokio::select! {
-        checked = controller::preflight(&client, &settings) => checked.context(
+        checked = lock_janitor::preflight::preflight(&client, &settings.selector, &settings.namespaces) => checked.context(
             "start-up check failed (is the selector valid, and does RBAC grant list and watch on configmaps and pods?)",
         )?,
         _ = shutdown.cancelled() => {
@@ -138,14 +121,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
 
-    let ctx = Context::new(client, state, settings);
+    let ctx = Context::new(client, shared, settings);
     controller::run(ctx.clone(), shutdown.clone()).await;
-    let waiting = ctx.awaiting_takeover();
+    let waiting = ctx.takeovers.awaiting();
     if !waiting.is_empty() {
-        let locks: Vec<String> = waiting
-            .iter()
-            .map(|k| format!("{}/{}", k.namespace, k.name))
-            .collect();
+        let locks: Vec<String> = waiting.iter().map(|k| k.to_string()).collect();
         warn!(locks = ?locks, "stopping while these locks await a takeover: label the new locks with `lock-janitor label --apply`");
     }
     http_stop.cancel();
@@ -161,7 +141,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
 /// First SIGTERM/SIGINT: not ready, stop watching, let in-flight reclaims
 /// finish. A second one: exit at once.
-async fn watch_signals(shutdown: CancellationToken, state: State) {
+async fn watch_signals(shutdown: CancellationToken, shared: Shared) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -172,7 +152,7 @@ async fn watch_signals(shutdown: CancellationToken, state: State) {
     };
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     info!("shutting down: finishing in-flight work (signal again to exit at once)");
-    state.readiness.shutting_down();
+    shared.readiness.shutting_down();
     shutdown.cancel();
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     warn!("second signal: exiting now");

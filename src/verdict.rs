@@ -1,5 +1,6 @@
-//! The judgement: from a lock, what a live GET found of its holder, and the
-//! time, decide whether the lock can be reclaimed. Pure: no I/O, no clock.
+//! The judgement: from a lock, what live reads found of its holder, and how
+//! long it has been missing, decide whether the lock can be reclaimed. Pure:
+//! no I/O, no clock. Every caller (controller, `scan`) judges through here.
 
 use std::fmt;
 use std::time::Duration;
@@ -119,10 +120,15 @@ impl Verdict {
     }
 }
 
-/// What a live GET of the holder's name in the lock's namespace returned.
+/// What live reads found of the holder.
 #[derive(Clone, Debug)]
 pub enum HolderSeen<'a> {
+    /// A pod with the holder's name in the lock's namespace.
     Pod(&'a Pod),
+    /// No pod of that name in the lock's namespace, but a pod with the
+    /// holder's uid lives in this other namespace: an owner reference that
+    /// crosses namespaces, which Kubernetes does not allow. Not ours to judge.
+    Elsewhere(String),
     /// No pod of that name, for `gone_for` (measured on a monotonic clock)
     /// since the janitor first saw it missing at `since` (wall clock).
     Missing {
@@ -150,6 +156,9 @@ pub fn judge(lock: &Lock, holder: HolderSeen<'_>, policy: &Policy) -> Verdict {
                     remaining: policy.owner_gone_grace - gone_for,
                 })
             };
+        }
+        HolderSeen::Elsewhere(namespace) => {
+            return Verdict::Unmanageable(Unmanageable::OwnerInOtherNamespace(namespace))
         }
         HolderSeen::Pod(pod) => pod,
     };
@@ -429,6 +438,21 @@ mod tests {
                 reason: StaleReason::OwnerGone,
                 died_at: Some(since)
             }
+        );
+    }
+
+    #[test]
+    fn a_holder_elsewhere_is_unmanageable_even_past_the_grace() {
+        let v = judge(
+            &lock(),
+            HolderSeen::Elsewhere("other".into()),
+            &Policy {
+                owner_gone_grace: Duration::ZERO,
+            },
+        );
+        assert_eq!(
+            v,
+            Verdict::Unmanageable(Unmanageable::OwnerInOtherNamespace("other".into()))
         );
     }
 

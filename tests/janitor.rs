@@ -75,7 +75,7 @@ impl Scenario {
     async fn context_as(
         &self,
         user: &str,
-        state: lock_janitor::http::State,
+        state: lock_janitor::shared::Shared,
     ) -> std::sync::Arc<lock_janitor::controller::Context> {
         let kc = kube::config::Kubeconfig::read_from(kubeconfig_as(self.cp, user)).unwrap();
         let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
@@ -691,15 +691,15 @@ async fn bad_flags_exit_2_with_a_message() {
 /// the stale judgement; the API server's preconditions refuse the delete.
 #[tokio::test]
 async fn lock_recreated_between_judgement_and_delete_survives() {
-    use lock_janitor::controller::LockKey;
-    use lock_janitor::reclaim::{reclaim, Outcome};
+    use lock_janitor::lock::LockKey;
+    use lock_janitor::reclaim::Outcome;
     let s = scenario("race").await;
     let dead = s.pod("dead").await;
     s.lock("op-lock", &dead).await;
     fail_with(&s, "dead", "Evicted").await;
 
     let ctx = s
-        .context_as(JANITOR_USER, lock_janitor::http::State::new().unwrap())
+        .context_as(JANITOR_USER, lock_janitor::shared::Shared::new().unwrap())
         .await;
     let key = LockKey {
         namespace: s.ns.clone(),
@@ -718,7 +718,10 @@ async fn lock_recreated_between_judgement_and_delete_survives() {
         .unwrap();
     let live = s.pod("live").await;
     let new_lock = s.lock("op-lock", &live).await;
-    assert_eq!(reclaim(&ctx, &judged).await.unwrap(), Outcome::Changed);
+    assert_eq!(
+        ctx.reclaimer.reclaim(&judged).await.unwrap(),
+        Outcome::Changed
+    );
     let now = cms.get("op-lock").await.unwrap();
     assert_eq!(
         now.metadata.uid, new_lock.metadata.uid,
@@ -735,7 +738,10 @@ async fn lock_recreated_between_judgement_and_delete_survives() {
         reason: lock_janitor::verdict::StaleReason::Evicted,
         died_at: None,
     };
-    assert_eq!(reclaim(&ctx, &stale_copy).await.unwrap(), Outcome::Changed);
+    assert_eq!(
+        ctx.reclaimer.reclaim(&stale_copy).await.unwrap(),
+        Outcome::Changed
+    );
     assert!(lock_exists(&s.client, &s.ns, "op-lock").await);
 
     let conflicts: Vec<_> = s
@@ -761,10 +767,11 @@ async fn lock_recreated_between_judgement_and_delete_survives() {
 #[tokio::test]
 async fn readyz_follows_the_watches() {
     use lock_janitor::controller;
-    use lock_janitor::http::{self, State};
+    use lock_janitor::http;
+    use lock_janitor::shared::Shared;
     let s = scenario("readyz").await;
     let user = format!("readyz-{}", s.ns);
-    let state = State::new().unwrap();
+    let state = Shared::new().unwrap();
     let listener = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -920,7 +927,7 @@ async fn carry_over_respects_an_opt_out() {
 /// matches the selector is not judged, and no label comes back.
 #[tokio::test]
 async fn removing_the_label_opts_out() {
-    use lock_janitor::controller::LockKey;
+    use lock_janitor::lock::LockKey;
     let s = scenario("unlabel").await;
     let leader = s.pod("operator-a").await;
     s.lock("operator-lock", &leader).await;
@@ -937,7 +944,7 @@ async fn removing_the_label_opts_out() {
 
     // In-process: a judgement made from a live copy without the label.
     let ctx = s
-        .context_as(JANITOR_USER, lock_janitor::http::State::new().unwrap())
+        .context_as(JANITOR_USER, lock_janitor::shared::Shared::new().unwrap())
         .await;
     let key = LockKey {
         namespace: s.ns.clone(),

@@ -1079,7 +1079,7 @@ async fn label_never_overwrites_a_concurrent_change() {
     .await
     .unwrap();
     // ...then label's write, built from the old read, must fail.
-    let patch = lock_janitor::lock::label_patch(&read.metadata, WATCH, "true");
+    let patch = lock_janitor::optin::label_patch(&read.metadata, WATCH, "true");
     assert_eq!(
         patch["metadata"]["resourceVersion"],
         read.metadata.resource_version.clone().unwrap().as_str()

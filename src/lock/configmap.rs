@@ -1,98 +1,16 @@
-//! A lock is a ConfigMap that names its leader through its only ownerReference
-//! (operator-lib's leader-for-life format). Parsing says either what the lock
-//! is, or exactly why the janitor will not manage it.
-
-use std::fmt;
+//! The leader-for-life lock: a ConfigMap that names its leader through its
+//! only ownerReference (operator-lib). Only metadata matters: the owner lives
+//! there, and the data (up to 1 MiB) is never needed.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::Timestamp;
 
-/// The pod a lock names: the leader, alive or not.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holder {
-    pub name: String,
-    pub uid: String,
-}
-
-/// A leader-for-life lock as it was read, identified down to its
-/// resourceVersion so that a delete can be made conditional on exactly it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lock {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub resource_version: String,
-    pub created: Option<Timestamp>,
-    pub holder: Holder,
-}
-
-/// Why a labeled ConfigMap is not a lock the janitor can judge. Such objects
-/// are reported, never deleted.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Unmanageable {
-    /// The object lacks the name, namespace, uid or resourceVersion every
-    /// stored object has; only a broken or fake read produces this.
-    IncompleteMetadata,
-    NoOwner,
-    SeveralOwners(usize),
-    /// The only owner is not a core/v1 Pod.
-    NotAPod {
-        api_version: String,
-        kind: String,
-    },
-    EmptyOwnerName,
-    EmptyOwnerUid,
-    /// The holder's uid belongs to a pod in another namespace. Owner
-    /// references cannot cross namespaces; something wrote this lock by hand.
-    OwnerInOtherNamespace(String),
-}
-
-impl Unmanageable {
-    /// A bounded label for logs and Events (never contains object names).
-    pub fn code(&self) -> &'static str {
-        match self {
-            Unmanageable::IncompleteMetadata => "IncompleteMetadata",
-            Unmanageable::NoOwner => "NoOwner",
-            Unmanageable::SeveralOwners(_) => "SeveralOwners",
-            Unmanageable::NotAPod { .. } => "NotAPod",
-            Unmanageable::EmptyOwnerName => "EmptyOwnerName",
-            Unmanageable::EmptyOwnerUid => "EmptyOwnerUid",
-            Unmanageable::OwnerInOtherNamespace(_) => "OwnerInOtherNamespace",
-        }
-    }
-}
-
-impl fmt::Display for Unmanageable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Unmanageable::IncompleteMetadata => {
-                write!(f, "the object has no name, namespace, uid or resourceVersion")
-            }
-            Unmanageable::NoOwner => write!(f, "it has no ownerReference, so it names no holder pod"),
-            Unmanageable::SeveralOwners(n) => write!(
-                f,
-                "it has {n} ownerReferences; a leader-for-life lock has exactly one, of kind Pod"
-            ),
-            Unmanageable::NotAPod { api_version, kind } => write!(
-                f,
-                "its owner is a {kind} ({api_version}), not a v1 Pod"
-            ),
-            Unmanageable::EmptyOwnerName => write!(f, "its Pod ownerReference has an empty name"),
-            Unmanageable::EmptyOwnerUid => write!(f, "its Pod ownerReference has an empty uid"),
-            Unmanageable::OwnerInOtherNamespace(ns) => write!(
-                f,
-                "its owner pod exists only in namespace {ns}; owner references cannot cross namespaces"
-            ),
-        }
-    }
-}
+use super::{Holder, Lock, Unmanageable};
 
 fn non_empty(s: &Option<String>) -> Option<&str> {
     s.as_deref().filter(|s| !s.is_empty())
 }
 
-/// Reads a ConfigMap's metadata as a lock. Only metadata matters: the owner
-/// lives there, and the data (up to 1 MiB) is never needed.
+/// Reads a ConfigMap's metadata as a lock.
 pub fn parse(meta: &ObjectMeta) -> Result<Lock, Unmanageable> {
     let (Some(namespace), Some(name), Some(uid), Some(resource_version)) = (
         non_empty(&meta.namespace),
@@ -138,41 +56,6 @@ pub fn parse(meta: &ObjectMeta) -> Result<Lock, Unmanageable> {
 /// unlabeled candidates; a candidate can still be unmanageable (empty uid).
 pub fn looks_like_lock(meta: &ObjectMeta) -> bool {
     matches!(meta.owner_references.as_deref(), Some([one]) if one.kind == "Pod" && one.api_version == "v1")
-}
-
-/// What `label` does with one lock-shaped ConfigMap.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Plan {
-    /// Add `key=value`.
-    Add,
-    /// It already has `key=value`.
-    Unchanged,
-    /// It has `key` with another value (a deliberate opt-out?): never overwritten.
-    Conflicting(String),
-}
-
-/// Decides what `label` does with a ConfigMap; `None`: not a candidate, never touched.
-pub fn plan_label(meta: &ObjectMeta, key: &str, value: &str) -> Option<Plan> {
-    if !looks_like_lock(meta) {
-        return None;
-    }
-    Some(match meta.labels.as_ref().and_then(|l| l.get(key)) {
-        Some(v) if v == value => Plan::Unchanged,
-        Some(v) => Plan::Conflicting(v.clone()),
-        None => Plan::Add,
-    })
-}
-
-/// The merge patch `label` writes: the label, and the resourceVersion that
-/// was read, which makes the patch conditional (409 if the ConfigMap changed
-/// since).
-pub fn label_patch(meta: &ObjectMeta, key: &str, value: &str) -> serde_json::Value {
-    serde_json::json!({
-        "metadata": {
-            "resourceVersion": meta.resource_version,
-            "labels": { key: value },
-        }
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,267 @@
+//! `lock-janitor label`: add the opt-in label to unlabeled lock candidates.
+//!
+//! `label` lists the same way (no holder reads) and adds the selector's
+//! `key=value` to each unlabeled candidate, with a merge patch carrying the
+//! `metadata.resourceVersion` it read: a concurrent change makes the write fail
+//! with 409 instead of overwriting it. A ConfigMap whose key already has
+//! another value (e.g. `lock-janitor.io/watch=false`, a deliberate opt-out) is
+//! skipped, never overwritten.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use anyhow::anyhow;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+
+use super::{connect, explain, list_candidates, print_stdout, scope_text, CONCURRENCY};
+use crate::cli::LabelArgs;
+use crate::optin::{plan_label, write_label, Plan, Written};
+use crate::ErrorKind;
+
+/// `--include` (any; empty: all) and `--exclude` (none) on the lock name.
+pub fn name_selected(name: &str, include: &[glob::Pattern], exclude: &[glob::Pattern]) -> bool {
+    (include.is_empty() || include.iter().any(|p| p.matches(name)))
+        && !exclude.iter().any(|p| p.matches(name))
+}
+
+/// `lock-janitor label`: adds the opt-in label to unlabeled lock candidates.
+pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
+    let Some((key, value)) = args.scope.selector.opt_in_label() else {
+        anyhow::bail!(
+            "--selector {:?} has no single key=value term to write; label needs a selector like \
+             lock-janitor.io/watch=true (the one `lock-janitor run` is given)",
+            args.scope.selector
+        );
+    };
+    let selector = &args.scope.selector;
+    let cluster = connect().await?;
+    let needs = if args.apply {
+        "list and patch on configmaps"
+    } else {
+        "list on configmaps"
+    };
+    let listing = list_candidates(&cluster, &args.scope, selector, needs).await?;
+
+    let mut excluded = 0;
+    let mut planned: Vec<(&ObjectMeta, Plan)> = Vec::new();
+    for c in &listing.candidates {
+        let Some(plan) = plan_label(&c.meta, key, value) else {
+            continue;
+        };
+        if name_selected(
+            c.meta.name.as_deref().unwrap_or_default(),
+            &args.include,
+            &args.exclude,
+        ) {
+            planned.push((&c.meta, plan));
+        } else {
+            excluded += 1;
+        }
+    }
+
+    // Writes run CONCURRENCY at a time; lines are printed in order as their
+    // results come in.
+    let mut results = futures::stream::iter(&planned)
+        .map(|(meta, plan)| {
+            let cluster = &cluster;
+            async move {
+                let written = match plan {
+                    Plan::Add if args.apply => {
+                        let ns = meta.namespace.as_deref().unwrap_or_default();
+                        let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), ns);
+                        Some(write_label(&api, meta, key, value).await)
+                    }
+                    _ => None,
+                };
+                (*meta, plan, written)
+            }
+        })
+        .buffered(CONCURRENCY);
+
+    let label = format!("{key}={value}");
+    let (mut added, mut unchanged, mut skipped, mut gone, mut conflicts, mut failed) =
+        (0, 0, 0, 0, 0, 0);
+    let mut fatal = None;
+    while let Some((meta, plan, written)) = results.next().await {
+        let id = format!(
+            "{}/{}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default()
+        );
+        let holder = meta
+            .owner_references
+            .as_deref()
+            .and_then(|o| o.first())
+            .map(|o| o.name.as_str())
+            .unwrap_or_default();
+        let line = match (plan, written) {
+            (Plan::Unchanged, _) => {
+                unchanged += 1;
+                format!("unchanged    {id}: already has {label}")
+            }
+            (Plan::Conflicting(v), _) => {
+                skipped += 1;
+                format!("skipped      {id}: has {key}={v}; not overwriting it")
+            }
+            (Plan::Add, None) => {
+                added += 1;
+                format!("would label  {id} (holder {holder}): add {label}")
+            }
+            (Plan::Add, Some(Written::Labeled)) => {
+                added += 1;
+                format!("labeled      {id} (holder {holder}): added {label}")
+            }
+            (Plan::Add, Some(Written::Gone)) => {
+                gone += 1;
+                format!("gone         {id}: deleted since it was read; nothing to label")
+            }
+            (Plan::Add, Some(Written::Conflict)) => {
+                conflicts += 1;
+                format!(
+                    "conflict     {id}: changed since it was read (409); not labeled, run again"
+                )
+            }
+            (Plan::Add, Some(Written::Failed(e))) => {
+                failed += 1;
+                let forbidden = e.kind() == ErrorKind::Forbidden;
+                let error = format!("{:#}", explain(e, &cluster, "list and patch on configmaps"));
+                if forbidden {
+                    // Every other write would be refused the same way.
+                    fatal = Some(error);
+                    break;
+                }
+                format!("failed       {id}: {error}")
+            }
+        };
+        print_stdout(&format!("{line}\n"))?;
+    }
+    drop(results);
+    let mut summary = if args.apply {
+        format!("{added} labeled, {unchanged} unchanged, {skipped} skipped")
+    } else {
+        format!("dry run: {added} would be labeled, {unchanged} unchanged, {skipped} skipped")
+    };
+    if gone > 0 {
+        let _ = write!(summary, ", {gone} gone");
+    }
+    if conflicts > 0 {
+        let _ = write!(
+            summary,
+            ", {conflicts} conflict{}",
+            if conflicts == 1 { "" } else { "s" }
+        );
+    }
+    if failed > 0 {
+        let _ = write!(summary, ", {failed} failed");
+    }
+    let _ = write!(
+        summary,
+        " ({} lock candidate{} in {}",
+        planned.len() + excluded,
+        if planned.len() + excluded == 1 {
+            ""
+        } else {
+            "s"
+        },
+        scope_text(&args.scope)
+    );
+    if excluded > 0 {
+        let _ = write!(summary, ", {excluded} left out by --include/--exclude");
+    }
+    summary.push(')');
+    if !args.apply && added > 0 {
+        summary.push_str("; run again with --apply to write");
+    }
+    if fatal.is_some() {
+        summary.push_str("; stopped at the first forbidden write");
+    }
+    summary.push_str(".\n");
+    print_stdout(&summary)?;
+    if let Some(error) = fatal {
+        return Err(anyhow!(error));
+    }
+    if conflicts + failed > 0 {
+        anyhow::bail!(
+            "{} of {} locks were not labeled (see above); run again to retry",
+            conflicts + failed,
+            added + conflicts + failed + gone
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+    use std::collections::BTreeMap;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn lock_meta(owners: Vec<OwnerReference>, lbl: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some("ops".into()),
+            name: Some("op-lock".into()),
+            uid: Some("cm-uid".into()),
+            resource_version: Some("7".into()),
+            creation_timestamp: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
+            owner_references: Some(owners),
+            labels: Some(labels(lbl)),
+            ..Default::default()
+        }
+    }
+
+    fn pod_owner(name: &str, uid: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: name.into(),
+            uid: uid.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn label_plans() {
+        let k = "lock-janitor.io/watch";
+        let m = lock_meta(vec![pod_owner("op-1", "u")], &[]);
+        assert_eq!(plan_label(&m, k, "true"), Some(Plan::Add));
+        let m = lock_meta(vec![pod_owner("op-1", "u")], &[(k, "true")]);
+        assert_eq!(plan_label(&m, k, "true"), Some(Plan::Unchanged));
+        let m = lock_meta(vec![pod_owner("op-1", "u")], &[(k, "false")]);
+        assert_eq!(
+            plan_label(&m, k, "true"),
+            Some(Plan::Conflicting("false".into()))
+        );
+        let two = lock_meta(vec![pod_owner("a", "1"), pod_owner("b", "2")], &[]);
+        assert_eq!(plan_label(&two, k, "true"), None);
+        let deploy = lock_meta(
+            vec![OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into(),
+                ..pod_owner("d", "1")
+            }],
+            &[],
+        );
+        assert_eq!(plan_label(&deploy, k, "true"), None);
+        assert_eq!(plan_label(&lock_meta(vec![], &[]), k, "true"), None);
+    }
+
+    #[test]
+    fn include_and_exclude() {
+        let p = |s: &str| glob::Pattern::new(s).unwrap();
+        assert!(name_selected("a-lock", &[], &[]));
+        assert!(name_selected("a-lock", &[p("a-*"), p("z")], &[]));
+        assert!(!name_selected("b-lock", &[p("a-*")], &[]));
+        assert!(!name_selected("a-lock", &[], &[p("*-lock")]));
+        assert!(!name_selected("a-lock", &[p("a-*")], &[p("a-lock")]));
+    }
+}

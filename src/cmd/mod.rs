@@ -1,0 +1,203 @@
+//! The admin commands (`scan`, `label`) and what they share: connecting as
+//! kubectl does, explaining API errors, paged listing of lock candidates,
+//! printing.
+
+pub mod label;
+pub mod report;
+pub mod scan;
+pub mod table;
+
+use std::collections::BTreeSet;
+
+use anyhow::{anyhow, Context as _};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::ListParams;
+use kube::{Api, Client};
+
+use crate::cli::Scope;
+use crate::lock::looks_like_lock;
+use crate::selector::Selector;
+use crate::{call, Error};
+
+/// Objects per page of a list.
+const PAGE_SIZE: u32 = 500;
+/// API calls in flight at once for holder reads and label writes.
+pub const CONCURRENCY: usize = 16;
+
+/// A client and where it points, for error messages.
+pub struct Cluster {
+    pub client: Client,
+    pub url: String,
+}
+
+pub async fn connect() -> anyhow::Result<Cluster> {
+    let config = kube::Config::infer().await.map_err(|e| {
+        anyhow!(
+            "no Kubernetes cluster configured: set KUBECONFIG, create ~/.kube/config, or run in a pod \
+             with a service account ({e})"
+        )
+    })?;
+    let url = config.cluster_url.to_string();
+    let client = Client::try_from(config)
+        .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
+    Ok(Cluster { client, url })
+}
+
+/// Turns an API error into a message that says what failed and what to do.
+pub fn explain(err: Error, cluster: &Cluster, needs: &str) -> anyhow::Error {
+    match err {
+        Error::Kube {
+            action,
+            source: kube::Error::Api(status),
+        } => match status.code {
+            403 => anyhow!(
+                "{action} was forbidden: {}. This command needs {needs}.",
+                status.message
+            ),
+            401 => anyhow!(
+                "{action}: the API server at {} rejected the credentials (401 Unauthorized): {}. \
+                 Check the user in your kubeconfig.",
+                cluster.url,
+                status.message
+            ),
+            code => anyhow!(
+                "{action}: the API server answered {code} {}: {}",
+                status.reason,
+                status.message
+            ),
+        },
+        Error::Kube { action, source } => anyhow!(
+            "{action}: cannot reach the Kubernetes API server at {}: {}",
+            cluster.url,
+            crate::error_chain(&source)
+        ),
+        Error::Timeout { action, after } => anyhow!(
+            "{action}: no answer from the Kubernetes API server at {} within {after:?}",
+            cluster.url
+        ),
+        other => anyhow!(other),
+    }
+}
+
+/// A ConfigMap scan reports: labeled, or unlabeled but shaped like a lock.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    pub meta: ObjectMeta,
+    pub labeled: bool,
+}
+
+/// What the ConfigMap lists found.
+pub struct Listing {
+    pub candidates: Vec<Candidate>,
+    /// ConfigMaps read, candidates or not.
+    pub scanned: usize,
+}
+
+pub fn scope_text(scope: &Scope) -> String {
+    if scope.namespaces.is_empty() {
+        "all namespaces".to_owned()
+    } else {
+        let n = &scope.namespaces;
+        format!(
+            "namespace{} {}",
+            if n.len() == 1 { "" } else { "s" },
+            n.join(", ")
+        )
+    }
+}
+
+/// Lists every ConfigMap in scope (paged, metadata only) and keeps the
+/// candidates. Each namespace is listed once (deduplicated).
+pub async fn list_candidates(
+    cluster: &Cluster,
+    scope: &Scope,
+    selector: &Selector,
+    needs: &str,
+) -> anyhow::Result<Listing> {
+    let namespaces: Vec<Option<String>> = if scope.namespaces.is_empty() {
+        vec![None]
+    } else {
+        let set: BTreeSet<&String> = scope.namespaces.iter().collect();
+        set.into_iter().cloned().map(Some).collect()
+    };
+    let mut listing = Listing {
+        candidates: Vec::new(),
+        scanned: 0,
+    };
+    for ns in namespaces {
+        list_namespace(cluster, ns.as_deref(), selector, &mut listing)
+            .await
+            .map_err(|e| explain(e, cluster, needs))?;
+    }
+    listing
+        .candidates
+        .sort_by(|a, b| (&a.meta.namespace, &a.meta.name).cmp(&(&b.meta.namespace, &b.meta.name)));
+    Ok(listing)
+}
+
+async fn list_namespace(
+    cluster: &Cluster,
+    ns: Option<&str>,
+    selector: &Selector,
+    out: &mut Listing,
+) -> Result<(), Error> {
+    let api: Api<ConfigMap> = crate::scoped(&cluster.client, ns);
+    let what = match ns {
+        Some(ns) => format!("listing configmaps in namespace {ns}"),
+        None => "listing configmaps in all namespaces".to_owned(),
+    };
+    // A continue token expires (410) if paging takes longer than the etcd
+    // compaction interval; start over then, a few times.
+    let mut restarts = 0;
+    'restart: loop {
+        let mut found = Vec::new();
+        let mut scanned = 0;
+        let mut token: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default().limit(PAGE_SIZE);
+            if let Some(t) = &token {
+                lp = lp.continue_token(t);
+            }
+            let page = match call(what.clone(), api.list_metadata(&lp)).await {
+                Ok(page) => page,
+                Err(Error::Kube {
+                    source: kube::Error::Api(s),
+                    ..
+                }) if s.code == 410 && token.is_some() && restarts < 3 => {
+                    restarts += 1;
+                    tracing::debug!(%what, "continue token expired; listing again");
+                    continue 'restart;
+                }
+                Err(e) => return Err(e),
+            };
+            scanned += page.items.len();
+            for item in page.items {
+                let mut meta = item.metadata;
+                // Not needed, and the largest part of the metadata.
+                meta.managed_fields = None;
+                let labeled = selector.matches(meta.labels.as_ref());
+                if labeled || looks_like_lock(&meta) {
+                    found.push(Candidate { meta, labeled });
+                }
+            }
+            token = page.metadata.continue_.filter(|t| !t.is_empty());
+            if token.is_none() {
+                break;
+            }
+        }
+        out.candidates.extend(found);
+        out.scanned += scanned;
+        return Ok(());
+    }
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error.
+pub fn print_stdout(s: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,281 @@
+//! What `scan` reports, one row per lock candidate: the stable `-o json`
+//! interface, built purely from what was read and judged.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+
+use super::Candidate;
+use crate::lock::{Lock, Unmanageable};
+use crate::verdict::Verdict;
+use crate::words;
+
+/// One line of the report. Field names are a stable interface (`-o json`).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Row {
+    pub namespace: String,
+    pub name: String,
+    /// Matches `--selector` (watched by the controller).
+    pub labeled: bool,
+    /// The holder pod's name, from the lock's ownerReference.
+    pub holder: Option<String>,
+    /// The holder's uid, from the lock's ownerReference.
+    pub holder_uid: Option<String>,
+    /// Whether a pod with the holder's name exists (None: not looked up).
+    pub holder_found: Option<bool>,
+    /// The uid of the pod found under the holder's name (differs from
+    /// `holder_uid` when ambiguous).
+    pub holder_pod_uid: Option<String>,
+    /// `status.phase` of the pod found.
+    pub phase: Option<String>,
+    /// `status.reason` of the pod found (e.g. Evicted).
+    pub phase_reason: Option<String>,
+    /// `status.message` of the pod found.
+    pub phase_message: Option<String>,
+    /// The pod found has a deletionTimestamp.
+    pub holder_deleting: bool,
+    /// `spec.nodeName` of the pod found.
+    pub node: Option<String>,
+    /// The lock's creationTimestamp (RFC 3339).
+    pub created_at: Option<String>,
+    pub age_seconds: Option<u64>,
+    /// As in the table: `held`, `stale:<Reason>`, `ambiguous`, `unmanageable:<Code>`.
+    pub verdict: String,
+    /// `held`, `stale`, `ambiguous` or `unmanageable` (the `state` of the metrics).
+    pub state: String,
+    /// Stale reason, unmanageable code, or why held (`Running`, `Pending`,
+    /// `Unknown`, `NoStatus`, `Terminating`, `OwnerGoneGrace`).
+    pub reason: Option<String>,
+    /// When the holder died, if known (stale only).
+    pub died_at: Option<String>,
+    /// A sentence explaining the verdict.
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Summary {
+    pub total: usize,
+    pub labeled: usize,
+    pub unlabeled: usize,
+    pub held: usize,
+    pub stale: usize,
+    pub ambiguous: usize,
+    pub unmanageable: usize,
+    /// ConfigMaps read to find the candidates.
+    pub configmaps_scanned: usize,
+    /// The namespaces in scope; empty means all.
+    pub namespaces: Vec<String>,
+    pub selector: String,
+    pub owner_gone_grace_seconds: f64,
+    pub duration_seconds: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub locks: Vec<Row>,
+    pub summary: Summary,
+}
+
+/// What a live read found of a lock's holder.
+#[derive(Clone, Debug)]
+pub enum Found {
+    Pod(Box<Pod>),
+    Missing,
+}
+
+fn age_of(created: Option<Timestamp>, now: Timestamp) -> Option<Duration> {
+    let d = now.duration_since(created?);
+    Some(Duration::try_from(d).unwrap_or(Duration::ZERO))
+}
+
+/// Builds a row from what was read. Pure, for tests.
+pub fn build_row(
+    c: &Candidate,
+    parsed: &Result<Lock, Unmanageable>,
+    found: Option<&Found>,
+    verdict: &Verdict,
+    now: Timestamp,
+) -> Row {
+    let meta = &c.meta;
+    let owner = meta.owner_references.as_deref().and_then(|o| match o {
+        [one] if !one.name.is_empty() => Some(one),
+        _ => None,
+    });
+    let holder = owner.map(|o| o.name.clone());
+    let holder_uid = owner.map(|o| o.uid.clone()).filter(|u| !u.is_empty());
+    let pod = match found {
+        Some(Found::Pod(p)) => Some(p.as_ref()),
+        _ => None,
+    };
+    let status = pod.and_then(|p| p.status.as_ref());
+    let created = meta.creation_timestamp.as_ref().map(|t| t.0);
+    let age = age_of(created, now);
+    let reason = words::reason_code(verdict);
+    let died_at = match verdict {
+        Verdict::Stale { died_at, .. } => died_at.map(|t| t.to_string()),
+        _ => None,
+    };
+    let holder_name = holder.clone().unwrap_or_default();
+    Row {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        labeled: c.labeled,
+        holder,
+        holder_uid,
+        holder_found: found
+            .map(|f| matches!(f, Found::Pod(_)))
+            .filter(|_| parsed.is_ok()),
+        holder_pod_uid: pod.and_then(|p| p.metadata.uid.clone()),
+        phase: status.and_then(|s| s.phase.clone()),
+        phase_reason: status.and_then(|s| s.reason.clone()),
+        phase_message: status.and_then(|s| s.message.clone()),
+        holder_deleting: pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+        node: pod
+            .and_then(|p| p.spec.as_ref())
+            .and_then(|s| s.node_name.clone()),
+        created_at: created.map(|t| t.to_string()),
+        age_seconds: age.map(|a| a.as_secs()),
+        verdict: words::verdict_code(verdict),
+        state: verdict.state().as_str().to_owned(),
+        reason,
+        died_at,
+        message: words::explain(verdict, &holder_name, pod, age),
+    }
+}
+
+impl Row {
+    /// The PHASE column: `Failed/Evicted`, `(gone)`, `Terminating`, `-`.
+    pub fn phase_cell(&self) -> String {
+        let r = self;
+        match (r.holder_found, &r.phase) {
+            (None, _) => "-".into(),
+            (Some(false), _) => "(gone)".into(),
+            (Some(true), phase) => {
+                let terminal = matches!(phase.as_deref(), Some("Failed" | "Succeeded"));
+                if r.holder_deleting && !terminal {
+                    return "Terminating".into();
+                }
+                let mut s = phase.clone().unwrap_or_else(|| "?".into());
+                if let Some(reason) = &r.phase_reason {
+                    let _ = write!(s, "/{reason}");
+                }
+                s
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock;
+    use crate::observe::{HolderClock, LockAge};
+    use crate::verdict::{self, HolderSeen, Policy};
+    use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+    use std::collections::BTreeMap;
+
+    fn missing_holder(lock: &Lock, now: Timestamp) -> HolderSeen<'static> {
+        let (since, gone_for) = LockAge.holder_missing(lock, now);
+        HolderSeen::Missing { since, gone_for }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn lock_meta(owners: Vec<OwnerReference>, lbl: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some("ops".into()),
+            name: Some("op-lock".into()),
+            uid: Some("cm-uid".into()),
+            resource_version: Some("7".into()),
+            creation_timestamp: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
+            owner_references: Some(owners),
+            labels: Some(labels(lbl)),
+            ..Default::default()
+        }
+    }
+
+    fn pod_owner(name: &str, uid: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: name.into(),
+            uid: uid.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rows_carry_the_verdict() {
+        let now: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let c = Candidate {
+            meta: lock_meta(vec![pod_owner("op-1", "pod-uid")], &[]),
+            labeled: false,
+        };
+        let parsed = lock::parse(&c.meta);
+        let lock = parsed.clone().unwrap();
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("op-1".into()),
+                uid: Some("pod-uid".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("node-a".into()),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Failed".into()),
+                reason: Some("Evicted".into()),
+                message: Some("The node was low on resource: memory.".into()),
+                ..Default::default()
+            }),
+        };
+        let policy = Policy {
+            owner_gone_grace: Duration::from_secs(30),
+        };
+        let v = verdict::judge(&lock, HolderSeen::Pod(&pod), &policy);
+        let found = Found::Pod(Box::new(pod));
+        let r = build_row(&c, &parsed, Some(&found), &v, now);
+        assert_eq!(r.verdict, "stale:Evicted");
+        assert_eq!(r.state, "stale");
+        assert_eq!(r.reason.as_deref(), Some("Evicted"));
+        assert_eq!(r.node.as_deref(), Some("node-a"));
+        assert_eq!(r.age_seconds, Some(60));
+        assert_eq!(r.phase_cell(), "Failed/Evicted");
+        assert!(r.message.contains("low on resource"), "{}", r.message);
+
+        // A missing holder: the grace runs from the lock's creation.
+        for (grace, want) in [(30, "stale:OwnerGone"), (120, "held")] {
+            let policy = Policy {
+                owner_gone_grace: Duration::from_secs(grace),
+            };
+            let v = verdict::judge(&lock, missing_holder(&lock, now), &policy);
+            let r = build_row(&c, &parsed, Some(&Found::Missing), &v, now);
+            assert_eq!(r.verdict, want);
+            assert_eq!(r.holder_found, Some(false));
+            assert_eq!(r.phase_cell(), "(gone)");
+        }
+
+        // Unmanageable: no holder read at all.
+        let bad = Candidate {
+            meta: lock_meta(vec![pod_owner("op-1", "")], &[]),
+            labeled: true,
+        };
+        let parsed = lock::parse(&bad.meta);
+        let v = Verdict::Unmanageable(parsed.clone().unwrap_err());
+        let r = build_row(&bad, &parsed, None, &v, now);
+        assert_eq!(r.verdict, "unmanageable:EmptyOwnerUid");
+        assert_eq!(r.holder.as_deref(), Some("op-1"));
+        assert_eq!(r.holder_found, None);
+        assert_eq!(r.phase_cell(), "-");
+    }
+}

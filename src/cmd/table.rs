@@ -1,0 +1,366 @@
+//! Text tables and the small formats in them (kubectl-style ages, names
+//! shortened with an ellipsis, wrapped notes), and the `scan` table.
+
+use std::fmt::Write as _;
+
+use super::report::{Report, Row};
+use super::scope_text;
+use crate::cli::Scope;
+
+/// kubectl-style age: 45s, 3m20s, 42m, 5h30m, 20h, 3d4h, 30d, 2y40d.
+pub fn human_age(secs: u64) -> String {
+    let (m, h, d) = (60, 3600, 86400);
+    let y = 365 * d;
+    match secs {
+        s if s < 2 * m => format!("{s}s"),
+        s if s < 10 * m => match s % m {
+            0 => format!("{}m", s / m),
+            r => format!("{}m{r}s", s / m),
+        },
+        s if s < 3 * h => format!("{}m", s / m),
+        s if s < 8 * h => match (s % h) / m {
+            0 => format!("{}h", s / h),
+            r => format!("{}h{r}m", s / h),
+        },
+        s if s < 2 * d => format!("{}h", s / h),
+        s if s < 8 * d => match (s % d) / h {
+            0 => format!("{}d", s / d),
+            r => format!("{}d{r}h", s / d),
+        },
+        s if s < 2 * y => format!("{}d", s / d),
+        s if s < 8 * y => match (s % y) / d {
+            0 => format!("{}y", s / y),
+            r => format!("{}y{r}d", s / y),
+        },
+        s => format!("{}y", s / y),
+    }
+}
+
+/// Shortens `s` to `width` characters with a `…` in the middle, which keeps
+/// both a name's prefix and the generated suffix of pod names.
+pub fn ellipsize(s: &str, width: usize) -> String {
+    let n = s.chars().count();
+    if n <= width {
+        return s.to_owned();
+    }
+    if width == 0 {
+        return String::new();
+    }
+    let keep = width - 1;
+    let tail = keep / 2;
+    let head = keep - tail;
+    let mut out: String = s.chars().take(head).collect();
+    out.push('…');
+    out.extend(s.chars().skip(n - tail));
+    out
+}
+
+/// A node name without its domain (`ip-10-0-1-2.ec2.internal` → `ip-10-0-1-2`),
+/// as long as what is left is not a number (an IP address stays whole).
+pub fn short_host(node: &str) -> String {
+    match node.split_once('.') {
+        Some((host, _)) if host.bytes().any(|b| b.is_ascii_alphabetic()) => host.to_owned(),
+        _ => node.to_owned(),
+    }
+}
+
+/// Cuts `s` to `width` characters, ending with `…`.
+fn cut(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.to_owned();
+    }
+    let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// Wraps `text` at spaces into lines of at most `width` characters (a word
+/// longer than that gets a line of its own), continuation lines indented.
+pub fn wrap(text: &str, width: usize, indent: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        let len = line.chars().count();
+        if !line.trim().is_empty() && len + 1 + word.chars().count() > width {
+            out.push_str(line.trim_end());
+            out.push('\n');
+            line = " ".repeat(indent);
+        }
+        if !line.trim().is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(line.trim_end());
+    out.push('\n');
+    out
+}
+
+/// Aligned columns, two spaces apart, fitted into `max` characters by
+/// shortening the shrinkable columns (widest first, stage by stage). Cells
+/// are cut at their end, those of the `middle` columns in the middle.
+pub fn render_table(
+    headers: &[&str],
+    rows: &[Vec<String>],
+    max: usize,
+    stages: &[&[(usize, usize)]],
+    middle: &[usize],
+) -> String {
+    let cols = headers.len();
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let total = |w: &[usize]| w.iter().sum::<usize>() + 2 * (cols.saturating_sub(1));
+    for stage in stages {
+        while total(&widths) > max {
+            let Some(&(i, _)) = stage
+                .iter()
+                .filter(|(i, min)| widths[*i] > *min)
+                .max_by_key(|(i, _)| widths[*i])
+            else {
+                break;
+            };
+            widths[i] -= 1;
+        }
+    }
+    let mut out = String::new();
+    let header_row: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header_row).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            let cell = if middle.contains(&i) {
+                ellipsize(cell, widths[i])
+            } else {
+                cut(cell, widths[i])
+            };
+            line.push_str(&cell);
+            if i + 1 < cols {
+                let pad = widths[i] - cell.chars().count();
+                line.extend(std::iter::repeat_n(' ', pad + 2));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+// The `scan` table.
+
+/// Width the table fits in.
+const TABLE_WIDTH: usize = 100;
+
+const HEADERS: [&str; 8] = [
+    "NAMESPACE",
+    "NAME",
+    "LABELED",
+    "HOLDER",
+    "PHASE",
+    "NODE",
+    "AGE",
+    "VERDICT",
+];
+/// Columns that may be shortened (index, narrowest width), in stages: first
+/// the holder (pod names end in a generated suffix), node and namespace, then
+/// the lock name and phase, the verdict only as a last resort.
+const SHRINKABLE: [&[(usize, usize)]; 3] = [
+    &[(3, 20), (5, 12), (0, 14)],
+    &[(0, 9), (1, 20), (3, 10), (4, 14), (5, 6)],
+    &[(1, 12), (4, 8), (7, 20)],
+];
+
+/// Columns shortened in the middle: pod and node names end in a generated,
+/// identifying suffix. The others keep their beginning.
+const MIDDLE: [usize; 2] = [3, 5];
+
+pub fn render_report(report: &Report, scope: &Scope) -> String {
+    let s = &report.summary;
+    let mut out = String::new();
+    if report.locks.is_empty() {
+        let _ = writeln!(
+            out,
+            "No lock candidates in {} ({} ConfigMaps scanned).",
+            scope_text(scope),
+            s.configmaps_scanned
+        );
+        return out;
+    }
+    let rows: Vec<Vec<String>> = report
+        .locks
+        .iter()
+        .map(|r| {
+            vec![
+                r.namespace.clone(),
+                r.name.clone(),
+                if r.labeled { "yes" } else { "no" }.into(),
+                r.holder.clone().unwrap_or_else(|| "-".into()),
+                r.phase_cell(),
+                r.node
+                    .as_deref()
+                    .map(short_host)
+                    .unwrap_or_else(|| "-".into()),
+                r.age_seconds.map(human_age).unwrap_or_else(|| "-".into()),
+                r.verdict.clone(),
+            ]
+        })
+        .collect();
+    out.push_str(&render_table(
+        &HEADERS,
+        &rows,
+        TABLE_WIDTH,
+        &SHRINKABLE,
+        &MIDDLE,
+    ));
+
+    // Explain what a glance at the table does not.
+    let notes: Vec<&Row> = report
+        .locks
+        .iter()
+        .filter(|r| r.state != "held" || r.reason.as_deref() == Some("OwnerGoneGrace"))
+        .collect();
+    if !notes.is_empty() {
+        out.push('\n');
+        for r in notes {
+            let note = format!("{}/{}: {}", r.namespace, r.name, r.message);
+            out.push_str(&wrap(&note, TABLE_WIDTH, 4));
+        }
+    }
+    out.push('\n');
+    let mut parts = vec![format!("{} held", s.held), format!("{} stale", s.stale)];
+    if s.ambiguous > 0 {
+        parts.push(format!("{} ambiguous", s.ambiguous));
+    }
+    if s.unmanageable > 0 {
+        parts.push(format!("{} unmanageable", s.unmanageable));
+    }
+    let summary = format!(
+        "{} lock{} ({} labeled, {} unlabeled) in {}: {}.",
+        s.total,
+        if s.total == 1 { "" } else { "s" },
+        s.labeled,
+        s.unlabeled,
+        scope_text(scope),
+        parts.join(", "),
+    );
+    out.push_str(&wrap(&summary, TABLE_WIDTH, 0));
+    let _ = writeln!(
+        out,
+        "{} ConfigMaps scanned in {:.2}s.",
+        s.configmaps_scanned, s.duration_seconds
+    );
+    if s.unlabeled > 0 {
+        out.push_str(&wrap(
+            "Unlabeled locks are not watched by `lock-janitor run`; opt them in with \
+             `lock-janitor label` (add --apply to write).",
+            TABLE_WIDTH,
+            0,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        for (s, want) in [
+            (0, "0s"),
+            (119, "119s"),
+            (120, "2m"),
+            (200, "3m20s"),
+            (42 * 60 + 5, "42m"),
+            (5 * 3600 + 30 * 60, "5h30m"),
+            (20 * 3600, "20h"),
+            (3 * 86400 + 4 * 3600, "3d4h"),
+            (30 * 86400, "30d"),
+            (3 * 365 * 86400, "3y"),
+        ] {
+            assert_eq!(human_age(s), want, "{s}");
+        }
+    }
+
+    #[test]
+    fn wraps_at_spaces() {
+        let text = "a ".repeat(80) + &"b".repeat(120);
+        let w = wrap(&text, 100, 4);
+        let lines: Vec<&str> = w.lines().collect();
+        assert_eq!(lines.len(), 3, "{w}");
+        assert!(lines[0].len() <= 100 && lines[1].starts_with("    a"));
+        assert_eq!(lines[2], format!("    {}", "b".repeat(120)));
+        assert_eq!(wrap("short", 100, 4), "short\n");
+    }
+
+    #[test]
+    fn node_names_lose_their_domain() {
+        assert_eq!(
+            short_host("ip-10-0-12-34.eu-west-1.compute.internal"),
+            "ip-10-0-12-34"
+        );
+        assert_eq!(short_host("node-a"), "node-a");
+        assert_eq!(short_host("10.0.12.34"), "10.0.12.34");
+    }
+
+    #[test]
+    fn ellipsis_keeps_both_ends() {
+        assert_eq!(ellipsize("short", 10), "short");
+        assert_eq!(
+            ellipsize("memcached-operator-7d9f8b6c5-x2x9k", 15),
+            "memcach…5-x2x9k"
+        );
+        assert_eq!(
+            ellipsize("memcached-operator-7d9f8b6c5-x2x9k", 15)
+                .chars()
+                .count(),
+            15
+        );
+        assert_eq!(ellipsize("abc", 1), "…");
+    }
+    #[test]
+    fn table_fits_in_100_columns_and_aligns() {
+        let long = "x".repeat(80);
+        let rows = vec![
+            vec![
+                "operators-production-eu-west".to_string(),
+                format!("memcached-operator-lock-{long}"),
+                "no".into(),
+                format!("memcached-operator-{long}-7d9f8b6c5-x2x9k"),
+                "Failed/Evicted".into(),
+                "ip-10-0-12-34.eu-west-1.compute.internal".into(),
+                "3d4h".into(),
+                "unmanageable:OwnerInOtherNamespace".into(),
+            ],
+            vec![
+                "ops".into(),
+                "lock".into(),
+                "yes".into(),
+                "op-1".into(),
+                "Running".into(),
+                "node-a".into(),
+                "5s".into(),
+                "held".into(),
+            ],
+        ];
+        let t = render_table(&HEADERS, &rows, 100, &SHRINKABLE, &MIDDLE);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        for l in &lines {
+            assert!(l.chars().count() <= 100, "{} chars: {l}", l.chars().count());
+        }
+        // Every column starts at the same offset on every line.
+        let col = |l: &str, word: &str| l.find(word).unwrap();
+        let verdict_at = lines[0].chars().count() - "VERDICT".len();
+        assert_eq!(lines[2].chars().count(), verdict_at + "held".len());
+        assert_eq!(col(lines[0], "LABELED"), col(lines[2], "yes"));
+        assert!(lines[1].contains("unmanageable:Owner"), "{t}");
+        assert!(lines[1].contains('…'));
+
+        // Short tables are not padded out to 100.
+        let t = render_table(&HEADERS, &rows[1..], 100, &SHRINKABLE, &MIDDLE);
+        assert!(t.lines().all(|l| l.len() < 70), "{t}");
+    }
+}

@@ -1,0 +1,118 @@
+//! Kubernetes Events: the reason strings of DESIGN.md and the one way the
+//! janitor writes an Event (events.k8s.io, bounded note, never blocking).
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::Client;
+use tracing::warn;
+
+use crate::lock::Lock;
+use crate::metrics::Metrics;
+use crate::ErrorKind;
+
+pub const REASON_RECLAIMED: &str = "StaleLockReclaimed";
+pub const REASON_DETECTED: &str = "StaleLockDetected";
+pub const REASON_POD_DELETED: &str = "DeadHolderDeleted";
+pub const REASON_UNMANAGEABLE: &str = "UnmanageableLock";
+pub const REASON_AMBIGUOUS: &str = "AmbiguousLock";
+
+/// events.k8s.io refuses a note over 1 KiB.
+const MAX_NOTE: usize = 1024;
+
+fn truncate(mut note: String) -> String {
+    if note.len() > MAX_NOTE {
+        let mut end = MAX_NOTE - '…'.len_utf8();
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push('…');
+    }
+    note
+}
+
+/// A reference to a ConfigMap lock as read (its exact version).
+pub fn lock_ref(meta: &ObjectMeta) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        namespace: meta.namespace.clone(),
+        name: meta.name.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        ..Default::default()
+    }
+}
+
+/// A reference to the pod a lock names.
+pub fn holder_ref(lock: &Lock) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(lock.namespace.clone()),
+        name: Some(lock.holder.name.clone()),
+        uid: Some(lock.holder.uid.clone()),
+        ..Default::default()
+    }
+}
+
+/// One thing to say about an object.
+pub struct Say {
+    pub type_: EventType,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+}
+
+/// Writes Events as `lock-janitor` (instance: the pod name).
+#[derive(Clone)]
+pub struct Events {
+    recorder: Recorder,
+    metrics: Metrics,
+}
+
+impl Events {
+    pub fn new(client: Client, metrics: Metrics) -> Self {
+        let reporter = Reporter {
+            controller: crate::NAME.into(),
+            instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
+        };
+        Events {
+            recorder: Recorder::new(client, reporter),
+            metrics,
+        }
+    }
+
+    /// Publishes an Event on `regarding`. A failed Event never undoes or
+    /// blocks what it reports; it is logged and counted. True if written.
+    pub async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        related: Option<ObjectReference>,
+        say: Say,
+    ) -> bool {
+        let ev = Event {
+            type_: say.type_,
+            reason: say.reason.into(),
+            note: Some(truncate(say.note)),
+            action: say.action.into(),
+            secondary: related,
+        };
+        let res =
+            tokio::time::timeout(crate::API_TIMEOUT, self.recorder.publish(&ev, regarding)).await;
+        let err = match res {
+            Ok(Ok(())) => return true,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".to_owned(),
+        };
+        self.metrics
+            .reconcile_errors
+            .with_label_values(&[ErrorKind::Event.as_str()])
+            .inc();
+        warn!(namespace = regarding.namespace.as_deref().unwrap_or_default(),
+              lock = regarding.name.as_deref().unwrap_or_default(),
+              reason = say.reason, error = %err, "could not write Event");
+        false
+    }
+}

@@ -1,0 +1,208 @@
+//! What the janitor remembers about each watched lock between reconciles:
+//! the owner-gone and first-seen-stale clocks, what was already reported,
+//! the count of locks per state, and the lifecycle of per-lock metric series.
+//! Nothing here decides anything; it is lost on restart by design (every
+//! decision is made again from live reads).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::lock::{Lock, LockKey};
+use crate::metrics::Metrics;
+use crate::observe::HolderClock;
+use crate::verdict::{LockState, StaleReason};
+
+#[derive(Debug, Default)]
+struct Memo {
+    /// The state of the last verdict, counted in `lock_janitor_locks`.
+    last_state: Option<LockState>,
+    /// The holder uid last judged, so that the takeover follower knows whose
+    /// lock it was.
+    holder_uid: Option<String>,
+    /// (holder uid, first seen missing, wall time then): the start of the
+    /// owner-gone grace, on the monotonic clock so that a clock step never
+    /// shortens it.
+    missing_since: Option<(String, Instant, Timestamp)>,
+    /// (holder uid, first seen terminal): the death time when the pod does
+    /// not say when its containers finished.
+    stale_since: Option<(String, Timestamp)>,
+    /// (resourceVersion, Event reason) last reported, so that a condition is
+    /// announced once per version of the lock, not once per resync.
+    reported: Option<(String, &'static str)>,
+}
+
+#[derive(Default)]
+struct Inner {
+    memos: HashMap<LockKey, Memo>,
+    /// Locks per state, kept as states change (never recounted).
+    counts: HashMap<LockState, i64>,
+}
+
+/// Per-lock memory; one per janitor, shared by every scope.
+pub struct Memory {
+    metrics: Metrics,
+    inner: Mutex<Inner>,
+}
+
+impl Memory {
+    pub fn new(metrics: Metrics) -> Self {
+        Memory {
+            metrics,
+            inner: Mutex::default(),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut inner)
+    }
+
+    fn with_memo<T>(&self, key: &LockKey, f: impl FnOnce(&mut Memo) -> T) -> T {
+        self.with(|i| f(i.memos.entry(key.clone()).or_default()))
+    }
+
+    /// The owner-gone and stale clocks of one lock.
+    pub fn clock<'a>(&'a self, key: &'a LockKey) -> MemoryClock<'a> {
+        MemoryClock { memory: self, key }
+    }
+
+    /// Remembers whose lock this is (for the takeover follower).
+    pub fn set_holder(&self, key: &LockKey, uid: &str) {
+        self.with_memo(key, |m| m.holder_uid = Some(uid.to_owned()));
+    }
+
+    /// Records the state of a lock's verdict and updates `lock_janitor_locks`.
+    pub fn set_state(&self, key: &LockKey, state: LockState) {
+        let metrics = &self.metrics;
+        self.with(|i| {
+            let memo = i.memos.entry(key.clone()).or_default();
+            let before = memo.last_state.replace(state);
+            if before.is_none() && state != LockState::Unmanageable {
+                // A lock's reclaim counters exist at 0 from the moment it is
+                // watched: increase() needs a sample before the first
+                // reclaim, or the reclaim alert cannot see it.
+                for r in StaleReason::ALL {
+                    metrics
+                        .reclaims
+                        .with_label_values(&[&key.namespace, &key.name, r.as_str()]);
+                }
+            }
+            if before != Some(state) {
+                if let Some(b) = before {
+                    *i.counts.entry(b).or_default() -= 1;
+                }
+                *i.counts.entry(state).or_default() += 1;
+                metrics.set_lock_counts(i.counts.iter().map(|(s, n)| (*s, *n)));
+            }
+        });
+    }
+
+    /// Marks a lock stale-but-not-reclaimed, unless it was forgotten
+    /// meanwhile (deleted under a reclaim that then failed or timed out).
+    pub fn mark_stale(&self, key: &LockKey, reason: StaleReason) {
+        self.with(|i| {
+            if i.memos.contains_key(key) {
+                self.metrics
+                    .set_stale(&key.namespace, &key.name, Some(reason));
+            }
+        });
+    }
+
+    /// The lock is not stale-and-unreclaimed (any more).
+    pub fn clear_stale(&self, key: &LockKey) {
+        self.metrics.set_stale(&key.namespace, &key.name, None);
+    }
+
+    /// Whether `reason` was already reported for this version of the lock.
+    pub fn was_reported(&self, key: &LockKey, resource_version: &str, reason: &str) -> bool {
+        self.with_memo(key, |m| {
+            m.reported
+                .as_ref()
+                .is_some_and(|(rv, r)| rv == resource_version && *r == reason)
+        })
+    }
+
+    pub fn set_reported(&self, key: &LockKey, resource_version: &str, reason: &'static str) {
+        self.with_memo(key, |m| {
+            m.reported = Some((resource_version.to_owned(), reason))
+        });
+    }
+
+    /// Forgets a lock that no longer exists (or no longer carries the opt-in
+    /// label) and its series; returns the uid of the holder last judged.
+    pub fn forget(&self, key: &LockKey) -> Option<String> {
+        let memo = self.with(|i| {
+            let memo = i.memos.remove(key)?;
+            if let Some(s) = memo.last_state {
+                *i.counts.entry(s).or_default() -= 1;
+                self.metrics
+                    .set_lock_counts(i.counts.iter().map(|(s, n)| (*s, *n)));
+            }
+            Some(memo)
+        });
+        let m = &self.metrics;
+        m.set_stale(&key.namespace, &key.name, None);
+        for r in StaleReason::ALL {
+            let labels = [key.namespace.as_str(), key.name.as_str(), r.as_str()];
+            // Counters that never counted go with the lock; the others stay
+            // so that increase() keeps seeing them.
+            if m.reclaims
+                .get_metric_with_label_values(&labels)
+                .is_ok_and(|c| c.get() == 0)
+            {
+                let _ = m.reclaims.remove_label_values(&labels);
+            }
+        }
+        memo.and_then(|m| m.holder_uid)
+    }
+
+    /// The locks remembered in a namespace (all of them for `None`).
+    pub fn keys_in(&self, namespace: Option<&str>) -> Vec<LockKey> {
+        self.with(|i| {
+            i.memos
+                .keys()
+                .filter(|k| namespace.is_none_or(|ns| k.namespace == ns))
+                .cloned()
+                .collect()
+        })
+    }
+}
+
+/// The clocks of one remembered lock.
+pub struct MemoryClock<'a> {
+    memory: &'a Memory,
+    key: &'a LockKey,
+}
+
+impl HolderClock for MemoryClock<'_> {
+    fn holder_present(&self, _lock: &Lock) {
+        self.memory.with_memo(self.key, |m| m.missing_since = None);
+    }
+
+    fn holder_missing(&self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration) {
+        self.memory.with_memo(self.key, |m| {
+            let (since, at) = match &m.missing_since {
+                Some((u, since, at)) if *u == lock.holder.uid => (*since, *at),
+                _ => {
+                    let first = (Instant::now(), now);
+                    m.missing_since = Some((lock.holder.uid.clone(), first.0, first.1));
+                    first
+                }
+            };
+            (at, since.elapsed())
+        })
+    }
+
+    fn stale_since(&self, lock: &Lock, now: Timestamp) -> Timestamp {
+        self.memory.with_memo(self.key, |m| match &m.stale_since {
+            Some((u, t)) if *u == lock.holder.uid => *t,
+            _ => {
+                m.stale_since = Some((lock.holder.uid.clone(), now));
+                now
+            }
+        })
+    }
+}

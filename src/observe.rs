@@ -1,0 +1,244 @@
+//! Live reads and the one judging path: read the lock and its holder from
+//! the API server (never from a cache), feed the pure verdict, and return a
+//! `Judgement`. The controller and `scan` both judge through here, so they
+//! can never judge differently.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::core::PartialObjectMeta;
+use kube::{Api, Client, ResourceExt};
+use tracing::debug;
+
+use crate::lock::{self, Lock, LockKey};
+use crate::selector::Selector;
+use crate::verdict::{self, HolderSeen, Policy, StaleReason, Verdict};
+use crate::{call, Error, ErrorKind};
+
+/// A lock as judged from live reads: what `reclaim` acts on, and nothing else.
+#[derive(Clone, Debug)]
+pub struct Judgement {
+    pub key: LockKey,
+    /// The lock's metadata exactly as read (uid and resourceVersion guard the delete).
+    pub meta: ObjectMeta,
+    pub lock: Option<Lock>,
+    pub holder: Option<Pod>,
+    pub verdict: Verdict,
+    /// For stale locks: when the holder died, as well as is known.
+    pub died_at: Option<Timestamp>,
+}
+
+/// How long a lock's holder has been missing, and since when a lock whose
+/// pod does not say when it died has been seen stale. The controller
+/// remembers (`memory`); a one-shot `scan` uses the lock's age.
+pub trait HolderClock {
+    /// The holder was found: its missing clock stops.
+    fn holder_present(&self, lock: &Lock);
+    /// The holder is missing: since when (wall clock) and for how long.
+    fn holder_missing(&self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration);
+    /// First time this holder was seen dead without a container finish time.
+    fn stale_since(&self, lock: &Lock, now: Timestamp) -> Timestamp;
+}
+
+/// `scan`'s clock: it cannot watch a grace go by, so the lock's age stands
+/// in for how long its holder has been missing. The holder cannot have
+/// vanished before its lock was created, so this never calls a lock stale
+/// earlier than the controller could.
+pub struct LockAge;
+
+impl HolderClock for LockAge {
+    fn holder_present(&self, _lock: &Lock) {}
+    fn holder_missing(&self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration) {
+        let since = lock.created.unwrap_or(now);
+        let gone_for = Duration::try_from(now.duration_since(since)).unwrap_or_default();
+        (since, gone_for)
+    }
+    fn stale_since(&self, _lock: &Lock, now: Timestamp) -> Timestamp {
+        now
+    }
+}
+
+/// Why a judgement is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// It may lead to a delete: the holder read is the last read made.
+    BeforeWrite,
+    /// Only reported (`scan`).
+    Report,
+}
+
+/// Reads locks and holders live.
+#[derive(Clone)]
+pub struct Observer {
+    client: Client,
+    selector: Selector,
+    /// Where a holder may be looked for when cluster-wide lists are refused.
+    namespaces: Vec<String>,
+    policy: Policy,
+}
+
+impl Observer {
+    pub fn new(
+        client: Client,
+        selector: Selector,
+        namespaces: Vec<String>,
+        policy: Policy,
+    ) -> Self {
+        Observer {
+            client,
+            selector,
+            namespaces,
+            policy,
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Reads the lock and its holder live and judges them. `None`: the lock
+    /// no longer exists, or its live copy no longer carries the opt-in label.
+    pub async fn judge_live(
+        &self,
+        key: &LockKey,
+        clock: &impl HolderClock,
+    ) -> Result<Option<Judgement>, Error> {
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
+        let Some(live) = call(
+            format!("reading lock {key}"),
+            cms.get_metadata_opt(&key.name),
+        )
+        .await?
+        else {
+            return Ok(None);
+        };
+        // The cache said this lock is opted in; the live copy must say so too.
+        if !self.selector.matches(live.metadata.labels.as_ref()) {
+            return Ok(None);
+        }
+        self.judge(
+            key.clone(),
+            live.metadata,
+            None,
+            clock,
+            Purpose::BeforeWrite,
+        )
+        .await
+        .map(Some)
+    }
+
+    /// Judges a lock read as `meta`. Its holder is read live unless the
+    /// caller already did (`holder`: `Some(None)` means read and missing).
+    pub async fn judge(
+        &self,
+        key: LockKey,
+        meta: ObjectMeta,
+        holder: Option<Option<Pod>>,
+        clock: &impl HolderClock,
+        purpose: Purpose,
+    ) -> Result<Judgement, Error> {
+        let lock = match lock::parse(&meta) {
+            Ok(lock) => lock,
+            Err(why) => {
+                return Ok(Judgement {
+                    key,
+                    meta,
+                    lock: None,
+                    holder: None,
+                    verdict: Verdict::Unmanageable(why),
+                    died_at: None,
+                })
+            }
+        };
+        let mut holder = match holder {
+            Some(h) => h,
+            None => self.read_holder(&lock).await?,
+        };
+        let mut verdict = self.judge_holder(&lock, holder.as_ref(), clock);
+        if let Verdict::Stale {
+            reason: StaleReason::OwnerGone,
+            ..
+        } = verdict
+        {
+            if let Some(ns) = self.holder_elsewhere(&lock).await? {
+                verdict = verdict::judge(&lock, HolderSeen::Elsewhere(ns), &self.policy);
+            } else if purpose == Purpose::BeforeWrite {
+                // That search took time: the holder read must be the last
+                // read before a delete (a same-name pod may have appeared).
+                holder = self.read_holder(&lock).await?;
+                verdict = self.judge_holder(&lock, holder.as_ref(), clock);
+            }
+        }
+        let died_at = match &verdict {
+            Verdict::Stale { died_at, .. } => {
+                Some(died_at.unwrap_or_else(|| clock.stale_since(&lock, Timestamp::now())))
+            }
+            _ => None,
+        };
+        Ok(Judgement {
+            key,
+            meta,
+            lock: Some(lock),
+            holder,
+            verdict,
+            died_at,
+        })
+    }
+
+    fn judge_holder(&self, lock: &Lock, holder: Option<&Pod>, clock: &impl HolderClock) -> Verdict {
+        let seen = match holder {
+            Some(pod) => {
+                clock.holder_present(lock);
+                HolderSeen::Pod(pod)
+            }
+            None => {
+                let (since, gone_for) = clock.holder_missing(lock, Timestamp::now());
+                HolderSeen::Missing { since, gone_for }
+            }
+        };
+        verdict::judge(lock, seen, &self.policy)
+    }
+
+    /// A live GET of the holder by name in the lock's namespace.
+    pub async fn read_holder(&self, lock: &Lock) -> Result<Option<Pod>, Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &lock.namespace);
+        call(
+            format!("reading holder pod {}/{}", lock.namespace, lock.holder.name),
+            pods.get_opt(&lock.holder.name),
+        )
+        .await
+    }
+
+    /// Before calling a lock's owner gone: is a pod with the holder's uid
+    /// alive in another namespace? One list by name (a field selector),
+    /// cluster-wide; an install limited to some namespaces may not list
+    /// cluster-wide, and then looks in the namespaces it watches.
+    pub async fn holder_elsewhere(&self, lock: &Lock) -> Result<Option<String>, Error> {
+        let lp = ListParams::default().fields(&format!("metadata.name={}", lock.holder.name));
+        let find = |pods: kube::core::ObjectList<PartialObjectMeta<Pod>>| {
+            pods.items
+                .into_iter()
+                .find(|p| p.metadata.uid.as_deref() == Some(lock.holder.uid.as_str()))
+                .map(|p| p.namespace().unwrap_or_default())
+        };
+        let action = "looking for the holder in other namespaces";
+        let all: Api<Pod> = Api::all(self.client.clone());
+        match call(action, all.list_metadata(&lp)).await {
+            Ok(pods) => return Ok(find(pods)),
+            Err(e) if e.kind() == ErrorKind::Forbidden && !self.namespaces.is_empty() => {
+                debug!(error = %e, "cannot list pods cluster-wide; looking in the watched namespaces only");
+            }
+            Err(e) => return Err(e),
+        }
+        for ns in self.namespaces.iter().filter(|ns| **ns != lock.namespace) {
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+            if let Some(found) = find(call(action, pods.list_metadata(&lp)).await?) {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,84 @@
+//! The opt-in label: whether a lock-shaped ConfigMap gets it, and the one
+//! guarded write that adds it. Shared by `lock-janitor label` and the label
+//! carry-over after a takeover.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Patch, PatchParams};
+use kube::Api;
+
+use crate::lock::looks_like_lock;
+use crate::{api_code, call, Error};
+
+/// What to do with one lock-shaped ConfigMap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Add `key=value`.
+    Add,
+    /// It already has `key=value`.
+    Unchanged,
+    /// It has `key` with another value (a deliberate opt-out?): never overwritten.
+    Conflicting(String),
+}
+
+/// Decides what to do with a ConfigMap; `None`: not a candidate, never touched.
+pub fn plan_label(meta: &ObjectMeta, key: &str, value: &str) -> Option<Plan> {
+    if !looks_like_lock(meta) {
+        return None;
+    }
+    Some(match meta.labels.as_ref().and_then(|l| l.get(key)) {
+        Some(v) if v == value => Plan::Unchanged,
+        Some(v) => Plan::Conflicting(v.clone()),
+        None => Plan::Add,
+    })
+}
+
+/// The merge patch: the label, and the resourceVersion that was read, which
+/// makes the patch conditional (409 if the ConfigMap changed since).
+pub fn label_patch(meta: &ObjectMeta, key: &str, value: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "resourceVersion": meta.resource_version,
+            "labels": { key: value },
+        }
+    })
+}
+
+/// The result of one label write.
+#[derive(Debug)]
+pub enum Written {
+    Labeled,
+    /// 404: deleted since it was read.
+    Gone,
+    /// 409: changed since it was read; nothing was overwritten.
+    Conflict,
+    Failed(Error),
+}
+
+/// Adds `key=value` to the ConfigMap read as `meta`, guarded by its
+/// resourceVersion, as field manager `lock-janitor`.
+pub async fn write_label(
+    api: &Api<ConfigMap>,
+    meta: &ObjectMeta,
+    key: &str,
+    value: &str,
+) -> Written {
+    let ns = meta.namespace.as_deref().unwrap_or_default();
+    let name = meta.name.as_deref().unwrap_or_default();
+    let pp = PatchParams {
+        field_manager: Some(crate::NAME.to_owned()),
+        ..Default::default()
+    };
+    let patch = Patch::Merge(label_patch(meta, key, value));
+    match call(
+        format!("labeling configmap {ns}/{name}"),
+        api.patch_metadata(name, &pp, &patch),
+    )
+    .await
+    {
+        Ok(_) => Written::Labeled,
+        Err(Error::Kube { source, .. }) if api_code(&source) == Some(404) => Written::Gone,
+        Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => Written::Conflict,
+        Err(e) => Written::Failed(e),
+    }
+}
