@@ -9,6 +9,8 @@ pub mod cli;
 pub mod cmd;
 pub mod controller;
 pub mod events;
+#[cfg(test)]
+mod fixtures;
 pub mod http;
 pub mod lock;
 pub mod memory;

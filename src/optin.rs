@@ -82,3 +82,36 @@ pub async fn write_label(
         Err(e) => Written::Failed(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{lock_meta, pod_owner};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    #[test]
+    fn label_plans() {
+        let k = "lock-janitor.io/watch";
+        let m = lock_meta(vec![pod_owner("op-1", "u")], &[]);
+        assert_eq!(plan_label(&m, k, "true"), Some(Plan::Add));
+        let m = lock_meta(vec![pod_owner("op-1", "u")], &[(k, "true")]);
+        assert_eq!(plan_label(&m, k, "true"), Some(Plan::Unchanged));
+        let m = lock_meta(vec![pod_owner("op-1", "u")], &[(k, "false")]);
+        assert_eq!(
+            plan_label(&m, k, "true"),
+            Some(Plan::Conflicting("false".into()))
+        );
+        let two = lock_meta(vec![pod_owner("a", "1"), pod_owner("b", "2")], &[]);
+        assert_eq!(plan_label(&two, k, "true"), None);
+        let deploy = lock_meta(
+            vec![OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into(),
+                ..pod_owner("d", "1")
+            }],
+            &[],
+        );
+        assert_eq!(plan_label(&deploy, k, "true"), None);
+        assert_eq!(plan_label(&lock_meta(vec![], &[]), k, "true"), None);
+    }
+}

@@ -196,64 +196,6 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-    use std::collections::BTreeMap;
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    fn lock_meta(owners: Vec<OwnerReference>, lbl: &[(&str, &str)]) -> ObjectMeta {
-        ObjectMeta {
-            namespace: Some("ops".into()),
-            name: Some("op-lock".into()),
-            uid: Some("cm-uid".into()),
-            resource_version: Some("7".into()),
-            creation_timestamp: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
-            owner_references: Some(owners),
-            labels: Some(labels(lbl)),
-            ..Default::default()
-        }
-    }
-
-    fn pod_owner(name: &str, uid: &str) -> OwnerReference {
-        OwnerReference {
-            api_version: "v1".into(),
-            kind: "Pod".into(),
-            name: name.into(),
-            uid: uid.into(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn label_plans() {
-        let k = "lock-janitor.io/watch";
-        let m = lock_meta(vec![pod_owner("op-1", "u")], &[]);
-        assert_eq!(plan_label(&m, k, "true"), Some(Plan::Add));
-        let m = lock_meta(vec![pod_owner("op-1", "u")], &[(k, "true")]);
-        assert_eq!(plan_label(&m, k, "true"), Some(Plan::Unchanged));
-        let m = lock_meta(vec![pod_owner("op-1", "u")], &[(k, "false")]);
-        assert_eq!(
-            plan_label(&m, k, "true"),
-            Some(Plan::Conflicting("false".into()))
-        );
-        let two = lock_meta(vec![pod_owner("a", "1"), pod_owner("b", "2")], &[]);
-        assert_eq!(plan_label(&two, k, "true"), None);
-        let deploy = lock_meta(
-            vec![OwnerReference {
-                api_version: "apps/v1".into(),
-                kind: "Deployment".into(),
-                ..pod_owner("d", "1")
-            }],
-            &[],
-        );
-        assert_eq!(plan_label(&deploy, k, "true"), None);
-        assert_eq!(plan_label(&lock_meta(vec![], &[]), k, "true"), None);
-    }
 
     #[test]
     fn include_and_exclude() {

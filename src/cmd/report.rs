@@ -171,46 +171,16 @@ impl Row {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{lock_meta, pod_owner};
     use crate::lock;
     use crate::observe::{HolderClock, LockAge};
     use crate::verdict::{self, HolderSeen, Policy};
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-    use std::collections::BTreeMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn missing_holder(lock: &Lock, now: Timestamp) -> HolderSeen<'static> {
         let (since, gone_for) = LockAge.holder_missing(lock, now);
         HolderSeen::Missing { since, gone_for }
-    }
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    fn lock_meta(owners: Vec<OwnerReference>, lbl: &[(&str, &str)]) -> ObjectMeta {
-        ObjectMeta {
-            namespace: Some("ops".into()),
-            name: Some("op-lock".into()),
-            uid: Some("cm-uid".into()),
-            resource_version: Some("7".into()),
-            creation_timestamp: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
-            owner_references: Some(owners),
-            labels: Some(labels(lbl)),
-            ..Default::default()
-        }
-    }
-
-    fn pod_owner(name: &str, uid: &str) -> OwnerReference {
-        OwnerReference {
-            api_version: "v1".into(),
-            kind: "Pod".into(),
-            name: name.into(),
-            uid: uid.into(),
-            ..Default::default()
-        }
     }
 
     #[test]

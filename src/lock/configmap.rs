@@ -61,17 +61,8 @@ pub fn looks_like_lock(meta: &ObjectMeta) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::pod_owner;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-
-    fn pod_owner(name: &str, uid: &str) -> OwnerReference {
-        OwnerReference {
-            api_version: "v1".into(),
-            kind: "Pod".into(),
-            name: name.into(),
-            uid: uid.into(),
-            ..Default::default()
-        }
-    }
 
     fn meta(owners: Option<Vec<OwnerReference>>) -> ObjectMeta {
         ObjectMeta {
