@@ -5,12 +5,16 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo bench-scan bench-janitor
+.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo bench-scan bench-janitor
 
 all: build
 
 build:
 	$(CARGO) build --locked --workspace --all-targets
+
+## Install what the tests need beyond Go and Rust (Debian packages, rustup parts).
+setup:
+	hack/setup.sh
 
 ## Build etcd, kube-apiserver, kube-controller-manager and helm into the cache (once per version).
 testenv-build:
@@ -27,22 +31,22 @@ testenv-status:
 	$(CARGO) run --locked -q -p lock-janitor-testenv --bin testenv -- status
 
 ## Everything CI runs: lint, unit and end-to-end tests, alert rules, chart, Dockerfile build.
-test: testenv-build lint test-rust test-alerts test-chart test-docker
+test: setup testenv-build lint test-rust test-alerts test-chart test-docker
 
-lint:
+lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
-test-rust: testenv-build
+test-rust: setup testenv-build
 	$(CARGO) test --locked --workspace --all-targets -- --test-threads=$(TEST_THREADS)
 
-test-alerts:
+test-alerts: setup
 	hack/test-alerts.sh
 
 test-chart: testenv-build
 	hack/test-chart.sh
 
-test-docker:
+test-docker: setup
 	hack/docker-build-check.sh
 
 ## The janitor's main job on a local control plane: an evicted leader's lock is reclaimed and a waiting replica takes over.
