@@ -24,6 +24,25 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// Parses the command line; checks that clap's grammar cannot express
+    /// end as usage errors (exit 2) too.
+    pub fn try_parse_checked<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let cli = Cli::try_parse_from(args)?;
+        if let Command::Run(run) = &cli.command {
+            if let Err(msg) = run.scope.selector.require_opt_in() {
+                use clap::CommandFactory;
+                return Err(Cli::command().error(clap::error::ErrorKind::ValueValidation, msg));
+            }
+        }
+        Ok(cli)
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the controller: watch opted-in locks and reclaim stale ones.
@@ -181,6 +200,18 @@ mod tests {
     }
 
     #[test]
+    fn scan_may_use_any_selector() {
+        assert!(Cli::try_parse_checked(["lock-janitor", "scan", "--selector", "!foo"]).is_ok());
+        assert!(Cli::try_parse_checked([
+            "lock-janitor",
+            "run",
+            "--selector",
+            "lock-janitor.io/watch=true,!legacy"
+        ])
+        .is_ok());
+    }
+
+    #[test]
     fn bad_flags_are_usage_errors() {
         for args in [
             vec!["lock-janitor", "run", "--resync", "0s"],
@@ -191,9 +222,17 @@ mod tests {
             vec!["lock-janitor", "run", "--log-format", "xml"],
             vec!["lock-janitor", "run", "--metrics-bind-address", "8080"],
             vec!["lock-janitor", "run", "--selector", ""],
+            vec!["lock-janitor", "run", "--selector", "lock-janitor.io/watch"],
+            vec!["lock-janitor", "run", "--selector", "!foo"],
+            vec![
+                "lock-janitor",
+                "run",
+                "--selector",
+                "lock-janitor.io/watch!=false",
+            ],
             vec!["lock-janitor", "run", "--bogus"],
         ] {
-            let err = Cli::try_parse_from(&args).unwrap_err();
+            let err = Cli::try_parse_checked(&args).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{args:?}");
         }
     }

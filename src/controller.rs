@@ -176,7 +176,7 @@ pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
                 Ok(Action::await_change())
             }
             reclaim::Outcome::Changed => Ok(Action::requeue(REJUDGE_AFTER)),
-            reclaim::Outcome::DryRun => Ok(resync),
+            reclaim::Outcome::DryRun | reclaim::Outcome::Blocked => Ok(resync),
         },
     }
 }

@@ -16,6 +16,8 @@ pub const REASON_DETECTED: &str = "StaleLockDetected";
 pub const REASON_POD_DELETED: &str = "DeadHolderDeleted";
 pub const REASON_UNMANAGEABLE: &str = "UnmanageableLock";
 pub const REASON_AMBIGUOUS: &str = "AmbiguousLock";
+/// A stale lock is being deleted but finalizers keep it (it still blocks).
+pub const REASON_BLOCKED: &str = "LockDeletionBlocked";
 
 /// events.k8s.io refuses a note over 1 KiB.
 const MAX_NOTE: usize = 1024;

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -35,8 +34,8 @@ fn init_logs(format: LogFormat) {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    // clap prints usage errors and exits 2 on bad flags.
-    let cli = Cli::parse();
+    // Usage errors print a message and exit 2.
+    let cli = Cli::try_parse_checked(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let is_run = matches!(cli.command, Command::Run(_));
     let result = match cli.command {
         Command::Run(args) => {

@@ -30,6 +30,9 @@ pub enum Outcome {
     Changed,
     /// `--dry-run`: reported, not deleted.
     DryRun,
+    /// The lock is being deleted, but finalizers keep it: reported, never
+    /// counted as reclaimed. Its deletion arrives as a watch event.
+    Blocked,
 }
 
 /// What the janitor may write.
@@ -137,6 +140,12 @@ impl Reclaimer {
             return Ok(Outcome::DryRun);
         }
 
+        if let Some(finalizers) = &lock.deleting {
+            // Already being deleted: another DELETE changes nothing.
+            self.report_blocked(j, reason, finalizers).await;
+            return Ok(Outcome::Blocked);
+        }
+
         // The delete succeeds only if the lock is still exactly the one judged.
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
@@ -147,7 +156,18 @@ impl Reclaimer {
         };
         let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
         match call(format!("deleting lock {ns}/{name}"), cms.delete(name, &dp)).await {
-            Ok(_) => {}
+            Ok(answer) => {
+                // The API server answers with the object, not a Status, when
+                // the delete only set deletionTimestamp: finalizers keep it.
+                let kept = answer.left().and_then(|cm| {
+                    cm.metadata.deletion_timestamp.as_ref()?;
+                    cm.metadata.finalizers.filter(|f| !f.is_empty())
+                });
+                if let Some(finalizers) = kept {
+                    self.report_blocked(j, reason, &finalizers).await;
+                    return Ok(Outcome::Blocked);
+                }
+            }
             Err(Error::Kube { source, .. }) if api_code(&source) == Some(404) => {
                 info!(
                     namespace = ns,
@@ -193,6 +213,27 @@ impl Reclaimer {
             self.delete_dead_pod(j, reason).await;
         }
         Ok(Outcome::Reclaimed)
+    }
+
+    /// A stale lock that finalizers keep after its deletion started: it
+    /// still blocks the takeover. Logged, stale gauge set (the persisting
+    /// alert sees it), Warning Event once per version.
+    async fn report_blocked(&self, j: &Judgement, reason: StaleReason, finalizers: &[String]) {
+        self.memory.mark_stale(&j.key, reason);
+        let list = finalizers.join(", ");
+        warn!(namespace = %j.key.namespace, lock = %j.key.name, reason = %reason, finalizers = %list,
+              "stale lock is being deleted but finalizers keep it; a waiting replica cannot take over until they are removed");
+        let say = Say {
+            type_: EventType::Warning,
+            reason: events::REASON_BLOCKED,
+            action: "Reclaim",
+            note: format!(
+                "This lock is stale ({}) and its deletion has started, but finalizers [{list}] keep it: \
+                 a waiting replica cannot take over until whoever owns them removes them.",
+                reason
+            ),
+        };
+        self.publish_once(j, say).await;
     }
 
     /// Deletes the dead holder (`--delete-pod`): only a terminal pod, only

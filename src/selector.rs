@@ -79,6 +79,25 @@ impl Selector {
         })
     }
 
+    /// `run` manages only locks that opted in: the selector must hold a
+    /// `key=value` term (the label `label` and the carry-over write). Other
+    /// terms are ANDed with it, so they can only narrow. `k`, `!k` or `k!=v`
+    /// alone would select locks labeled `k=false` (the documented opt-out)
+    /// or every ConfigMap without `k`.
+    pub fn require_opt_in(&self) -> Result<(), String> {
+        if self.terms.iter().any(|t| matches!(t, Term::Eq(..))) {
+            return Ok(());
+        }
+        Err(format!(
+            "--selector {:?} does not require an opt-in label: `run` needs a key=value term \
+             (for example {}); `key`, `!key` and `key!=value` alone select locks that opted out \
+             (key=false) or never opted in. Extra terms may narrow it, as in {},team=payments",
+            self.text,
+            crate::DEFAULT_SELECTOR,
+            crate::DEFAULT_SELECTOR
+        ))
+    }
+
     /// The label that opts a lock in, when the selector is exactly one
     /// `key=value`: what `label` and the carry-over after a takeover write.
     pub fn opt_in_label(&self) -> Option<(&str, &str)> {
@@ -175,6 +194,31 @@ mod tests {
         assert_eq!(one("a=b,c=d").opt_in_label(), None);
         assert_eq!(one("a").opt_in_label(), None);
         assert_eq!(one("a=b").as_str(), "a=b");
+    }
+
+    #[test]
+    fn run_requires_an_opt_in_term() {
+        for ok in [
+            "lock-janitor.io/watch=true",
+            "a==b",
+            "lock-janitor.io/watch=true,team=x",
+            "lock-janitor.io/watch=true,!legacy",
+            "lock-janitor.io/watch=true,tier!=dev",
+        ] {
+            assert!(
+                Selector::parse(ok).unwrap().require_opt_in().is_ok(),
+                "{ok}"
+            );
+        }
+        for bad in [
+            "lock-janitor.io/watch",
+            "!foo",
+            "lock-janitor.io/watch!=false",
+            "team,!legacy",
+        ] {
+            let err = Selector::parse(bad).unwrap().require_opt_in().unwrap_err();
+            assert!(err.contains("key=value"), "{bad}: {err}");
+        }
     }
 
     #[test]

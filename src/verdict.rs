@@ -60,6 +60,10 @@ pub enum HeldBecause {
     /// The pod is being deleted but has not reached a terminal phase: its
     /// containers may still run until the kubelet confirms.
     Terminating,
+    /// The pod's phase is terminal, but its status still shows this
+    /// container running (an older kubelet during node shutdown, or a
+    /// status written by hand): no proof that it stopped.
+    ContainerRunning(String),
     /// The holder pod is gone, but only for `since`; wait out the grace
     /// (a force-deleted pod's containers may still be stopping).
     OwnerGoneGrace { remaining: Duration },
@@ -187,10 +191,28 @@ pub fn judge(lock: &Lock, holder: HolderSeen<'_>, policy: &Policy) -> Verdict {
         "" => return Verdict::Held(HeldBecause::NoStatus),
         other => return Verdict::Held(HeldBecause::Phase(other.to_owned())),
     };
+    if let Some(container) = running_container(pod) {
+        return Verdict::Held(HeldBecause::ContainerRunning(container.to_owned()));
+    }
     Verdict::Stale {
         reason,
         died_at: last_finished(pod),
     }
+}
+
+/// The first container (init, app or ephemeral) whose status says running.
+fn running_container(pod: &Pod) -> Option<&str> {
+    let status = pod.status.as_ref()?;
+    [
+        &status.init_container_statuses,
+        &status.container_statuses,
+        &status.ephemeral_container_statuses,
+    ]
+    .into_iter()
+    .flatten()
+    .flatten()
+    .find(|cs| cs.state.as_ref().is_some_and(|s| s.running.is_some()))
+    .map(|cs| cs.name.as_str())
 }
 
 /// The latest `finishedAt` over all terminated containers of the pod.
@@ -223,7 +245,7 @@ mod tests {
     use super::*;
     use crate::lock::Holder;
     use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus,
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, PodStatus,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
@@ -240,6 +262,7 @@ mod tests {
                 name: "op-1".into(),
                 uid: "pod-uid".into(),
             },
+            deleting: None,
         }
     }
 
@@ -296,6 +319,24 @@ mod tests {
         let no_status = Pod {
             status: None,
             ..pod("pod-uid", None, None)
+        };
+        let running = |name: &str| ContainerStatus {
+            name: name.into(),
+            state: Some(ContainerState {
+                running: Some(ContainerStateRunning::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let still_running = |phase: &str, reason: Option<&str>, at: usize| {
+            let mut p = pod("pod-uid", Some(phase), reason);
+            let st = p.status.as_mut().unwrap();
+            match at {
+                0 => st.init_container_statuses = Some(vec![running("init")]),
+                1 => st.container_statuses = Some(vec![running("app")]),
+                _ => st.ephemeral_container_statuses = Some(vec![running("debug")]),
+            }
+            p
         };
         let cases: Vec<(&str, Pod, Verdict)> = vec![
             (
@@ -374,6 +415,21 @@ mod tests {
                 Verdict::Held(HeldBecause::Terminating),
             ),
             ("no status", no_status, Verdict::Held(HeldBecause::NoStatus)),
+            (
+                "failed, but an init container still runs",
+                still_running("Failed", Some("Evicted"), 0),
+                Verdict::Held(HeldBecause::ContainerRunning("init".into())),
+            ),
+            (
+                "failed, but a container still runs",
+                still_running("Failed", Some("Terminated"), 1),
+                Verdict::Held(HeldBecause::ContainerRunning("app".into())),
+            ),
+            (
+                "succeeded, but an ephemeral container still runs",
+                still_running("Succeeded", None, 2),
+                Verdict::Held(HeldBecause::ContainerRunning("debug".into())),
+            ),
             (
                 "empty phase",
                 pod("pod-uid", None, None),

@@ -15,6 +15,7 @@ pub fn held_code(why: &HeldBecause) -> String {
         HeldBecause::NoStatus => "NoStatus".into(),
         HeldBecause::Terminating => "Terminating".into(),
         HeldBecause::OwnerGoneGrace { .. } => "OwnerGoneGrace".into(),
+        HeldBecause::ContainerRunning(_) => "ContainerRunning".into(),
     }
 }
 
@@ -82,6 +83,11 @@ pub fn explain(v: &Verdict, holder: &str, pod: Option<&Pod>, age: Option<Duratio
         }
         Verdict::Held(HeldBecause::Terminating) => format!(
             "holder pod {holder} is being deleted but has not stopped; its containers may still run"
+        ),
+        Verdict::Held(HeldBecause::ContainerRunning(c)) => format!(
+            "holder pod {holder} is {}, but its status still shows container {c} running; \
+             nothing proves it stopped",
+            status.and_then(|s| s.phase.as_deref()).unwrap_or("?")
         ),
         Verdict::Held(HeldBecause::OwnerGoneGrace { remaining }) => format!(
             "holder pod {holder} does not exist, but the lock is only {} old: stale once it is \

@@ -658,6 +658,10 @@ async fn bad_flags_exit_2_with_a_message() {
         vec!["run", "--namespace", "Not_A_Namespace"],
         vec!["run", "--log-format", "xml"],
         vec!["run", "--selector", "a=b c"],
+        // Opt-in stays opt-in: these would select opted-out locks.
+        vec!["run", "--selector", "lock-janitor.io/watch"],
+        vec!["run", "--selector", "!foo"],
+        vec!["run", "--selector", "lock-janitor.io/watch!=false"],
         vec!["frobnicate"],
     ] {
         let out = std::process::Command::new(janitor_bin())
@@ -668,7 +672,17 @@ async fn bad_flags_exit_2_with_a_message() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("error:"), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
+        if args.get(1) == Some(&"--selector") && !args[2].contains(' ') {
+            assert!(err.contains("key=value"), "{args:?}: {err}");
+        }
     }
+    // The same refusal from the environment.
+    let out = std::process::Command::new(janitor_bin())
+        .arg("run")
+        .env("LOCK_JANITOR_SELECTOR", "lock-janitor.io/watch")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
     let out = std::process::Command::new(janitor_bin())
         .arg("--version")
         .output()
@@ -986,4 +1000,147 @@ async fn removing_the_label_opts_out() {
         .unwrap_or_default()
         .contains_key(WATCH_LABEL.0));
     assert!(s.janitor_writes().is_empty(), "{:?}", s.janitor_writes());
+}
+
+/// A stale lock held back by a finalizer: the DELETE only sets its
+/// deletionTimestamp. The janitor says so (log, Warning Event, stale gauge)
+/// and never counts it reclaimed; once the finalizer goes, the lock is gone.
+#[tokio::test]
+async fn a_lock_kept_by_a_finalizer_is_reported_not_counted() {
+    let s = scenario("finalizer").await;
+    let leader = s.pod("leader").await;
+    let mut cm = lock_for("op-lock", &leader, true);
+    cm.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    create_lock(&s.client, &cm).await;
+    let j = s.janitor(&[]).await;
+    fail_with(&s, "leader", "Evicted").await;
+
+    let ev = wait_event(&s.client, &s.ns, "LockDeletionBlocked", "op-lock").await;
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    assert!(
+        ev.note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("example.com/hold"),
+        "{ev:?}"
+    );
+    let stale = [
+        ("namespace", s.ns.as_str()),
+        ("lock", "op-lock"),
+        ("reason", "Evicted"),
+    ];
+    wait_for("stale gauge set", Duration::from_secs(20), || async {
+        (sample(&j.metrics().await, "lock_janitor_stale_locks", &stale) == Some(1.0)).then_some(())
+    })
+    .await;
+    let m = j.metrics().await;
+    assert_ne!(
+        sample(&m, "lock_janitor_reclaims_total", &stale),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(!j.logs().contains("stale lock reclaimed"), "{}", j.logs());
+    let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.ns);
+    let kept = cms
+        .get("op-lock")
+        .await
+        .expect("the finalizer keeps the lock");
+    assert!(kept.metadata.deletion_timestamp.is_some());
+    // One DELETE (it started the deletion); resyncs do not send another.
+    let deletes = || {
+        s.janitor_writes()
+            .into_iter()
+            .filter(|e| e.verb == "delete")
+            .count()
+    };
+    let before = sample(&m, "lock_janitor_reconcile_duration_seconds_count", &[]).unwrap();
+    wait_for("two more reconciles", Duration::from_secs(20), || async {
+        let now = sample(
+            &j.metrics().await,
+            "lock_janitor_reconcile_duration_seconds_count",
+            &[],
+        )?;
+        (now >= before + 2.0).then_some(())
+    })
+    .await;
+    assert_eq!(deletes(), 1, "{:?}", s.janitor_writes());
+
+    cms.patch(
+        "op-lock",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    s.wait_gone("op-lock").await;
+    wait_for("stale gauge cleared", Duration::from_secs(20), || async {
+        (sample(&j.metrics().await, "lock_janitor_stale_locks", &stale).is_none()).then_some(())
+    })
+    .await;
+}
+
+/// A holder whose phase is terminal but whose status still shows a running
+/// container is not proof of death: the lock is held, through resyncs.
+#[tokio::test]
+async fn a_terminal_holder_with_a_running_container_is_held() {
+    let s = scenario("still-running").await;
+    let leader = s.pod("leader").await;
+    s.lock("op-lock", &leader).await;
+    let j = s.janitor(&[]).await;
+    // Phase Failed, but the container status still says running.
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let live = pods.get_status("leader").await.unwrap();
+    let mut status = live.status.clone().unwrap();
+    status.phase = Some("Failed".into());
+    status.reason = Some("Terminated".into());
+    pods.patch_status(
+        "leader",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": status})),
+    )
+    .await
+    .unwrap();
+    let running = pods.get("leader").await.unwrap();
+    assert!(running
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0]
+        .state
+        .as_ref()
+        .unwrap()
+        .running
+        .is_some());
+
+    let before = sample(
+        &j.metrics().await,
+        "lock_janitor_reconcile_duration_seconds_count",
+        &[],
+    )
+    .unwrap_or(0.0);
+    wait_for("three more reconciles", Duration::from_secs(30), || async {
+        let now = sample(
+            &j.metrics().await,
+            "lock_janitor_reconcile_duration_seconds_count",
+            &[],
+        )?;
+        (now >= before + 3.0).then_some(())
+    })
+    .await;
+    assert!(lock_exists(&s.client, &s.ns, "op-lock").await);
+    let m = j.metrics().await;
+    assert_eq!(
+        sample(&m, "lock_janitor_locks", &[("state", "held")]),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(s.janitor_writes().is_empty(), "{:?}", s.janitor_writes());
+
+    // Once the kubelet reports the container terminated, it is reclaimed.
+    kubelet::set_failed(&s.client, &s.ns, "leader", "Terminated", "node shutdown")
+        .await
+        .unwrap();
+    s.wait_gone("op-lock").await;
 }

@@ -48,6 +48,10 @@ pub fn parse(meta: &ObjectMeta) -> Result<Lock, Unmanageable> {
             name: owner.name.clone(),
             uid: owner.uid.clone(),
         },
+        deleting: meta
+            .deletion_timestamp
+            .as_ref()
+            .map(|_| meta.finalizers.clone().unwrap_or_default()),
     })
 }
 

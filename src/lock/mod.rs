@@ -40,6 +40,9 @@ pub struct Lock {
     pub resource_version: String,
     pub created: Option<Timestamp>,
     pub holder: Holder,
+    /// The lock is being deleted (deletionTimestamp set): these finalizers
+    /// hold it, and it still blocks a takeover until they are removed.
+    pub deleting: Option<Vec<String>>,
 }
 
 /// Why a labeled ConfigMap is not a lock the janitor can judge. Such objects
