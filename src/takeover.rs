@@ -94,18 +94,22 @@ async fn carry_label_over(
     while started.elapsed() < TAKEOVER_WINDOW {
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_secs(16));
-        let read = call(
-            "reading the lock after it was deleted",
-            cms.get_metadata_opt(&name),
-        );
-        let meta = match read.await {
-            Ok(Some(m)) => m.metadata,
+        // The whole object: only a lock-shaped (empty) ConfigMap is labeled.
+        let read = call("reading the lock after it was deleted", cms.get_opt(&name));
+        let cm = match read.await {
+            Ok(Some(cm)) => cm,
             Ok(None) => continue,
             Err(e) => {
                 warn!(namespace = %ns, lock = %name, error = %e, "waiting for the takeover");
                 continue;
             }
         };
+        if !lock::lock_shaped(&cm) {
+            info!(namespace = %ns, lock = %name,
+                  "the lock was re-created with data; not lock-shaped, not labeling it");
+            return;
+        }
+        let meta = cm.metadata;
         let holder = match lock::parse(&meta) {
             // Same holder: the lock was not deleted but left the selector
             // (someone removed the label). Respect that.

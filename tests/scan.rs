@@ -153,7 +153,7 @@ async fn configmap(
             }),
             ..Default::default()
         },
-        data: Some(BTreeMap::from([("leader".into(), name.into())])),
+        // Empty, as operator-lib writes its locks (lock-shaped).
         ..Default::default()
     };
     Api::<ConfigMap>::namespaced(client.clone(), ns)
@@ -831,7 +831,36 @@ async fn scan_and_label_fail_with_a_clear_message() {
     grant(&client, &ns, "scan-reader", &["configmaps"], &["list"]).await;
     wait_until_can_list(cp, &ns, "scan-reader").await;
     let reader = kubeconfig_as(cp, "scan-reader", "kubeconfig-scan-reader");
-    let r = run(&reader, &["scan", "-n", &ns]).await;
+    // An unlabeled candidate is read whole (is it empty, lock-shaped?).
+    for args in [vec!["scan", "-n", &ns], vec!["label", "-n", &ns]] {
+        let r = run(&reader, &args).await;
+        assert_eq!(r.code, 1, "{r}");
+        assert!(
+            r.stderr
+                .contains(&format!("reading configmap {ns}/op-lock was forbidden"))
+                && r.stderr.contains("list and get on configmaps"),
+            "{r}"
+        );
+    }
+    Api::<Role>::namespaced(client.clone(), &ns)
+        .patch(
+            "scan-reader",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"rules": [
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "get"]}
+            ]})),
+        )
+        .await
+        .unwrap();
+    let r = wait_for(
+        "get on configmaps granted",
+        Duration::from_secs(30),
+        || async {
+            let r = run(&reader, &["scan", "-n", &ns]).await;
+            (!r.stderr.contains("reading configmap")).then_some(r)
+        },
+    )
+    .await;
     assert_eq!(r.code, 1, "{r}");
     assert!(
         r.stderr
@@ -839,7 +868,7 @@ async fn scan_and_label_fail_with_a_clear_message() {
         "{r}"
     );
     let r = run(&reader, &["label", "-n", &ns]).await;
-    assert_eq!(r.code, 0, "a dry run only lists\n{r}");
+    assert_eq!(r.code, 0, "a dry run only reads\n{r}");
     let r = run(&reader, &["label", "-n", &ns, "--apply"]).await;
     assert_eq!(r.code, 1, "{r}");
     assert!(
@@ -1058,6 +1087,90 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
         assert_eq!(rows[name]["labeled"], true, "{name}\n{r}");
     }
     assert_eq!(rows["optout-lock"]["labeled"], false, "{r}");
+}
+
+/// A ConfigMap owned by exactly one Pod but holding data (a Spark driver's,
+/// say) is not lock-shaped: scan leaves it out and says so, label never
+/// labels it, even with --apply.
+#[tokio::test]
+async fn configmaps_with_data_are_not_lock_candidates() {
+    let cp = shared().await;
+    let kc = cp.kubeconfig_path();
+    let client = cp.client().await.unwrap();
+    let ns = fresh_namespace(&client, "with-data").await;
+    let driver = running_pod(&client, &ns, "spark-driver").await;
+    let op = running_pod(&client, &ns, "op").await;
+    configmap(&client, &ns, "op-lock", vec![owner_of(&op)], &[]).await;
+    let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    for (name, data, binary) in [
+        (
+            "spark-conf",
+            Some(BTreeMap::from([(
+                "spark.conf".to_string(),
+                "x=1".to_string(),
+            )])),
+            None,
+        ),
+        (
+            "spark-bin",
+            None,
+            Some(BTreeMap::from([(
+                "blob".to_string(),
+                k8s_openapi::ByteString(vec![0, 1]),
+            )])),
+        ),
+    ] {
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                owner_references: Some(vec![owner_of(&driver)]),
+                ..Default::default()
+            },
+            data,
+            binary_data: binary,
+            ..Default::default()
+        };
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+
+    let r = run(kc, &["scan", "-n", &ns, "-o", "json"]).await;
+    assert_eq!(r.code, 0, "{r}");
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    let rows = rows_by_name(&report);
+    assert!(rows.contains_key("op-lock"), "{r}");
+    assert!(
+        !rows.contains_key("spark-conf") && !rows.contains_key("spark-bin"),
+        "{r}"
+    );
+    assert_eq!(report["summary"]["skipped_with_data"], 2, "{r}");
+    let r = run(kc, &["scan", "-n", &ns]).await;
+    assert!(
+        r.stdout
+            .contains("2 unlabeled ConfigMaps owned by one Pod skipped"),
+        "{r}"
+    );
+
+    let mark = audit_mark(cp);
+    let r = run(kc, &["label", "-n", &ns, "--apply"]).await;
+    assert_eq!(r.code, 0, "{r}");
+    assert!(
+        r.stdout.contains(&format!("labeled      {ns}/op-lock")),
+        "{r}"
+    );
+    assert!(!r.stdout.contains("spark"), "{r}");
+    assert!(
+        r.stdout.contains("2 owned by one Pod but holding data"),
+        "{r}"
+    );
+    let writes = configmap_writes_since(cp, &client, &ns, mark).await;
+    assert_eq!(
+        names(&writes),
+        BTreeSet::from(["op-lock".to_string()]),
+        "{writes:?}"
+    );
+    for name in ["spark-conf", "spark-bin"] {
+        assert!(!labels_of(&client, &ns, name).await.contains_key(WATCH));
+    }
 }
 
 #[tokio::test]

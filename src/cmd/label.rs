@@ -39,9 +39,9 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     let selector = &args.scope.selector;
     let cluster = connect().await?;
     let needs = if args.apply {
-        "list and patch on configmaps"
+        "list, get and patch on configmaps"
     } else {
-        "list on configmaps"
+        "list and get on configmaps"
     };
     let listing = list_candidates(&cluster, &args.scope, selector, needs).await?;
 
@@ -170,6 +170,13 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     );
     if excluded > 0 {
         let _ = write!(summary, ", {excluded} left out by --include/--exclude");
+    }
+    if listing.skipped_with_data > 0 {
+        let _ = write!(
+            summary,
+            ", {} owned by one Pod but holding data, not lock-shaped, skipped",
+            listing.skipped_with_data
+        );
     }
     summary.push(')');
     if !args.apply && added > 0 {

@@ -10,13 +10,14 @@ pub mod table;
 use std::collections::BTreeSet;
 
 use anyhow::{anyhow, Context as _};
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::ListParams;
 use kube::{Api, Client};
 
 use crate::cli::Scope;
-use crate::lock::looks_like_lock;
+use crate::lock::{lock_shaped, looks_like_lock};
 use crate::selector::Selector;
 use crate::{call, Error};
 
@@ -92,6 +93,9 @@ pub struct Listing {
     pub candidates: Vec<Candidate>,
     /// ConfigMaps read, candidates or not.
     pub scanned: usize,
+    /// Unlabeled ConfigMaps owned by exactly one Pod that hold data: not
+    /// lock-shaped (operator-lib's locks are empty), so never candidates.
+    pub skipped_with_data: usize,
 }
 
 pub fn scope_text(scope: &Scope) -> String {
@@ -124,16 +128,59 @@ pub async fn list_candidates(
     let mut listing = Listing {
         candidates: Vec::new(),
         scanned: 0,
+        skipped_with_data: 0,
     };
     for ns in namespaces {
         list_namespace(cluster, ns.as_deref(), selector, &mut listing)
             .await
             .map_err(|e| explain(e, cluster, needs))?;
     }
+    keep_lock_shaped(cluster, &mut listing)
+        .await
+        .map_err(|e| explain(e, cluster, needs))?;
     listing
         .candidates
         .sort_by(|a, b| (&a.meta.namespace, &a.meta.name).cmp(&(&b.meta.namespace, &b.meta.name)));
     Ok(listing)
+}
+
+/// The metadata list cannot show data: read each unlabeled candidate whole
+/// (16 at a time) and keep it only if it is lock-shaped. Its metadata is
+/// replaced by that read's, so a later guarded write is guarded by the
+/// version that was seen empty. Labeled ConfigMaps were opted in by someone
+/// and are reported as they are.
+async fn keep_lock_shaped(cluster: &Cluster, listing: &mut Listing) -> Result<(), Error> {
+    let (labeled, unlabeled): (Vec<Candidate>, Vec<Candidate>) =
+        std::mem::take(&mut listing.candidates)
+            .into_iter()
+            .partition(|c| c.labeled);
+    let read: Vec<Option<ConfigMap>> = futures::stream::iter(unlabeled)
+        .map(|c| async move {
+            let ns = c.meta.namespace.clone().unwrap_or_default();
+            let name = c.meta.name.clone().unwrap_or_default();
+            let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), &ns);
+            call(format!("reading configmap {ns}/{name}"), api.get_opt(&name)).await
+        })
+        .buffered(CONCURRENCY)
+        .try_collect()
+        .await?;
+    listing.candidates = labeled;
+    for cm in read.into_iter().flatten() {
+        if !lock_shaped(&cm) {
+            listing.skipped_with_data += 1;
+            continue;
+        }
+        let mut meta = cm.metadata;
+        meta.managed_fields = None;
+        // Re-read: it may have been labeled (or lost its owner) meanwhile.
+        if looks_like_lock(&meta) {
+            listing.candidates.push(Candidate {
+                meta,
+                labeled: false,
+            });
+        }
+    }
+    Ok(())
 }
 
 async fn list_namespace(

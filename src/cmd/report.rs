@@ -66,6 +66,8 @@ pub struct Summary {
     pub unmanageable: usize,
     /// ConfigMaps read to find the candidates.
     pub configmaps_scanned: usize,
+    /// Unlabeled ConfigMaps owned by one Pod but holding data: not lock-shaped, left out.
+    pub skipped_with_data: usize,
     /// The namespaces in scope; empty means all.
     pub namespaces: Vec<String>,
     pub selector: String,

@@ -86,7 +86,7 @@ async fn fetch_holders(
 /// does). Everything `scan` reports.
 async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Report> {
     let started = Instant::now();
-    let needs = "list on configmaps and get and list on pods";
+    let needs = "list and get on configmaps and get and list on pods";
     let selector = &args.scope.selector;
     let listing = list_candidates(cluster, &args.scope, selector, needs).await?;
 
@@ -152,6 +152,7 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
     let mut summary = Summary {
         total: locks.len(),
         configmaps_scanned: listing.scanned,
+        skipped_with_data: listing.skipped_with_data,
         namespaces: args.scope.namespaces.clone(),
         selector: args.scope.selector.to_string(),
         owner_gone_grace_seconds: args.owner_gone_grace.as_secs_f64(),

@@ -176,6 +176,22 @@ const SHRINKABLE: [&[(usize, usize)]; 3] = [
 /// identifying suffix. The others keep their beginning.
 const MIDDLE: [usize; 2] = [3, 5];
 
+/// Says what was left out for holding data, if anything.
+pub fn skipped_line(out: &mut String, skipped_with_data: usize) {
+    if skipped_with_data > 0 {
+        out.push_str(&wrap(
+            &format!(
+                "{skipped_with_data} unlabeled ConfigMap{} owned by one Pod skipped: {} data, and a \
+                 leader-for-life lock is empty.",
+                if skipped_with_data == 1 { "" } else { "s" },
+                if skipped_with_data == 1 { "it holds" } else { "they hold" },
+            ),
+            TABLE_WIDTH,
+            0,
+        ));
+    }
+}
+
 pub fn render_report(report: &Report, scope: &Scope) -> String {
     let s = &report.summary;
     let mut out = String::new();
@@ -186,6 +202,7 @@ pub fn render_report(report: &Report, scope: &Scope) -> String {
             scope_text(scope),
             s.configmaps_scanned
         );
+        skipped_line(&mut out, s.skipped_with_data);
         return out;
     }
     let rows: Vec<Vec<String>> = report
@@ -251,6 +268,7 @@ pub fn render_report(report: &Report, scope: &Scope) -> String {
         "{} ConfigMaps scanned in {:.2}s.",
         s.configmaps_scanned, s.duration_seconds
     );
+    skipped_line(&mut out, s.skipped_with_data);
     if s.unlabeled > 0 {
         out.push_str(&wrap(
             "Unlabeled locks are not watched by `lock-janitor run`; opt them in with \

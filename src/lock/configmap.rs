@@ -2,6 +2,7 @@
 //! only ownerReference (operator-lib). Only metadata matters: the owner lives
 //! there, and the data (up to 1 MiB) is never needed.
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{Holder, Lock, Unmanageable};
@@ -60,6 +61,15 @@ pub fn parse(meta: &ObjectMeta) -> Result<Lock, Unmanageable> {
 /// unlabeled candidates; a candidate can still be unmanageable (empty uid).
 pub fn looks_like_lock(meta: &ObjectMeta) -> bool {
     matches!(meta.owner_references.as_deref(), Some([one]) if one.kind == "Pod" && one.api_version == "v1")
+}
+
+/// Lock-shaped (DESIGN.md): exactly one v1 Pod owner, and no `data` or
+/// `binaryData` (operator-lib's locks are empty). Spark drivers, for one,
+/// own ConfigMaps with data; those are never lock candidates.
+pub fn lock_shaped(cm: &ConfigMap) -> bool {
+    looks_like_lock(&cm.metadata)
+        && cm.data.as_ref().is_none_or(|d| d.is_empty())
+        && cm.binary_data.as_ref().is_none_or(|d| d.is_empty())
 }
 
 #[cfg(test)]
@@ -156,6 +166,29 @@ mod tests {
             assert_eq!(parse(&m), Err(want.clone()), "{want}");
             assert!(!want.to_string().is_empty());
         }
+    }
+
+    #[test]
+    fn lock_shaped_means_empty() {
+        let owned = |data: Option<&str>, binary: bool| ConfigMap {
+            metadata: meta(Some(vec![pod_owner("a", "1")])),
+            data: data.map(|d| [("k".to_string(), d.to_string())].into()),
+            binary_data: binary
+                .then(|| [("b".to_string(), k8s_openapi::ByteString(vec![1]))].into()),
+            ..Default::default()
+        };
+        assert!(lock_shaped(&owned(None, false)));
+        assert!(lock_shaped(&ConfigMap {
+            data: Some(Default::default()),
+            ..owned(None, false)
+        }));
+        assert!(!lock_shaped(&owned(Some("spark"), false)));
+        assert!(!lock_shaped(&owned(Some(""), false)));
+        assert!(!lock_shaped(&owned(None, true)));
+        assert!(!lock_shaped(&ConfigMap {
+            metadata: meta(None),
+            ..Default::default()
+        }));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 pub mod configmap;
 
-pub use configmap::{looks_like_lock, parse};
+pub use configmap::{lock_shaped, looks_like_lock, parse};
 
 use std::fmt;
 
