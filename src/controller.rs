@@ -106,6 +106,8 @@ impl Context {
     /// opt-in label), and starts following its name for a takeover.
     pub fn forget(&self, key: &LockKey) {
         if let Some(uid) = self.memory.forget(key) {
+            info!(namespace = %key.namespace, lock = %key.name, holder_uid = %uid,
+                  "watched lock deleted or opted out; awaiting a takeover");
             self.takeovers.follow(key, uid);
         }
     }
