@@ -96,6 +96,12 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, env = "LOCK_JANITOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
+    /// Requests per second the janitor may send to the API server, on average.
+    #[arg(long, env = "LOCK_JANITOR_API_QPS", default_value = "20", value_parser = parse_qps)]
+    pub api_qps: f64,
+    /// Requests the janitor may send at once above --api-qps.
+    #[arg(long, env = "LOCK_JANITOR_API_BURST", default_value = "40", value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub api_burst: u32,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -151,6 +157,14 @@ fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+fn parse_qps(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(q) if q.is_finite() && q > 0.0 && q <= 10000.0 => Ok(q),
+        Ok(_) => Err("must be greater than 0 and at most 10000".into()),
+        Err(_) => Err(format!("{s:?} is not a number (requests per second, like 20 or 0.5)")),
+    }
+}
+
 fn parse_glob(s: &str) -> Result<glob::Pattern, String> {
     glob::Pattern::new(s).map_err(|e| format!("invalid glob {s:?}: {e}"))
 }
@@ -197,6 +211,8 @@ mod tests {
         assert_eq!(a.metrics_bind_address.to_string(), "0.0.0.0:8080");
         assert!(!a.dry_run && !a.delete_pod);
         assert_eq!(a.log_format, LogFormat::Plain);
+        assert_eq!(a.api_qps, 20.0);
+        assert_eq!(a.api_burst, 40);
     }
 
     #[test]
@@ -231,6 +247,10 @@ mod tests {
                 "lock-janitor.io/watch!=false",
             ],
             vec!["lock-janitor", "run", "--bogus"],
+            vec!["lock-janitor", "run", "--api-qps", "0"],
+            vec!["lock-janitor", "run", "--api-qps", "fast"],
+            vec!["lock-janitor", "run", "--api-qps", "NaN"],
+            vec!["lock-janitor", "run", "--api-burst", "0"],
         ] {
             let err = Cli::try_parse_checked(&args).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{args:?}");

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::events::Events;
+use crate::index::HolderIndex;
 use crate::lock::{self, LockKey};
 use crate::memory::Memory;
 use crate::observe::{Judgement, Observer};
@@ -32,8 +33,26 @@ use crate::{scoped, Error, TERMINAL_PODS};
 
 /// How soon a lock that changed under a delete is judged again.
 const REJUDGE_AFTER: Duration = Duration::from_millis(500);
-/// Retry delay after an error (counted in `error_policy`).
+/// Retry delay after a first error (counted in `error_policy`); it doubles
+/// with each failure in a row, up to `MAX_ERROR_BACKOFF`, with ±20% jitter.
 const ERROR_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(300);
+
+/// The wait before retrying a lock that failed `failures` times in a row.
+pub fn error_backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(10);
+    let base = ERROR_BACKOFF
+        .saturating_mul(1 << doublings)
+        .min(MAX_ERROR_BACKOFF);
+    base.mul_f64(0.8 + 0.4 * fastrand::f64())
+}
+
+/// When to judge a lock again without a trigger: within `resync`, spread
+/// over its last quarter so that locks listed together are not re-judged
+/// together.
+pub fn resync_after(resync: Duration) -> Duration {
+    resync.mul_f64(0.75 + 0.25 * fastrand::f64())
+}
 
 pub type LockMeta = PartialObjectMeta<ConfigMap>;
 
@@ -147,12 +166,14 @@ pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, 
         ctx.forget(&key);
         return Ok(Action::await_change());
     };
-    act(&ctx, judgement).await
+    let action = act(&ctx, judgement).await?;
+    ctx.memory.succeeded(&key);
+    Ok(action)
 }
 
 /// Acts on a judgement: reports, reclaims, and says when to look again.
 pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
-    let resync = Action::requeue(ctx.settings.resync);
+    let resync = Action::requeue(resync_after(ctx.settings.resync));
     ctx.memory.set_state(&j.key, j.verdict.state());
     if !matches!(j.verdict, Verdict::Stale { .. }) {
         ctx.memory.clear_stale(&j.key);
@@ -183,16 +204,19 @@ pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
     }
 }
 
-/// The one place where failures are counted.
+/// The one place where failures are counted; each lock backs off on its own.
 pub fn error_policy(obj: Arc<LockMeta>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.shared
         .metrics
         .reconcile_errors
         .with_label_values(&[err.kind().as_str()])
         .inc();
+    let failures = ctx.memory.failed(&key_of(&obj));
+    let retry = error_backoff(failures);
     warn!(namespace = %obj.namespace().unwrap_or_default(), lock = %obj.name_any(), error = %err,
-          kind = err.kind().as_str(), "reconcile failed; nothing deleted, retrying");
-    Action::requeue(ERROR_BACKOFF)
+          kind = err.kind().as_str(), failures, retry_seconds = retry.as_secs_f64(),
+          "reconcile failed; nothing deleted, retrying");
+    Action::requeue(retry)
 }
 
 /// Calls `synced` once, on the first InitDone of a watch.
@@ -215,6 +239,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
     let cms: Api<LockMeta> = scoped(&ctx.client, namespace.as_deref());
     let pods: Api<PartialObjectMeta<Pod>> = scoped(&ctx.client, namespace.as_deref());
     let (reader, writer) = reflector::store::<LockMeta>();
+    let holders = Arc::new(HolderIndex::default());
     let readiness = ctx.shared.readiness.clone();
 
     let locks = {
@@ -222,6 +247,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
         let reader = reader.clone();
         let readiness = readiness.clone();
         let ns = namespace.clone();
+        let index = holders.clone();
         let config = watcher::Config::default()
             .labels(ctx.settings.selector.as_str())
             .any_semantic();
@@ -234,9 +260,17 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
             })
             .reflect(writer)
             .inspect(move |ev| match ev {
-                Ok(watcher::Event::Delete(m)) => ctx.forget(&key_of(m)),
-                Ok(watcher::Event::InitDone) => ctx.forget_missing(ns.as_deref(), &reader),
-                _ => {}
+                Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => index.apply(m),
+                Ok(watcher::Event::Delete(m)) => {
+                    index.delete(&key_of(m));
+                    ctx.forget(&key_of(m));
+                }
+                Ok(watcher::Event::Init) => index.relist_started(),
+                Ok(watcher::Event::InitDone) => {
+                    index.relist_done();
+                    ctx.forget_missing(ns.as_deref(), &reader);
+                }
+                Err(_) => {}
             });
         on_first_sync(stream, move || readiness.synced()).touched_objects()
     };
@@ -247,21 +281,15 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
             watcher(pods, watcher::Config::default().fields(TERMINAL_PODS)).default_backoff();
         on_first_sync(stream, move || readiness.synced()).touched_objects()
     };
-    let holders = reader.clone();
+    // A terminal pod finds its locks in the index: the cost of an event
+    // does not grow with the number of locks.
     let held_by = move |pod: PartialObjectMeta<Pod>| {
-        let ns = pod.namespace();
+        let ns = pod.namespace().unwrap_or_default();
         let uid = pod.metadata.uid.unwrap_or_default();
         holders
-            .state()
+            .locks_of(&ns, &uid)
             .into_iter()
-            .filter(|cm| {
-                cm.namespace() == ns
-                    && cm
-                        .owner_references()
-                        .iter()
-                        .any(|o| o.kind == "Pod" && !uid.is_empty() && o.uid == uid)
-            })
-            .map(|cm| ObjectRef::from_obj(&*cm))
+            .map(|k| ObjectRef::new(&k.name).within(&k.namespace))
             .collect::<Vec<_>>()
     };
 
@@ -329,6 +357,27 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_back_off_per_lock_with_jitter() {
+        let within = |d: Duration, base: u64| {
+            let b = Duration::from_secs(base);
+            d >= b.mul_f64(0.8) && d <= b.mul_f64(1.2)
+        };
+        for _ in 0..100 {
+            assert!(within(error_backoff(1), 5));
+            assert!(within(error_backoff(2), 10));
+            assert!(within(error_backoff(4), 40));
+            assert!(within(error_backoff(7), 300), "capped");
+            assert!(within(error_backoff(u32::MAX), 300));
+            let r = resync_after(Duration::from_secs(300));
+            assert!(r >= Duration::from_secs(225) && r <= Duration::from_secs(300));
+        }
+        let spread: std::collections::BTreeSet<u128> = (0..50)
+            .map(|_| error_backoff(3).as_millis())
+            .collect();
+        assert!(spread.len() > 1, "jittered");
+    }
 
     /// Before every watch has synced, a reconcile does nothing at all: no
     /// API call (the client points nowhere), no judgement.

@@ -6,12 +6,14 @@
 // commands and the controller use observe/reclaim/takeover, which use
 // memory/events/optin, which use verdict/lock/selector/metrics.
 pub mod cli;
+pub mod client;
 pub mod cmd;
 pub mod controller;
 pub mod events;
 #[cfg(test)]
 mod fixtures;
 pub mod http;
+pub mod index;
 pub mod lock;
 pub mod memory;
 pub mod metrics;

@@ -90,7 +90,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ?settings,
         "starting lock-janitor"
     );
-    let client = kube::Client::try_default().await.context(
+    let budget = lock_janitor::client::Budget {
+        qps: args.api_qps,
+        burst: args.api_burst,
+    };
+    let client = lock_janitor::client::build(budget).await.context(
         "no Kubernetes cluster found: set KUBECONFIG, create ~/.kube/config, or run in a pod with a service account",
     )?;
     let listener = http::bind(args.metrics_bind_address)

@@ -32,6 +32,8 @@ struct Memo {
     /// (resourceVersion, Event reason) last reported, so that a condition is
     /// announced once per version of the lock, not once per resync.
     reported: Option<(String, &'static str)>,
+    /// Reconciles that failed in a row (for the per-lock backoff).
+    failures: u32,
 }
 
 #[derive(Default)]
@@ -128,6 +130,23 @@ impl Memory {
     pub fn set_reported(&self, key: &LockKey, resource_version: &str, reason: &'static str) {
         self.with_memo(key, |m| {
             m.reported = Some((resource_version.to_owned(), reason))
+        });
+    }
+
+    /// Counts a failed reconcile; returns how many failed in a row.
+    pub fn failed(&self, key: &LockKey) -> u32 {
+        self.with_memo(key, |m| {
+            m.failures = m.failures.saturating_add(1);
+            m.failures
+        })
+    }
+
+    /// A reconcile went through: the backoff starts over.
+    pub fn succeeded(&self, key: &LockKey) {
+        self.with(|i| {
+            if let Some(m) = i.memos.get_mut(key) {
+                m.failures = 0;
+            }
         });
     }
 

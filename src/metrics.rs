@@ -47,8 +47,11 @@ impl Metrics {
                 "lock_janitor_reclaim_latency_seconds",
                 "Time from the holder's death to the acknowledged delete of its lock.",
             )
+            // 5 ms (a watch event and one DELETE) to an hour (a grace, a
+            // backlog, a janitor that was down).
             .buckets(vec![
-                0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0,
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+                300.0, 900.0, 1800.0, 3600.0,
             ]),
         )?;
         let pod_deletions = IntCounterVec::new(

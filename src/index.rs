@@ -1,0 +1,162 @@
+//! Which watched locks name which holder pod, kept from the lock watch's
+//! events, so that a terminal pod finds its locks without walking them all.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use kube::ResourceExt;
+
+use crate::lock::LockKey;
+
+/// (namespace, pod uid): how a pod event names its holder.
+type HolderId = (String, String);
+
+#[derive(Default)]
+struct Inner {
+    by_holder: HashMap<HolderId, HashSet<LockKey>>,
+    by_lock: HashMap<LockKey, Vec<HolderId>>,
+    /// During a re-list: the locks seen since it started.
+    relisting: Option<HashSet<LockKey>>,
+}
+
+/// The holder index of one scope.
+#[derive(Default)]
+pub struct HolderIndex {
+    inner: Mutex<Inner>,
+}
+
+impl HolderIndex {
+    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
+        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// A lock was listed, created or changed: index every Pod it names.
+    pub fn apply<K: kube::Resource>(&self, lock: &K) {
+        let key = LockKey {
+            namespace: lock.namespace().unwrap_or_default(),
+            name: lock.name_any(),
+        };
+        let holders: Vec<HolderId> = lock
+            .owner_references()
+            .iter()
+            .filter(|o| o.kind == "Pod" && !o.uid.is_empty())
+            .map(|o| (key.namespace.clone(), o.uid.clone()))
+            .collect();
+        self.with(|i| {
+            if let Some(seen) = i.relisting.as_mut() {
+                seen.insert(key.clone());
+            }
+            unindex(i, &key);
+            for h in &holders {
+                i.by_holder.entry(h.clone()).or_default().insert(key.clone());
+            }
+            i.by_lock.insert(key, holders);
+        });
+    }
+
+    pub fn delete(&self, key: &LockKey) {
+        self.with(|i| unindex(i, key));
+    }
+
+    /// A re-list starts: what it does not list again is gone afterwards.
+    pub fn relist_started(&self) {
+        self.with(|i| i.relisting = Some(HashSet::new()));
+    }
+
+    pub fn relist_done(&self) {
+        self.with(|i| {
+            let Some(seen) = i.relisting.take() else {
+                return;
+            };
+            let gone: Vec<LockKey> = i
+                .by_lock
+                .keys()
+                .filter(|k| !seen.contains(*k))
+                .cloned()
+                .collect();
+            for k in gone {
+                unindex(i, &k);
+            }
+        });
+    }
+
+    /// The locks that name the pod with this uid in this namespace.
+    pub fn locks_of(&self, namespace: &str, uid: &str) -> Vec<LockKey> {
+        self.with(|i| {
+            i.by_holder
+                .get(&(namespace.to_owned(), uid.to_owned()))
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default()
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.with(|i| i.by_lock.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn unindex(i: &mut Inner, key: &LockKey) {
+    for h in i.by_lock.remove(key).unwrap_or_default() {
+        if let Some(set) = i.by_holder.get_mut(&h) {
+            set.remove(key);
+            if set.is_empty() {
+                i.by_holder.remove(&h);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{lock_meta, pod_owner};
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn cm(name: &str, owners: &[(&str, &str)]) -> ConfigMap {
+        let mut meta = lock_meta(owners.iter().map(|(n, u)| pod_owner(n, u)).collect(), &[]);
+        meta.name = Some(name.into());
+        ConfigMap {
+            metadata: meta,
+            ..Default::default()
+        }
+    }
+
+    fn key(name: &str) -> LockKey {
+        LockKey {
+            namespace: "ops".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn follows_the_lock_watch() {
+        let idx = HolderIndex::default();
+        idx.apply(&cm("a", &[("p1", "u1")]));
+        idx.apply(&cm("b", &[("p1", "u1")]));
+        idx.apply(&cm("c", &[("p2", "u2"), ("p3", "u3")]));
+        let mut of_u1 = idx.locks_of("ops", "u1");
+        of_u1.sort();
+        assert_eq!(of_u1, vec![key("a"), key("b")]);
+        assert_eq!(idx.locks_of("ops", "u3"), vec![key("c")]);
+        assert!(idx.locks_of("other", "u1").is_empty());
+
+        // A takeover: the lock now names another pod.
+        idx.apply(&cm("a", &[("p9", "u9")]));
+        assert_eq!(idx.locks_of("ops", "u1"), vec![key("b")]);
+        assert_eq!(idx.locks_of("ops", "u9"), vec![key("a")]);
+
+        idx.delete(&key("b"));
+        assert!(idx.locks_of("ops", "u1").is_empty());
+
+        // A re-list that no longer lists "c" forgets it.
+        idx.relist_started();
+        idx.apply(&cm("a", &[("p9", "u9")]));
+        idx.relist_done();
+        assert!(idx.locks_of("ops", "u2").is_empty());
+        assert_eq!(idx.len(), 1);
+    }
+}
