@@ -161,7 +161,9 @@ fn parse_qps(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(q) if q.is_finite() && q > 0.0 && q <= 10000.0 => Ok(q),
         Ok(_) => Err("must be greater than 0 and at most 10000".into()),
-        Err(_) => Err(format!("{s:?} is not a number (requests per second, like 20 or 0.5)")),
+        Err(_) => Err(format!(
+            "{s:?} is not a number (requests per second, like 20 or 0.5)"
+        )),
     }
 }
 

@@ -29,7 +29,7 @@ use crate::selector::Selector;
 use crate::shared::Shared;
 use crate::takeover::Takeovers;
 use crate::verdict::{self, Policy, Verdict};
-use crate::{scoped, Error, TERMINAL_PODS};
+use crate::{scoped, sweep, Error, TERMINAL_PODS};
 
 /// How soon a lock that changed under a delete is judged again.
 const REJUDGE_AFTER: Duration = Duration::from_millis(500);
@@ -149,14 +149,19 @@ pub fn key_of(m: &LockMeta) -> LockKey {
     }
 }
 
-/// Judges one lock from live reads and acts on the verdict.
+/// Judges one lock from live reads and acts on the verdict, unless its last
+/// judgement still stands (nothing changed since: see `memory`).
 pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, Error> {
     if !ctx.shared.readiness.is_synced() {
         // Safety rule 4: nothing happens before every watch has synced.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let _timer = ctx.shared.metrics.reconcile_duration.start_timer();
     let key = key_of(&obj);
+    let cached_rv = obj.metadata.resource_version.as_deref().unwrap_or_default();
+    if !ctx.memory.needs_judging(&key, cached_rv) {
+        return Ok(Action::requeue(resync_after(ctx.settings.resync)));
+    }
+    let _timer = ctx.shared.metrics.reconcile_duration.start_timer();
     if let Ok(cached) = lock::parse(&obj.metadata) {
         // Known before any read can fail: whose lock to follow if it goes.
         ctx.memory.set_holder(&key, &cached.holder.uid);
@@ -166,9 +171,24 @@ pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, 
         ctx.forget(&key);
         return Ok(Action::await_change());
     };
+    let judged_rv = judgement.meta.resource_version.clone().unwrap_or_default();
+    let settles = settles(&judgement.verdict);
     let action = act(&ctx, judgement).await?;
+    ctx.memory.judged(&key, &judged_rv, settles);
     ctx.memory.succeeded(&key);
     Ok(action)
+}
+
+/// Whether a verdict stands until the lock or its holder changes (both are
+/// watched). A stale lock (dry run, blocked, failing), a running owner-gone
+/// grace and an owner in another namespace are judged again each time.
+fn settles(v: &Verdict) -> bool {
+    !matches!(
+        v,
+        Verdict::Stale { .. }
+            | Verdict::Held(verdict::HeldBecause::OwnerGoneGrace { .. })
+            | Verdict::Unmanageable(lock::Unmanageable::OwnerInOtherNamespace(_))
+    )
 }
 
 /// Acts on a judgement: reports, reclaims, and says when to look again.
@@ -241,6 +261,9 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
     let (reader, writer) = reflector::store::<LockMeta>();
     let holders = Arc::new(HolderIndex::default());
     let readiness = ctx.shared.readiness.clone();
+    // How many of this scope's two watches have listed once.
+    let (listed_tx, listed_rx) = tokio::sync::watch::channel(0u8);
+    let listed_tx = Arc::new(listed_tx);
 
     let locks = {
         let ctx = ctx.clone();
@@ -262,8 +285,13 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
             .inspect(move |ev| match ev {
                 Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => index.apply(m),
                 Ok(watcher::Event::Delete(m)) => {
-                    index.delete(&key_of(m));
-                    ctx.forget(&key_of(m));
+                    let key = key_of(m);
+                    index.delete(&key);
+                    if let Ok(last) = lock::parse(&m.metadata) {
+                        // Whose lock it was, as it was last seen.
+                        ctx.memory.set_holder(&key, &last.holder.uid);
+                    }
+                    ctx.forget(&key);
                 }
                 Ok(watcher::Event::Init) => index.relist_started(),
                 Ok(watcher::Event::InitDone) => {
@@ -272,46 +300,118 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
                 }
                 Err(_) => {}
             });
-        on_first_sync(stream, move || readiness.synced()).touched_objects()
+        let listed = listed_tx.clone();
+        on_first_sync(stream, move || {
+            readiness.synced();
+            listed.send_modify(|n| *n += 1);
+        })
+        .touched_objects()
     };
 
     let terminal_pods = {
         let readiness = readiness.clone();
+        let listed = listed_tx.clone();
         let stream =
             watcher(pods, watcher::Config::default().fields(TERMINAL_PODS)).default_backoff();
-        on_first_sync(stream, move || readiness.synced()).touched_objects()
+        on_first_sync(stream, move || {
+            readiness.synced();
+            listed.send_modify(|n| *n += 1);
+        })
+        .touched_objects()
     };
     // A terminal pod finds its locks in the index: the cost of an event
     // does not grow with the number of locks.
-    let held_by = move |pod: PartialObjectMeta<Pod>| {
-        let ns = pod.namespace().unwrap_or_default();
-        let uid = pod.metadata.uid.unwrap_or_default();
-        holders
-            .locks_of(&ns, &uid)
-            .into_iter()
-            .map(|k| ObjectRef::new(&k.name).within(&k.namespace))
-            .collect::<Vec<_>>()
+    let held_by = {
+        let (ctx, holders) = (ctx.clone(), holders.clone());
+        move |pod: PartialObjectMeta<Pod>| {
+            let ns = pod.namespace().unwrap_or_default();
+            let uid = pod.metadata.uid.unwrap_or_default();
+            holders
+                .locks_of(&ns, &uid)
+                .into_iter()
+                .map(|k| {
+                    ctx.memory.suspect(&k);
+                    ObjectRef::new(&k.name).within(&k.namespace)
+                })
+                .collect::<Vec<_>>()
+        }
     };
 
-    // A lock deleted while its reconcile was in flight may be remembered
-    // again after the watch said it was gone; prune such ghosts each resync.
-    let pruner = {
-        let (ctx, reader, ns, shutdown) = (
+    // The sweeper: once both watches have listed, and every --resync, two
+    // metadata-only pod lists name the suspects (see `sweep`). The first
+    // sweep settles every lock it finds nothing against, so that start-up
+    // does not read each lock and holder one by one; it is the last thing
+    // readiness waits for. It also prunes ghosts: a lock deleted while its
+    // reconcile was in flight may be remembered after the watch said it
+    // was gone.
+    let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<LockMeta>>();
+    let sweeper = {
+        let (ctx, reader, ns, shutdown, index) = (
             ctx.clone(),
             reader.clone(),
             namespace.clone(),
             shutdown.clone(),
+            holders.clone(),
         );
+        let mut listed = listed_rx;
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(ctx.settings.resync);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = listed.wait_for(|n| *n >= 2) => {}
+            }
+            let mut first = true;
+            let mut failures = 0;
             loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tick.tick() => {
-                        if ctx.shared.readiness.is_synced() {
+                match sweep::sweep(&ctx.client, ns.as_deref(), &index).await {
+                    Ok(found) => {
+                        failures = 0;
+                        debug!(
+                            scope = ns.as_deref().unwrap_or("all namespaces"),
+                            pods = found.pods,
+                            requests = found.requests,
+                            suspects = found.suspects.len(),
+                            "resync sweep done"
+                        );
+                        if first {
+                            for m in reader.state() {
+                                let key = key_of(&m);
+                                if found.suspects.contains(&key) {
+                                    continue;
+                                }
+                                if let Ok(lock) = lock::parse(&m.metadata) {
+                                    let (rv, uid) = (&lock.resource_version, &lock.holder.uid);
+                                    ctx.memory.seed_held(&key, rv, uid);
+                                }
+                            }
+                            ctx.shared.readiness.synced();
+                            first = false;
+                        } else {
                             ctx.forget_missing(ns.as_deref(), &reader);
                         }
+                        for key in found.suspects {
+                            ctx.memory.suspect(&key);
+                            let _ = suspects_tx
+                                .unbounded_send(ObjectRef::new(&key.name).within(&key.namespace));
+                        }
                     }
+                    Err(e) => {
+                        failures += 1;
+                        warn!(error = %e, "resync sweep failed; trying again");
+                        ctx.shared
+                            .metrics
+                            .reconcile_errors
+                            .with_label_values(&[e.kind().as_str()])
+                            .inc();
+                    }
+                }
+                let wait = if failures > 0 {
+                    error_backoff(failures)
+                } else {
+                    resync_after(ctx.settings.resync)
+                };
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(wait) => {}
                 }
             }
         })
@@ -321,6 +421,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
     info!(scope = %scope, selector = %ctx.settings.selector, "watching locks");
     Controller::for_stream(locks, reader)
         .watches_stream(terminal_pods, held_by)
+        .reconcile_on(suspects_rx)
         .with_config(ControllerConfig::default().concurrency(4))
         .graceful_shutdown_on(shutdown.cancelled_owned())
         .run(reconcile, error_policy, ctx)
@@ -332,7 +433,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
             future::ready(())
         })
         .await;
-    pruner.abort();
+    sweeper.abort();
     info!(scope = %scope, "stopped watching");
 }
 
@@ -344,8 +445,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     } else {
         ctx.settings.namespaces.iter().cloned().map(Some).collect()
     };
-    // Two watches per scope (locks, terminal pods) must list before ready.
-    ctx.shared.readiness.expect(2 * scopes.len());
+    // Per scope, two watches (locks, terminal pods) and the first sweep
+    // must list before anything is judged.
+    ctx.shared.readiness.expect(3 * scopes.len());
     future::join_all(
         scopes
             .into_iter()
@@ -373,9 +475,8 @@ mod tests {
             let r = resync_after(Duration::from_secs(300));
             assert!(r >= Duration::from_secs(225) && r <= Duration::from_secs(300));
         }
-        let spread: std::collections::BTreeSet<u128> = (0..50)
-            .map(|_| error_backoff(3).as_millis())
-            .collect();
+        let spread: std::collections::BTreeSet<u128> =
+            (0..50).map(|_| error_backoff(3).as_millis()).collect();
         assert!(spread.len() > 1, "jittered");
     }
 

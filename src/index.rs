@@ -11,10 +11,15 @@ use crate::lock::LockKey;
 /// (namespace, pod uid): how a pod event names its holder.
 type HolderId = (String, String);
 
+/// A pod a lock names: (name, uid), in the lock's namespace.
+pub type Named = (String, String);
+
 #[derive(Default)]
 struct Inner {
     by_holder: HashMap<HolderId, HashSet<LockKey>>,
-    by_lock: HashMap<LockKey, Vec<HolderId>>,
+    by_lock: HashMap<LockKey, Vec<Named>>,
+    /// (namespace, pod name) of every holder, with how many locks name it.
+    names: HashMap<(String, String), usize>,
     /// During a re-list: the locks seen since it started.
     relisting: Option<HashSet<LockKey>>,
 }
@@ -36,19 +41,23 @@ impl HolderIndex {
             namespace: lock.namespace().unwrap_or_default(),
             name: lock.name_any(),
         };
-        let holders: Vec<HolderId> = lock
+        let holders: Vec<Named> = lock
             .owner_references()
             .iter()
             .filter(|o| o.kind == "Pod" && !o.uid.is_empty())
-            .map(|o| (key.namespace.clone(), o.uid.clone()))
+            .map(|o| (o.name.clone(), o.uid.clone()))
             .collect();
         self.with(|i| {
             if let Some(seen) = i.relisting.as_mut() {
                 seen.insert(key.clone());
             }
             unindex(i, &key);
-            for h in &holders {
-                i.by_holder.entry(h.clone()).or_default().insert(key.clone());
+            for (name, uid) in &holders {
+                let id = (key.namespace.clone(), uid.clone());
+                i.by_holder.entry(id).or_default().insert(key.clone());
+                *i.names
+                    .entry((key.namespace.clone(), name.clone()))
+                    .or_default() += 1;
             }
             i.by_lock.insert(key, holders);
         });
@@ -90,6 +99,24 @@ impl HolderIndex {
         })
     }
 
+    /// Whether some lock names a pod of this name in this namespace.
+    pub fn names_a_holder(&self, namespace: &str, name: &str) -> bool {
+        self.with(|i| {
+            i.names
+                .contains_key(&(namespace.to_owned(), name.to_owned()))
+        })
+    }
+
+    /// Every indexed lock and the pods it names.
+    pub fn snapshot(&self) -> Vec<(LockKey, Vec<Named>)> {
+        self.with(|i| {
+            i.by_lock
+                .iter()
+                .map(|(k, h)| (k.clone(), h.clone()))
+                .collect()
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.with(|i| i.by_lock.len())
     }
@@ -100,11 +127,19 @@ impl HolderIndex {
 }
 
 fn unindex(i: &mut Inner, key: &LockKey) {
-    for h in i.by_lock.remove(key).unwrap_or_default() {
-        if let Some(set) = i.by_holder.get_mut(&h) {
+    for (name, uid) in i.by_lock.remove(key).unwrap_or_default() {
+        let id = (key.namespace.clone(), uid);
+        if let Some(set) = i.by_holder.get_mut(&id) {
             set.remove(key);
             if set.is_empty() {
-                i.by_holder.remove(&h);
+                i.by_holder.remove(&id);
+            }
+        }
+        let n = (key.namespace.clone(), name);
+        if let Some(count) = i.names.get_mut(&n) {
+            *count -= 1;
+            if *count == 0 {
+                i.names.remove(&n);
             }
         }
     }
@@ -149,8 +184,10 @@ mod tests {
         assert_eq!(idx.locks_of("ops", "u1"), vec![key("b")]);
         assert_eq!(idx.locks_of("ops", "u9"), vec![key("a")]);
 
+        assert!(idx.names_a_holder("ops", "p1") && idx.names_a_holder("ops", "p9"));
         idx.delete(&key("b"));
         assert!(idx.locks_of("ops", "u1").is_empty());
+        assert!(!idx.names_a_holder("ops", "p1"));
 
         // A re-list that no longer lists "c" forgets it.
         idx.relist_started();

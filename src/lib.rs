@@ -24,6 +24,7 @@ pub mod readiness;
 pub mod reclaim;
 pub mod selector;
 pub mod shared;
+pub mod sweep;
 pub mod takeover;
 pub mod verdict;
 pub mod words;

@@ -34,6 +34,15 @@ struct Memo {
     reported: Option<(String, &'static str)>,
     /// Reconciles that failed in a row (for the per-lock backoff).
     failures: u32,
+    /// The resourceVersion of the lock last judged (live, or by a sweep).
+    judged_rv: Option<String>,
+    /// That judgement holds until something changes: the lock (a new
+    /// resourceVersion), or its holder (a suspect from the pod watch or a
+    /// sweep). Stale locks, a running owner-gone grace and an owner in
+    /// another namespace are never settled.
+    settled: bool,
+    /// The pod watch or a sweep says the holder changed.
+    suspect: bool,
 }
 
 #[derive(Default)]
@@ -131,6 +140,49 @@ impl Memory {
         self.with_memo(key, |m| {
             m.reported = Some((resource_version.to_owned(), reason))
         });
+    }
+
+    /// Whether a reconcile must judge this lock from live reads: it is new,
+    /// it changed since it was judged, its holder is suspect, or its last
+    /// verdict does not settle it. Otherwise the last judgement stands and
+    /// nothing is read.
+    pub fn needs_judging(&self, key: &LockKey, resource_version: &str) -> bool {
+        self.with(|i| match i.memos.get(key) {
+            Some(m) => !m.settled || m.suspect || m.judged_rv.as_deref() != Some(resource_version),
+            None => true,
+        })
+    }
+
+    /// Records what was judged: the lock's version and whether it settles.
+    pub fn judged(&self, key: &LockKey, resource_version: &str, settled: bool) {
+        self.with(|i| {
+            if let Some(m) = i.memos.get_mut(key) {
+                m.judged_rv = Some(resource_version.to_owned());
+                m.settled = settled;
+                m.suspect = false;
+            }
+        });
+    }
+
+    /// The holder of a remembered lock may have changed.
+    pub fn suspect(&self, key: &LockKey) {
+        self.with(|i| {
+            if let Some(m) = i.memos.get_mut(key) {
+                m.suspect = true;
+            }
+        });
+    }
+
+    /// A sweep found nothing against a lock the janitor has not judged yet
+    /// (its holder exists under its uid and is not terminal): held, settled,
+    /// without a read of its own. A lock already remembered is left alone.
+    pub fn seed_held(&self, key: &LockKey, resource_version: &str, holder_uid: &str) {
+        let new = self.with(|i| !i.memos.contains_key(key));
+        if new {
+            self.set_state(key, LockState::Held);
+            self.set_holder(key, holder_uid);
+            self.judged(key, resource_version, true);
+        }
     }
 
     /// Counts a failed reconcile; returns how many failed in a row.

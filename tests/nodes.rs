@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
@@ -73,13 +73,20 @@ async fn holders_on_lost_nodes_are_held_until_out_of_service() {
         )
         .unwrap_or(0.0)
     };
-    // Held through at least three judgements made after `what`.
+    // Held through a live judgement made after `what` (a change to the lock
+    // makes the janitor read it and its holder again) and two resync sweeps.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let held_through = async |what: &str| {
         let before = reconciles().await;
+        let poke = serde_json::json!({"metadata": {"annotations": {"test/poke": what}}});
+        cms.patch("op-lock", &PatchParams::default(), &Patch::Merge(&poke))
+            .await
+            .unwrap();
         wait_for(what, Duration::from_secs(30), || async {
-            (reconciles().await >= before + 3.0).then_some(())
+            (reconciles().await > before).then_some(())
         })
         .await;
+        j.wait_sweeps(2).await;
         assert!(lock_exists(&client, &ns, "op-lock").await, "{what}");
         let m = j.metrics().await;
         assert_eq!(

@@ -245,6 +245,22 @@ impl Janitor {
         }
     }
 
+    /// Resync sweeps done so far (a debug log line each).
+    pub fn sweeps(&self) -> usize {
+        self.logs().matches("resync sweep done").count()
+    }
+
+    /// Waits until `n` more resync sweeps are done.
+    pub async fn wait_sweeps(&self, n: usize) {
+        let before = self.sweeps();
+        wait_for(
+            &format!("{n} more resync sweeps"),
+            Duration::from_secs(60),
+            || async { (self.sweeps() >= before + n).then_some(()) },
+        )
+        .await;
+    }
+
     pub async fn metrics(&self) -> String {
         let (code, body) = http_get(self.port, "/metrics")
             .await
