@@ -30,16 +30,18 @@
 //! its deletion, as seen by a ConfigMap watch in this process, is reported
 //! with the janitor's own `lock_janitor_reclaim_latency_seconds`.
 
+#[path = "common/bench.rs"]
+mod bench_support;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bench_support::*;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -48,8 +50,6 @@ use support::*;
 
 /// Object writes in flight while setting up (and status writes in the burst).
 const WRITERS: usize = 32;
-/// Nodes the pods are bound to (created up front; `create_pod` reuses them).
-const NODES: usize = 8;
 /// Namespaces for the locks, and for the pods that hold no lock.
 const LOCK_NAMESPACES: usize = 10;
 const POD_NAMESPACES: usize = 10;
@@ -113,62 +113,6 @@ fn parse_args() -> Args {
     a
 }
 
-fn die(msg: &str) -> ! {
-    eprintln!("bench_janitor: {msg}");
-    std::process::exit(2);
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.1}s", d.as_secs_f64())
-}
-
-fn step(msg: &str) {
-    println!("\n==> {msg}");
-}
-
-/// Retries an API call a few times (a busy 2-core apiserver may answer 429
-/// or time out); gives up with a message.
-async fn retry<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = kube::Result<T>>,
-{
-    let mut attempt = 0u64;
-    loop {
-        attempt += 1;
-        match f().await {
-            Ok(v) => return v,
-            Err(e) if attempt < 6 => {
-                eprintln!("retrying {what}: {e}");
-                tokio::time::sleep(Duration::from_millis(250 * attempt)).await;
-            }
-            Err(e) => die(&format!("{what}: {e}")),
-        }
-    }
-}
-
-fn node_of(i: usize) -> String {
-    format!("bench-node-{}", i % NODES)
-}
-
-/// A pod bound to a bench node, then Running (a retried create that finds
-/// the pod already there goes on with it).
-async fn running(client: &Client, ns: &str, name: &str, node: &str, app: &str) -> Pod {
-    retry(&format!("creating pod {ns}/{name}"), || async move {
-        match kubelet::create_pod(client, ns, name, node, &[("app", app)]).await {
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                Api::<Pod>::namespaced(client.clone(), ns).get(name).await
-            }
-            r => r,
-        }
-    })
-    .await;
-    retry(&format!("pod {ns}/{name} Running"), || {
-        kubelet::set_running(client, ns, name)
-    })
-    .await
-}
-
 #[derive(Clone, Copy)]
 enum Noise {
     Running,
@@ -225,34 +169,6 @@ async fn holder_and_lock(client: Client, ns: String, i: usize, small: bool) -> (
     })
     .await;
     (ns, holder)
-}
-
-/// VmRSS, VmHWM and RssAnon of a process, in KiB.
-#[derive(Clone, Copy, Default)]
-struct Mem {
-    rss: u64,
-    hwm: u64,
-    anon: u64,
-}
-
-fn mem(pid: u32) -> Mem {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_else(|e| die(&format!("reading /proc/{pid}/status: {e}")));
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    };
-    Mem {
-        rss: field("VmRSS:"),
-        hwm: field("VmHWM:"),
-        anon: field("RssAnon:"),
-    }
-}
-
-fn mib(kib: u64) -> String {
-    format!("{:.1}", kib as f64 / 1024.0)
 }
 
 /// One janitor of the memory benchmark.
@@ -370,23 +286,6 @@ fn print_memory_table(ws: &[Watcher], rows: &[(String, Vec<Mem>, bool)]) {
         }
         println!();
     }
-}
-
-/// min / median / p90 / max of a sample, in seconds.
-fn distribution(mut v: Vec<f64>) -> String {
-    if v.is_empty() {
-        return "no samples".into();
-    }
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
-    format!(
-        "n={}  min {:.3}s  median {:.3}s  p90 {:.3}s  max {:.3}s",
-        v.len(),
-        v[0],
-        at(0.5),
-        at(0.9),
-        v[v.len() - 1]
-    )
 }
 
 /// `latency_seconds=<x>` of each "stale lock reclaimed" line of the log.

@@ -34,6 +34,9 @@ impl Budget {
 pub async fn build(budget: Budget) -> Result<Client, kube::Error> {
     let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
     Ok(ClientBuilder::try_from(config)?
+        // A buffer of our own, so that requests wait for the budget side
+        // by side rather than in one line (a DELETE must not queue behind).
+        .with_layer(&tower::buffer::BufferLayer::new(1024))
         .with_layer(&BudgetLayer::new(budget))
         .build())
 }
@@ -52,96 +55,120 @@ impl BudgetLayer {
     }
 }
 
-impl<S> tower_layer::Layer<S> for BudgetLayer {
+impl<S> tower::Layer<S> for BudgetLayer {
     type Service = Budgeted<S>;
     fn layer(&self, inner: S) -> Budgeted<S> {
         Budgeted {
             inner,
             limiter: self.limiter.clone(),
-            wait: None,
-            granted: false,
         }
     }
 }
 
-/// The service: ready only once a token is granted (kube's client calls
-/// `poll_ready` before each `call`, one request at a time).
+/// The service. Every request waits for a token, except a DELETE: the
+/// janitor deletes only to free a stale lock (or its dead pod) right after
+/// it read the holder, and that gap must stay short (a pod recreated under
+/// the holder's name meanwhile would believe it leads). A DELETE takes a
+/// token when one is free; there is one DELETE per stale lock at most.
+#[derive(Clone)]
 pub struct Budgeted<S> {
     inner: S,
     limiter: Arc<DefaultDirectRateLimiter>,
-    wait: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
-    granted: bool,
 }
 
-impl<S, R> tower_service::Service<R> for Budgeted<S>
+impl<S, B> tower::Service<http::Request<B>> for Budgeted<S>
 where
-    S: tower_service::Service<R>,
+    S: tower::Service<http::Request<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if !self.granted {
-            if self.limiter.check().is_ok() {
-                self.granted = true;
-            } else {
-                let limiter = self.limiter.clone();
-                let wait = self
-                    .wait
-                    .get_or_insert_with(|| Box::pin(async move { limiter.until_ready().await }));
-                if wait.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                self.wait = None;
-                self.granted = true;
-            }
-        }
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Readiness is awaited per request, after its token.
+        Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: R) -> Self::Future {
-        self.granted = false;
-        self.inner.call(req)
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        use tower::ServiceExt;
+        let inner = self.inner.clone();
+        let limiter = self.limiter.clone();
+        let frees_a_lock = req.method() == http::Method::DELETE;
+        Box::pin(async move {
+            if frees_a_lock {
+                let _ = limiter.check();
+            } else {
+                limiter.until_ready().await;
+            }
+            inner.oneshot(req).await
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::task::Waker;
-    use tower_layer::Layer;
-    use tower_service::Service;
+    use futures::FutureExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Layer, Service, ServiceExt};
 
-    struct Echo;
-    impl Service<u32> for Echo {
-        type Response = u32;
-        type Error = ();
-        type Future = std::future::Ready<Result<u32, ()>>;
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ()>> {
+    /// Answers at once and counts what reached it.
+    #[derive(Clone, Default)]
+    struct Counter(Arc<AtomicUsize>);
+    impl Service<http::Request<()>> for Counter {
+        type Response = ();
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<(), Self::Error>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
             Poll::Ready(Ok(()))
         }
-        fn call(&mut self, r: u32) -> Self::Future {
-            std::future::ready(Ok(r))
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(()))
         }
     }
 
+    fn req(method: http::Method) -> http::Request<()> {
+        http::Request::builder()
+            .method(method)
+            .uri("/api")
+            .body(())
+            .unwrap()
+    }
+
     /// `burst` requests go at once; the next one waits for a token (here a
-    /// thousand seconds away), and a request is never sent without one.
-    #[test]
-    fn holds_requests_beyond_the_burst() {
+    /// thousand seconds away) and never reaches the server without one; a
+    /// DELETE does not wait behind it.
+    #[tokio::test]
+    async fn holds_requests_beyond_the_burst_but_never_a_delete() {
         let budget = Budget {
             qps: 0.001,
             burst: 5,
         };
-        let mut svc = BudgetLayer::new(budget).layer(Echo);
-        let mut cx = Context::from_waker(Waker::noop());
-        for i in 0..5 {
-            assert!(svc.poll_ready(&mut cx).is_ready(), "request {i}");
-            drop(svc.call(i));
+        let counter = Counter::default();
+        let svc = BudgetLayer::new(budget).layer(counter.clone());
+        for _ in 0..5 {
+            svc.clone().oneshot(req(http::Method::GET)).await.unwrap();
         }
-        assert!(svc.poll_ready(&mut cx).is_pending());
-        assert!(svc.poll_ready(&mut cx).is_pending(), "still no token");
+        assert_eq!(counter.0.load(Ordering::SeqCst), 5);
+        let mut waiting = svc.clone().oneshot(req(http::Method::GET)).boxed();
+        assert!(
+            (&mut waiting).now_or_never().is_none(),
+            "no token: it waits"
+        );
+        assert_eq!(counter.0.load(Ordering::SeqCst), 5, "and was not sent");
+        svc.clone()
+            .oneshot(req(http::Method::DELETE))
+            .await
+            .unwrap();
+        assert_eq!(
+            counter.0.load(Ordering::SeqCst),
+            6,
+            "the DELETE went through"
+        );
+        assert!(waiting.now_or_never().is_none(), "the GET still waits");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! acts on the verdict (`reclaim`), remembering what it needs (`memory`)
 //! and following deleted locks for a takeover (`takeover`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,7 +100,12 @@ impl Context {
                 memory.clone(),
                 mode,
             ),
-            takeovers: Takeovers::new(client.clone(), settings.selector.clone(), settings.dry_run),
+            takeovers: Takeovers::new(
+                client.clone(),
+                shared.readiness.clone(),
+                settings.selector.clone(),
+                settings.dry_run,
+            ),
             memory,
             client,
             shared,
@@ -162,6 +167,7 @@ pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, 
         return Ok(Action::requeue(resync_after(ctx.settings.resync)));
     }
     let _timer = ctx.shared.metrics.reconcile_duration.start_timer();
+    ctx.memory.take_suspect(&key);
     if let Ok(cached) = lock::parse(&obj.metadata) {
         // Known before any read can fail: whose lock to follow if it goes.
         ctx.memory.set_holder(&key, &cached.holder.uid);
@@ -231,12 +237,48 @@ pub fn error_policy(obj: Arc<LockMeta>, err: &Error, ctx: Arc<Context>) -> Actio
         .reconcile_errors
         .with_label_values(&[err.kind().as_str()])
         .inc();
-    let failures = ctx.memory.failed(&key_of(&obj));
+    let key = key_of(&obj);
+    // Judged again from live reads after the backoff, whatever the memory says.
+    ctx.memory.suspect(&key);
+    let failures = ctx.memory.failed(&key);
     let retry = error_backoff(failures);
     warn!(namespace = %obj.namespace().unwrap_or_default(), lock = %obj.name_any(), error = %err,
           kind = err.kind().as_str(), failures, retry_seconds = retry.as_secs_f64(),
           "reconcile failed; nothing deleted, retrying");
     Action::requeue(retry)
+}
+
+/// Counts and reports a watch's errors (WARN, at most every 30 s), and
+/// tells readiness whether it works.
+fn watch_health<K>(
+    stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    shared: Shared,
+    resource: &'static str,
+    scope: &str,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> {
+    let name = format!("{resource} in {scope}");
+    stream.inspect(move |ev| match ev {
+        Err(e) => {
+            shared
+                .metrics
+                .watch_errors
+                .with_label_values(&[resource])
+                .inc();
+            if let crate::readiness::Report::Warn {
+                errors,
+                failing_for,
+            } = shared.readiness.watch_failed(&name)
+            {
+                warn!(watch = %name, error = %e, errors, failing_seconds = failing_for.as_secs(),
+                      "watch failing; retrying with backoff (not ready after a minute of this)");
+            }
+        }
+        Ok(_) => {
+            if shared.readiness.watch_ok(&name) {
+                info!(watch = %name, "watch recovered");
+            }
+        }
+    })
 }
 
 /// Calls `synced` once, on the first InitDone of a watch.
@@ -255,7 +297,9 @@ fn on_first_sync<K>(
 
 /// Runs the controller for one scope (a namespace, or all) until `shutdown`.
 async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: CancellationToken) {
+    let scope = namespace.as_deref().unwrap_or("all namespaces").to_owned();
     // Api<PartialObjectMeta<_>> makes metadata-only requests.
+    let shared = ctx.shared.clone();
     let cms: Api<LockMeta> = scoped(&ctx.client, namespace.as_deref());
     let pods: Api<PartialObjectMeta<Pod>> = scoped(&ctx.client, namespace.as_deref());
     let (reader, writer) = reflector::store::<LockMeta>();
@@ -301,6 +345,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
                 Err(_) => {}
             });
         let listed = listed_tx.clone();
+        let stream = watch_health(stream, shared.clone(), "configmaps", &scope);
         on_first_sync(stream, move || {
             readiness.synced();
             listed.send_modify(|n| *n += 1);
@@ -313,6 +358,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
         let listed = listed_tx.clone();
         let stream =
             watcher(pods, watcher::Config::default().fields(TERMINAL_PODS)).default_backoff();
+        let stream = watch_health(stream, shared.clone(), "pods", &scope);
         on_first_sync(stream, move || {
             readiness.synced();
             listed.send_modify(|n| *n += 1);
@@ -361,10 +407,29 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
             }
             let mut first = true;
             let mut failures = 0;
+            let health = format!(
+                "pods sweep in {}",
+                ns.as_deref().unwrap_or("all namespaces")
+            );
             loop {
+                // Locks as they were before the sweep: only these, unchanged
+                // since, may be settled by the first one.
+                let before: HashMap<LockKey, String> = reader
+                    .state()
+                    .iter()
+                    .map(|m| {
+                        (
+                            key_of(m),
+                            m.metadata.resource_version.clone().unwrap_or_default(),
+                        )
+                    })
+                    .collect();
                 match sweep::sweep(&ctx.client, ns.as_deref(), &index).await {
                     Ok(found) => {
                         failures = 0;
+                        if ctx.shared.readiness.watch_ok(&health) {
+                            info!(sweep = %health, "resync sweep recovered");
+                        }
                         debug!(
                             scope = ns.as_deref().unwrap_or("all namespaces"),
                             pods = found.pods,
@@ -372,15 +437,22 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
                             suspects = found.suspects.len(),
                             "resync sweep done"
                         );
+                        // Suspects first, so that seeding leaves them alone.
+                        for key in &found.suspects {
+                            ctx.memory.suspect(key);
+                        }
                         if first {
                             for m in reader.state() {
                                 let key = key_of(&m);
-                                if found.suspects.contains(&key) {
+                                let Ok(lock) = lock::parse(&m.metadata) else {
                                     continue;
-                                }
-                                if let Ok(lock) = lock::parse(&m.metadata) {
-                                    let (rv, uid) = (&lock.resource_version, &lock.holder.uid);
-                                    ctx.memory.seed_held(&key, rv, uid);
+                                };
+                                if before.get(&key) == Some(&lock.resource_version) {
+                                    ctx.memory.seed_held(
+                                        &key,
+                                        &lock.resource_version,
+                                        &lock.holder.uid,
+                                    );
                                 }
                             }
                             ctx.shared.readiness.synced();
@@ -389,23 +461,31 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
                             ctx.forget_missing(ns.as_deref(), &reader);
                         }
                         for key in found.suspects {
-                            ctx.memory.suspect(&key);
                             let _ = suspects_tx
                                 .unbounded_send(ObjectRef::new(&key.name).within(&key.namespace));
                         }
                     }
                     Err(e) => {
                         failures += 1;
-                        warn!(error = %e, "resync sweep failed; trying again");
                         ctx.shared
                             .metrics
-                            .reconcile_errors
-                            .with_label_values(&[e.kind().as_str()])
+                            .watch_errors
+                            .with_label_values(&["pods"])
                             .inc();
+                        if let crate::readiness::Report::Warn {
+                            errors,
+                            failing_for,
+                        } = ctx.shared.readiness.watch_failed(&health)
+                        {
+                            warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
+                                  "resync sweep failed; retrying (not ready after a minute of this)");
+                        }
                     }
                 }
+                // A failing sweep retries at least every 30 s, so readiness
+                // sees it failing rather than recovered.
                 let wait = if failures > 0 {
-                    error_backoff(failures)
+                    error_backoff(failures).min(Duration::from_secs(30))
                 } else {
                     resync_after(ctx.settings.resync)
                 };
@@ -417,7 +497,6 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
         })
     };
 
-    let scope = namespace.as_deref().unwrap_or("all namespaces").to_owned();
     info!(scope = %scope, selector = %ctx.settings.selector, "watching locks");
     Controller::for_stream(locks, reader)
         .watches_stream(terminal_pods, held_by)

@@ -13,6 +13,9 @@ use tokio::net::TcpListener;
 use crate::shared::Shared;
 
 async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
+    // lock_janitor_ready says what /readyz would answer now.
+    let ready = shared.readiness.is_ready();
+    shared.metrics.ready.set(i64::from(ready));
     match shared.metrics.render() {
         Ok(text) => (
             StatusCode::OK,
@@ -28,14 +31,27 @@ async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
 }
 
 async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
-    if shared.readiness.is_ready() {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: watches not synced or shutting down\n",
-        )
+    let r = &shared.readiness;
+    let ready = r.is_ready();
+    shared.metrics.ready.set(i64::from(ready));
+    if ready {
+        return (StatusCode::OK, "ok\n".to_owned());
     }
+    let failing = r.failing_watches();
+    let why = if !failing.is_empty() {
+        format!(
+            "watches failing for more than a minute: {}",
+            failing.join(", ")
+        )
+    } else if !r.is_synced() {
+        "watches not synced yet".to_owned()
+    } else {
+        "shutting down".to_owned()
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("not ready: {why}\n"),
+    )
 }
 
 pub fn router(shared: Shared) -> Router {

@@ -154,21 +154,29 @@ impl Memory {
     }
 
     /// Records what was judged: the lock's version and whether it settles.
+    /// A suspect raised while it was judged stays raised.
     pub fn judged(&self, key: &LockKey, resource_version: &str, settled: bool) {
         self.with(|i| {
             if let Some(m) = i.memos.get_mut(key) {
                 m.judged_rv = Some(resource_version.to_owned());
                 m.settled = settled;
-                m.suspect = false;
             }
         });
     }
 
-    /// The holder of a remembered lock may have changed.
+    /// The holder of a lock may have changed: judge it from live reads next
+    /// time. Remembered even for a lock not judged yet, so that a first
+    /// sweep never settles it.
     pub fn suspect(&self, key: &LockKey) {
+        self.with_memo(key, |m| m.suspect = true);
+    }
+
+    /// A live judgement starts: clears the suspect flag (a failed one sets
+    /// it again in `error_policy`).
+    pub fn take_suspect(&self, key: &LockKey) {
         self.with(|i| {
             if let Some(m) = i.memos.get_mut(key) {
-                m.suspect = true;
+                m.suspect = false;
             }
         });
     }

@@ -19,7 +19,12 @@ pub struct Metrics {
     pub reconcile_errors: IntCounterVec,
     pub reconcile_duration: Histogram,
     pub build_info: IntGaugeVec,
+    pub watch_errors: IntCounterVec,
+    pub ready: prometheus::IntGauge,
 }
+
+/// The bounded values of `lock_janitor_watch_errors_total{resource}`.
+pub const WATCHED_RESOURCES: [&str; 3] = ["configmaps", "pods", "leases"];
 
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
@@ -81,8 +86,21 @@ impl Metrics {
             Opts::new("lock_janitor_build_info", "Always 1; carries the version."),
             &["version"],
         )?;
+        let watch_errors = IntCounterVec::new(
+            Opts::new(
+                "lock_janitor_watch_errors_total",
+                "Errors answered to the janitor's watches, by resource.",
+            ),
+            &["resource"],
+        )?;
+        let ready = prometheus::IntGauge::new(
+            "lock_janitor_ready",
+            "1 exactly when /readyz answers 200 (watches synced and working, not shutting down).",
+        )?;
         for c in [
-            Box::new(reclaims.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(watch_errors.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(ready.clone()),
+            Box::new(reclaims.clone()),
             Box::new(stale_locks.clone()),
             Box::new(locks.clone()),
             Box::new(reclaim_latency.clone()),
@@ -104,6 +122,9 @@ impl Metrics {
         for k in ErrorKind::ALL {
             reconcile_errors.with_label_values(&[k.as_str()]);
         }
+        for r in WATCHED_RESOURCES {
+            watch_errors.with_label_values(&[r]);
+        }
         Ok(Metrics {
             registry,
             reclaims,
@@ -114,6 +135,8 @@ impl Metrics {
             reconcile_errors,
             reconcile_duration,
             build_info,
+            watch_errors,
+            ready,
         })
     }
 

@@ -106,22 +106,20 @@ impl Observer {
         key: &LockKey,
         clock: &impl HolderClock,
     ) -> Result<Option<Judgement>, Error> {
+        // The whole object: a ConfigMap that holds data is not a lock.
         let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
-        let Some(live) = call(
-            format!("reading lock {key}"),
-            cms.get_metadata_opt(&key.name),
-        )
-        .await?
-        else {
+        let Some(live) = call(format!("reading lock {key}"), cms.get_opt(&key.name)).await? else {
             return Ok(None);
         };
         // The cache said this lock is opted in; the live copy must say so too.
         if !self.selector.matches(live.metadata.labels.as_ref()) {
             return Ok(None);
         }
+        let holds_data = lock::holds_data(&live);
         self.judge(
             key.clone(),
             live.metadata,
+            holds_data,
             None,
             clock,
             Purpose::BeforeWrite,
@@ -130,17 +128,19 @@ impl Observer {
         .map(Some)
     }
 
-    /// Judges a lock read as `meta`. Its holder is read live unless the
-    /// caller already did (`holder`: `Some(None)` means read and missing).
+    /// Judges a lock read as `meta` (and whether it `holds_data`). Its
+    /// holder is read live unless the caller already did (`holder`:
+    /// `Some(None)` means read and missing).
     pub async fn judge(
         &self,
         key: LockKey,
         meta: ObjectMeta,
+        holds_data: bool,
         holder: Option<Option<Pod>>,
         clock: &impl HolderClock,
         purpose: Purpose,
     ) -> Result<Judgement, Error> {
-        let lock = match lock::parse(&meta) {
+        let lock = match lock::parse_shaped(&meta, holds_data) {
             Ok(lock) => lock,
             Err(why) => {
                 return Ok(Judgement {

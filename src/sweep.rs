@@ -43,12 +43,27 @@ where
 {
     let mut token: Option<String> = None;
     let mut requests = 0;
+    let mut restarts = 0;
     loop {
         let mut lp = ListParams::default().limit(PAGE_SIZE);
         if let Some(t) = &token {
             lp = lp.continue_token(t);
         }
-        let page = list(lp).await?;
+        let page = match list(lp).await {
+            Ok(page) => page,
+            // A continue token expires (410) when paging outlasts etcd's
+            // compaction: start over, a few times. What was already seen is
+            // seen again, which only repeats suspects.
+            Err(Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 410 && token.is_some() && restarts < 3 => {
+                restarts += 1;
+                token = None;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         requests += 1;
         page.items.into_iter().for_each(&mut each);
         token = page.metadata.continue_.filter(|t| !t.is_empty());

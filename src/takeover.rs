@@ -4,7 +4,7 @@
 //! creates without labels.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use crate::call;
 use crate::lock::{self, LockKey};
 use crate::optin::{self, Plan, Written};
+use crate::readiness::Readiness;
 use crate::selector::Selector;
 
 /// How long to wait for a takeover after a lock is gone. operator-lib's
@@ -24,15 +25,22 @@ const TAKEOVER_WINDOW: Duration = Duration::from_secs(600);
 /// The takeovers being awaited, one follower task per lock.
 pub struct Takeovers {
     client: Client,
+    readiness: Arc<Readiness>,
     selector: Selector,
     dry_run: bool,
     followers: Mutex<HashMap<LockKey, JoinHandle<()>>>,
 }
 
 impl Takeovers {
-    pub fn new(client: Client, selector: Selector, dry_run: bool) -> Self {
+    pub fn new(
+        client: Client,
+        readiness: Arc<Readiness>,
+        selector: Selector,
+        dry_run: bool,
+    ) -> Self {
         Takeovers {
             client,
+            readiness,
             selector,
             dry_run,
             followers: Mutex::default(),
@@ -56,6 +64,7 @@ impl Takeovers {
             return;
         }
         let task = carry_label_over(
+            self.readiness.clone(),
             Api::namespaced(self.client.clone(), &key.namespace),
             key.name.clone(),
             (k.to_owned(), v.to_owned()),
@@ -83,6 +92,7 @@ impl Takeovers {
 /// opt-out), with a resourceVersion-guarded merge patch, so it never
 /// overwrites a concurrent change.
 async fn carry_label_over(
+    readiness: Arc<Readiness>,
     cms: Api<ConfigMap>,
     name: String,
     (key, value): (String, String),
@@ -93,6 +103,10 @@ async fn carry_label_over(
     let mut wait = Duration::from_millis(500);
     while started.elapsed() < TAKEOVER_WINDOW {
         tokio::time::sleep(wait).await;
+        // Safety rule 4: no write before every watch has synced.
+        if !readiness.is_synced() {
+            continue;
+        }
         wait = (wait * 2).min(Duration::from_secs(16));
         // The whole object: only a lock-shaped (empty) ConfigMap is labeled.
         let read = call("reading the lock after it was deleted", cms.get_opt(&name));

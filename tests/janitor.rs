@@ -599,28 +599,51 @@ async fn sigterm_exits_cleanly() {
 #[tokio::test]
 async fn bad_input_never_panics_nor_deletes() {
     let s = scenario("bad-input").await;
-    // A lock near the 1 MiB object limit, with a dead holder: reclaimed.
+    // Near the 1 MiB object limit, with a dead holder, labeled: it holds
+    // data, so it is no leader-for-life lock (those are empty). Reported
+    // unmanageable, never deleted: deleting it would lose the data.
     let big_holder = s.pod("big").await;
     let mut big = lock_for("big-lock", &big_holder, true);
     big.data = Some([("blob".to_string(), "x".repeat(1_000_000))].into());
     create_lock(&s.client, &big).await;
+    // An empty lock whose holder dies: reclaimed.
+    let empty_holder = s.pod("empty").await;
+    s.lock("empty-lock", &empty_holder).await;
     // Odd label values do not opt in.
     let odd = s.pod("odd").await;
     let mut odd_lock = lock_for("odd-lock", &odd, true);
     odd_lock.metadata.labels =
         Some([("lock-janitor.io/watch".to_string(), "TRUE".to_string())].into());
     create_lock(&s.client, &odd_lock).await;
-    // A held lock keeps resyncs going after big-lock is gone.
+    // A held lock keeps resyncs going.
     let steady = s.pod("steady").await;
     s.lock("steady-lock", &steady).await;
 
     let j = s.janitor(&[]).await;
     fail_with(&s, "big", "Evicted").await;
+    fail_with(&s, "empty", "Evicted").await;
     fail_with(&s, "odd", "Evicted").await;
-    s.wait_gone("big-lock").await;
+    s.wait_gone("empty-lock").await;
+    let ev = wait_event(&s.client, &s.ns, "UnmanageableLock", "big-lock").await;
+    assert!(
+        ev.note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("holds data"),
+        "{ev:?}"
+    );
+    assert!(lock_exists(&s.client, &s.ns, "big-lock").await);
     // A couple of resyncs later the unselected lock is still there.
     j.wait_sweeps(2).await;
     assert!(lock_exists(&s.client, &s.ns, "odd-lock").await);
+    assert!(lock_exists(&s.client, &s.ns, "big-lock").await);
+    let deletes: Vec<_> = s
+        .janitor_writes()
+        .into_iter()
+        .filter(|e| e.verb == "delete")
+        .collect();
+    assert_eq!(deletes.len(), 1, "only empty-lock: {deletes:?}");
+    assert_eq!(deletes[0].name.as_deref(), Some("empty-lock"));
     assert!(!j.logs().contains("panicked"), "{}", j.logs());
 }
 

@@ -17,7 +17,7 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 
 use crate::cli::Scope;
-use crate::lock::{lock_shaped, looks_like_lock};
+use crate::lock::{holds_data, looks_like_lock};
 use crate::selector::Selector;
 use crate::{call, Error};
 
@@ -86,6 +86,9 @@ pub fn explain(err: Error, cluster: &Cluster, needs: &str) -> anyhow::Error {
 pub struct Candidate {
     pub meta: ObjectMeta,
     pub labeled: bool,
+    /// It holds data (read whole): labeled, it is unmanageable; unlabeled,
+    /// it is no candidate at all.
+    pub holds_data: bool,
 }
 
 /// What the ConfigMap lists found.
@@ -144,39 +147,40 @@ pub async fn list_candidates(
     Ok(listing)
 }
 
-/// The metadata list cannot show data: read each unlabeled candidate whole
-/// (16 at a time) and keep it only if it is lock-shaped. Its metadata is
-/// replaced by that read's, so a later guarded write is guarded by the
-/// version that was seen empty. Labeled ConfigMaps were opted in by someone
-/// and are reported as they are.
+/// The metadata list cannot show data: read each candidate whole (16 at a
+/// time). An unlabeled one is kept only if it is lock-shaped; a labeled one
+/// that holds data is kept and judged unmanageable, as the controller does.
+/// Metadata is replaced by that read's, so a later guarded write is guarded
+/// by the version that was seen.
 async fn keep_lock_shaped(cluster: &Cluster, listing: &mut Listing) -> Result<(), Error> {
-    let (labeled, unlabeled): (Vec<Candidate>, Vec<Candidate>) =
-        std::mem::take(&mut listing.candidates)
-            .into_iter()
-            .partition(|c| c.labeled);
-    let read: Vec<Option<ConfigMap>> = futures::stream::iter(unlabeled)
+    let candidates = std::mem::take(&mut listing.candidates);
+    let read: Vec<(bool, Option<ConfigMap>)> = futures::stream::iter(candidates)
         .map(|c| async move {
             let ns = c.meta.namespace.clone().unwrap_or_default();
             let name = c.meta.name.clone().unwrap_or_default();
             let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), &ns);
-            call(format!("reading configmap {ns}/{name}"), api.get_opt(&name)).await
+            let cm = call(format!("reading configmap {ns}/{name}"), api.get_opt(&name)).await?;
+            Ok::<_, Error>((c.labeled, cm))
         })
         .buffered(CONCURRENCY)
         .try_collect()
         .await?;
-    listing.candidates = labeled;
-    for cm in read.into_iter().flatten() {
-        if !lock_shaped(&cm) {
+    for (labeled, cm) in read {
+        // Gone since the list: nothing to report.
+        let Some(cm) = cm else { continue };
+        let holds_data = holds_data(&cm);
+        if !labeled && holds_data {
             listing.skipped_with_data += 1;
             continue;
         }
         let mut meta = cm.metadata;
         meta.managed_fields = None;
         // Re-read: it may have been labeled (or lost its owner) meanwhile.
-        if looks_like_lock(&meta) {
+        if labeled || looks_like_lock(&meta) {
             listing.candidates.push(Candidate {
                 meta,
-                labeled: false,
+                labeled,
+                holds_data,
             });
         }
     }
@@ -225,7 +229,11 @@ async fn list_namespace(
                 meta.managed_fields = None;
                 let labeled = selector.matches(meta.labels.as_ref());
                 if labeled || looks_like_lock(&meta) {
-                    found.push(Candidate { meta, labeled });
+                    found.push(Candidate {
+                        meta,
+                        labeled,
+                        holds_data: false,
+                    });
                 }
             }
             token = page.metadata.continue_.filter(|t| !t.is_empty());

@@ -191,6 +191,7 @@ mod tests {
         let c = Candidate {
             meta: lock_meta(vec![pod_owner("op-1", "pod-uid")], &[]),
             labeled: false,
+            holds_data: false,
         };
         let parsed = lock::parse(&c.meta);
         let lock = parsed.clone().unwrap();
@@ -241,6 +242,7 @@ mod tests {
         let bad = Candidate {
             meta: lock_meta(vec![pod_owner("op-1", "")], &[]),
             labeled: true,
+            holds_data: false,
         };
         let parsed = lock::parse(&bad.meta);
         let v = Verdict::Unmanageable(parsed.clone().unwrap_err());

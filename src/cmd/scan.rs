@@ -93,7 +93,7 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
     let parsed: Vec<Result<Lock, Unmanageable>> = listing
         .candidates
         .iter()
-        .map(|c| lock::parse(&c.meta))
+        .map(|c| lock::parse_shaped(&c.meta, c.holds_data))
         .collect();
     let keys: BTreeSet<(String, String)> = parsed
         .iter()
@@ -132,7 +132,14 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
             let observer = &observer;
             async move {
                 observer
-                    .judge(key, c.meta.clone(), Some(holder), &LockAge, Purpose::Report)
+                    .judge(
+                        key,
+                        c.meta.clone(),
+                        c.holds_data,
+                        Some(holder),
+                        &LockAge,
+                        Purpose::Report,
+                    )
                     .await
                     .map(|j| j.verdict)
             }

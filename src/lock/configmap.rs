@@ -63,13 +63,27 @@ pub fn looks_like_lock(meta: &ObjectMeta) -> bool {
     matches!(meta.owner_references.as_deref(), Some([one]) if one.kind == "Pod" && one.api_version == "v1")
 }
 
+/// Whether a ConfigMap holds `data` or `binaryData`.
+pub fn holds_data(cm: &ConfigMap) -> bool {
+    cm.data.as_ref().is_some_and(|d| !d.is_empty())
+        || cm.binary_data.as_ref().is_some_and(|d| !d.is_empty())
+}
+
+/// Reads a ConfigMap as a lock when it is known whether it holds data: one
+/// that does is never a lock the janitor judges.
+pub fn parse_shaped(meta: &ObjectMeta, holds_data: bool) -> Result<Lock, Unmanageable> {
+    let lock = parse(meta)?;
+    if holds_data {
+        return Err(Unmanageable::HoldsData);
+    }
+    Ok(lock)
+}
+
 /// Lock-shaped (DESIGN.md): exactly one v1 Pod owner, and no `data` or
 /// `binaryData` (operator-lib's locks are empty). Spark drivers, for one,
 /// own ConfigMaps with data; those are never lock candidates.
 pub fn lock_shaped(cm: &ConfigMap) -> bool {
-    looks_like_lock(&cm.metadata)
-        && cm.data.as_ref().is_none_or(|d| d.is_empty())
-        && cm.binary_data.as_ref().is_none_or(|d| d.is_empty())
+    looks_like_lock(&cm.metadata) && !holds_data(cm)
 }
 
 #[cfg(test)]
@@ -189,6 +203,11 @@ mod tests {
             metadata: meta(None),
             ..Default::default()
         }));
+        // Judged: a lock that holds data is unmanageable, whatever its owner.
+        let m = meta(Some(vec![pod_owner("a", "1")]));
+        assert!(parse_shaped(&m, false).is_ok());
+        assert_eq!(parse_shaped(&m, true), Err(Unmanageable::HoldsData));
+        assert_eq!(parse_shaped(&meta(None), true), Err(Unmanageable::NoOwner));
     }
 
     #[test]

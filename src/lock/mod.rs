@@ -4,7 +4,7 @@
 
 pub mod configmap;
 
-pub use configmap::{lock_shaped, looks_like_lock, parse};
+pub use configmap::{holds_data, lock_shaped, looks_like_lock, parse, parse_shaped};
 
 use std::fmt;
 
@@ -64,6 +64,9 @@ pub enum Unmanageable {
     /// The holder's uid belongs to a pod in another namespace. Owner
     /// references cannot cross namespaces; something wrote this lock by hand.
     OwnerInOtherNamespace(String),
+    /// The ConfigMap holds `data` or `binaryData`: not lock-shaped
+    /// (operator-lib's locks are empty). Deleting it would lose that data.
+    HoldsData,
 }
 
 impl Unmanageable {
@@ -77,6 +80,7 @@ impl Unmanageable {
             Unmanageable::EmptyOwnerName => "EmptyOwnerName",
             Unmanageable::EmptyOwnerUid => "EmptyOwnerUid",
             Unmanageable::OwnerInOtherNamespace(_) => "OwnerInOtherNamespace",
+            Unmanageable::HoldsData => "HoldsData",
         }
     }
 }
@@ -98,6 +102,10 @@ impl fmt::Display for Unmanageable {
             ),
             Unmanageable::EmptyOwnerName => write!(f, "its Pod ownerReference has an empty name"),
             Unmanageable::EmptyOwnerUid => write!(f, "its Pod ownerReference has an empty uid"),
+            Unmanageable::HoldsData => write!(
+                f,
+                "it holds data, and a leader-for-life lock is empty; deleting it would lose that data"
+            ),
             Unmanageable::OwnerInOtherNamespace(ns) => write!(
                 f,
                 "its owner pod exists only in namespace {ns}; owner references cannot cross namespaces"

@@ -174,6 +174,9 @@ pub struct ControlPlane {
     admin_key: PathBuf,
     ports: Ports,
     procs: Mutex<Vec<Proc>>,
+    /// How kube-apiserver was started (program, arguments, mode), to start
+    /// it again after a fault.
+    apiserver_cmd: Mutex<Option<(std::ffi::OsString, Vec<std::ffi::OsString>, Mode)>>,
     /// Set by detach(): leave processes and dir alone on drop.
     released: bool,
     /// Set when start-up failed: keep the logs the error names.
@@ -253,6 +256,7 @@ impl ControlPlane {
             admin_key: pki_dir.join("admin.key"),
             ports,
             procs: Mutex::new(Vec::new()),
+            apiserver_cmd: Mutex::new(None),
             released: false,
             keep_dir: false,
             dir,
@@ -370,6 +374,11 @@ impl ControlPlane {
             // Endpoints validation rejects; nothing here needs them.
             .arg("--endpoint-reconciler-type=none")
             .args(&opts.extra_apiserver_args);
+        *self.apiserver_cmd.lock().unwrap_or_else(|e| e.into_inner()) = Some((
+            cmd.get_program().to_owned(),
+            cmd.get_args().map(|a| a.to_owned()).collect(),
+            mode,
+        ));
         self.spawn("kube-apiserver", cmd, mode)?;
         let admin = self.client().await?;
         self.wait_ready("kube-apiserver", &[ports.apiserver], || {
@@ -439,6 +448,45 @@ impl ControlPlane {
             "testenv: control plane ready"
         );
         Ok(())
+    }
+
+    /// Kills kube-apiserver (SIGKILL: open watches break, as in a crash) and
+    /// starts it again with the same flags and port; returns once it serves.
+    /// Its earlier log is kept as `kube-apiserver.<n>.log`.
+    pub async fn restart_apiserver(&self) -> Result<(), Error> {
+        let Some((program, args, mode)) = self
+            .apiserver_cmd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        else {
+            return Err(Error::Io {
+                what: "restarting kube-apiserver".into(),
+                source: std::io::Error::other("it was never started"),
+            });
+        };
+        let old = {
+            let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            let at = procs.iter().position(|p| p.name == "kube-apiserver");
+            at.map(|i| procs.remove(i))
+        };
+        if let Some(mut p) = old {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+        let log = self.log_path("kube-apiserver");
+        let n = (1..)
+            .find(|n| !self.dir.join(format!("kube-apiserver.{n}.log")).exists())
+            .unwrap_or(1);
+        let _ = std::fs::rename(&log, self.dir.join(format!("kube-apiserver.{n}.log")));
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        self.spawn("kube-apiserver", cmd, mode)?;
+        let admin = self.client().await?;
+        self.wait_ready("kube-apiserver", &[self.ports.apiserver], || {
+            probe_apiserver(admin.clone())
+        })
+        .await
     }
 
     fn spawn(&self, name: &'static str, mut cmd: Command, mode: Mode) -> Result<(), Error> {

@@ -1,0 +1,485 @@
+//! What the janitor costs at scale, in one run on a local control plane:
+//! resident memory watching 0, 1,000 and 10,000 locks (steady, and the peak
+//! that includes its initial list and a scrape), the API requests it makes
+//! while idle (from the API server's own `apiserver_request_total`, with and
+//! without the janitor), and reclaim latency, sequential and in a burst,
+//! beside a floor measured in the same run: a bare watcher of terminal pods
+//! that sends one guarded DELETE per death. It reports numbers; it passes or
+//! fails nothing on time.
+//!
+//! `make bench` builds the release binary and runs this. By hand:
+//!
+//! ```text
+//! cargo build --release --bin lock-janitor
+//! LOCK_JANITOR_BIN=target/release/lock-janitor cargo run --release --example bench_scale -- \
+//!     [--levels 1000,10000] [--sequential 20] [--evict 100] [--idle-secs 60] [--resync-secs 20]
+//! ```
+//!
+//! Idle load. Idle, the janitor reads only its resync sweeps (two paged,
+//! metadata-only pod lists per scope and --resync). To see several in a
+//! minute the janitor runs with `--resync <resync-secs>`; the load at the
+//! default `--resync 5m` is that measured rate scaled by resync/300 s, and
+//! the requests per sweep are read from the janitor's own debug log.
+
+#[path = "common/bench.rs"]
+mod bench_support;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bench_support::*;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
+use support::*;
+
+const WRITERS: usize = 32;
+const LOCK_NAMESPACES: usize = 10;
+/// Pods that can no longer run (the janitor's own field selector).
+const TERMINAL_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
+
+struct Args {
+    levels: Vec<usize>,
+    sequential: usize,
+    evict: usize,
+    idle: Duration,
+    resync: Duration,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        levels: vec![1000, 10000],
+        sequential: 20,
+        evict: 100,
+        idle: Duration::from_secs(60),
+        resync: Duration::from_secs(20),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .unwrap_or_else(|| die(&format!("{flag} needs a value")));
+        let num = |v: &str| -> u64 {
+            v.parse()
+                .unwrap_or_else(|_| die(&format!("{flag}: {v:?} is not a number")))
+        };
+        match flag.as_str() {
+            "--levels" => a.levels = value.split(',').map(|v| num(v) as usize).collect(),
+            "--sequential" => a.sequential = num(&value) as usize,
+            "--evict" => a.evict = num(&value) as usize,
+            "--idle-secs" => a.idle = Duration::from_secs(num(&value)),
+            "--resync-secs" => a.resync = Duration::from_secs(num(&value)),
+            other => die(&format!(
+                "unknown argument {other}; use --levels N,N --sequential N --evict N \
+                 --idle-secs N --resync-secs N"
+            )),
+        }
+    }
+    a.levels.sort();
+    let top = a.levels.last().copied().unwrap_or(0);
+    if top < 2 * (a.sequential + a.evict) || a.resync.is_zero() || a.idle < a.resync {
+        die("need the largest level >= 2 * (sequential + evict), resync-secs > 0, idle-secs >= resync-secs");
+    }
+    a
+}
+
+/// A lock as created: where, whose, and the version a guarded DELETE needs.
+#[derive(Clone)]
+struct Made {
+    ns: String,
+    holder: String,
+    lock: String,
+    uid: String,
+    rv: String,
+}
+
+async fn holder_and_lock(client: Client, ns: String, i: usize) -> Made {
+    let holder = format!("operator-{i}");
+    let pod = running(&client, &ns, &holder, &node_of(i), "operator").await;
+    let cm = lock_for(&format!("{holder}-lock"), &pod, true);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let made = retry(&format!("creating lock {ns}/{holder}-lock"), || async {
+        match cms.create(&PostParams::default(), &cm).await {
+            Err(kube::Error::Api(s)) if s.code == 409 => cms.get(&format!("{holder}-lock")).await,
+            r => r,
+        }
+    })
+    .await;
+    Made {
+        lock: made.name_any(),
+        uid: made.metadata.uid.unwrap_or_default(),
+        rv: made.metadata.resource_version.unwrap_or_default(),
+        ns,
+        holder,
+    }
+}
+
+/// Every request the API server has counted so far.
+async fn apiserver_requests(client: &Client) -> f64 {
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = retry("reading the API server's metrics", || {
+        client.request_text(req.clone())
+    })
+    .await;
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Requests the API server counts per second over `idle`.
+async fn request_rate(client: &Client, idle: Duration) -> f64 {
+    let before = apiserver_requests(client).await;
+    let t = Instant::now();
+    tokio::time::sleep(idle).await;
+    let after = apiserver_requests(client).await;
+    // The two reads of /metrics count themselves; leave them out.
+    (after - before - 1.0).max(0.0) / t.elapsed().as_secs_f64()
+}
+
+/// `requests=<n>` of each "resync sweep done" line in the log.
+fn sweep_requests(log: &str) -> Vec<f64> {
+    log.lines()
+        .filter(|l| l.contains("resync sweep done"))
+        .filter_map(|l| {
+            l.split("requests=")
+                .nth(1)?
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+struct Level {
+    locks: usize,
+    steady: Mem,
+    peak: Mem,
+    baseline_rps: f64,
+    with_rps: f64,
+    per_sweep: f64,
+    sweeps: usize,
+}
+
+async fn measure_level(
+    client: &Client,
+    kubeconfig: &std::path::Path,
+    locks: usize,
+    args: &Args,
+) -> Level {
+    step(&format!("{locks} locks: idle API load without a janitor"));
+    let baseline_rps = request_rate(client, args.idle).await;
+    println!("    {baseline_rps:.2} requests/s");
+    step(&format!(
+        "{locks} locks: a janitor, --resync {}",
+        secs(args.resync)
+    ));
+    let resync = format!("{}s", args.resync.as_secs());
+    let t = Instant::now();
+    let j = Janitor::start(kubeconfig, &["--resync", &resync]).await;
+    wait_for(
+        &format!("{locks} locks judged held"),
+        Duration::from_secs(600),
+        || async {
+            let m = j.metrics().await;
+            let held = sample(&m, "lock_janitor_locks", &[("state", "held")]).unwrap_or(0.0);
+            (held as usize == locks).then_some(())
+        },
+    )
+    .await;
+    println!(
+        "    ready and every lock held {} after start",
+        secs(t.elapsed())
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let steady = mem(j.pid());
+    let _ = j.metrics().await;
+    let before_log = j.logs().len();
+    let with_rps = request_rate(client, args.idle).await;
+    let log = j.logs();
+    let sweeps = sweep_requests(&log[before_log.min(log.len())..]);
+    let per_sweep = if sweeps.is_empty() {
+        0.0
+    } else {
+        sweeps.iter().sum::<f64>() / sweeps.len() as f64
+    };
+    let peak = mem(j.pid());
+    println!(
+        "    {with_rps:.2} requests/s with the janitor; {} sweeps of {per_sweep:.1} requests",
+        sweeps.len()
+    );
+    Level {
+        locks,
+        steady,
+        peak,
+        baseline_rps,
+        with_rps,
+        per_sweep,
+        sweeps: sweeps.len(),
+    }
+}
+
+/// When each lock was seen deleted, by "ns/name".
+type Deletions = Arc<Mutex<HashMap<String, Instant>>>;
+
+/// Lock deletions as this process sees them, by "ns/name".
+fn watch_deletions(
+    client: &Client,
+) -> (
+    Deletions,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    let deleted: Deletions = Arc::default();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let deleted = deleted.clone();
+        let api: Api<PartialObjectMeta<ConfigMap>> = Api::all(client.clone());
+        let config =
+            watcher::Config::default().labels(&format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1));
+        tokio::spawn(async move {
+            let mut tx = Some(tx);
+            let stream = watcher(api, config);
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::Delete(cm)) => {
+                        let key =
+                            format!("{}/{}", cm.namespace().unwrap_or_default(), cm.name_any());
+                        deleted
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(key, Instant::now());
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(tx) = tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+    (deleted, task, rx)
+}
+
+async fn evict(client: &Client, m: &Made) -> Instant {
+    retry(&format!("evicting {}/{}", m.ns, m.holder), || {
+        kubelet::set_failed(
+            client,
+            &m.ns,
+            &m.holder,
+            "Evicted",
+            "The node was low on resource: memory.",
+        )
+    })
+    .await;
+    Instant::now()
+}
+
+async fn gone_after(
+    deleted: &Mutex<HashMap<String, Instant>>,
+    m: &Made,
+    acked: Instant,
+) -> Option<f64> {
+    let key = format!("{}/{}", m.ns, m.lock);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(at) = deleted.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Some(if *at >= acked {
+                (*at - acked).as_secs_f64()
+            } else {
+                -(acked - *at).as_secs_f64()
+            });
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Evicts the holders of `seq` one at a time, then of `burst` at once;
+/// returns the latencies (status write acknowledged -> lock deleted).
+async fn reclaim_latency(
+    client: &Client,
+    deleted: &Mutex<HashMap<String, Instant>>,
+    seq: &[Made],
+    burst: &[Made],
+) -> (Vec<f64>, Vec<f64>) {
+    let mut one_by_one = Vec::new();
+    for m in seq {
+        let acked = evict(client, m).await;
+        one_by_one.extend(gone_after(deleted, m, acked).await);
+    }
+    let acks: Vec<(Made, Instant)> = futures::stream::iter(burst.iter().cloned())
+        .map(|m| async move {
+            let acked = evict(client, &m).await;
+            (m, acked)
+        })
+        .buffer_unordered(WRITERS)
+        .collect()
+        .await;
+    let mut at_once = Vec::new();
+    for (m, acked) in &acks {
+        at_once.extend(gone_after(deleted, m, *acked).await);
+    }
+    (one_by_one, at_once)
+}
+
+/// The floor: a bare watcher of terminal pods that deletes each one's lock
+/// with the preconditions it was created with. No live reads, no Events.
+fn floor_deleter(
+    client: &Client,
+    locks: HashMap<(String, String), Made>,
+) -> tokio::task::JoinHandle<()> {
+    let client = client.clone();
+    tokio::spawn(async move {
+        let api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
+        let stream = watcher(api, watcher::Config::default().fields(TERMINAL_PODS));
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev else {
+                continue;
+            };
+            let Some(m) = locks.get(&(p.namespace().unwrap_or_default(), p.name_any())) else {
+                continue;
+            };
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(m.uid.clone()),
+                    resource_version: Some(m.rv.clone()),
+                }),
+                ..Default::default()
+            };
+            let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &m.ns);
+            let _ = cms.delete(&m.lock, &dp).await;
+        }
+    })
+}
+
+#[tokio::main]
+async fn main() {
+    let run = Instant::now();
+    let args = parse_args();
+    println!(
+        "bench_scale: levels {:?} locks; latency {} sequential + a burst of {}; idle windows of {}; janitor {}",
+        args.levels, args.sequential, args.evict, secs(args.idle), janitor_bin().display()
+    );
+    step("Control plane");
+    let cp = ControlPlane::start(Options::default())
+        .await
+        .unwrap_or_else(|e| die(&e.to_string()));
+    let client = cp.client().await.unwrap_or_else(|e| die(&e.to_string()));
+    grant_janitor(&client).await;
+    let kubeconfig = kubeconfig_as(&cp, JANITOR_USER);
+    for n in 0..NODES {
+        let node = node_of(n);
+        retry("creating a node", || kubelet::create_node(&client, &node)).await;
+    }
+    let mut lock_ns = Vec::new();
+    for i in 0..LOCK_NAMESPACES {
+        lock_ns.push(fresh_namespace(&client, &format!("scale-{i}")).await);
+    }
+
+    let mut levels = vec![measure_level(&client, &kubeconfig, 0, &args).await];
+    let mut made: Vec<Made> = Vec::new();
+    for &n in &args.levels {
+        step(&format!("Creating holders and locks up to {n}"));
+        let t = Instant::now();
+        let more: Vec<Made> = futures::stream::iter(made.len()..n)
+            .map(|i| holder_and_lock(client.clone(), lock_ns[i % LOCK_NAMESPACES].clone(), i))
+            .buffered(WRITERS)
+            .collect()
+            .await;
+        made.extend(more);
+        println!("    {} created in {}", made.len(), secs(t.elapsed()));
+        levels.push(measure_level(&client, &kubeconfig, n, &args).await);
+    }
+
+    let top = made.len();
+    step(&format!("Reclaim latency over {top} locks: the janitor"));
+    let (deleted, watch, synced) = watch_deletions(&client);
+    let _ = synced.await;
+    let (s, b) = (args.sequential, args.evict);
+    let j = Janitor::start(&kubeconfig, &[]).await;
+    wait_for("every lock held", Duration::from_secs(600), || async {
+        let m = j.metrics().await;
+        (sample(&m, "lock_janitor_locks", &[("state", "held")]).unwrap_or(0.0) as usize == top)
+            .then_some(())
+    })
+    .await;
+    let (j_seq, j_burst) = reclaim_latency(&client, &deleted, &made[..s], &made[s..s + b]).await;
+    drop(j);
+    step("Reclaim latency: the floor (a bare terminal-pod watcher, one guarded DELETE per death)");
+    let rest = &made[s + b..];
+    let floor = floor_deleter(
+        &client,
+        rest.iter()
+            .map(|m| ((m.ns.clone(), m.holder.clone()), m.clone()))
+            .collect(),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (f_seq, f_burst) = reclaim_latency(&client, &deleted, &rest[..s], &rest[s..s + b]).await;
+    floor.abort();
+    watch.abort();
+
+    println!();
+    println!("janitor at scale (release build; idle load at --resync {}; default-flag load = that x {}/300)", secs(args.resync), args.resync.as_secs());
+    println!(
+        "{:>7} | {:>12} | {:>10} | {:>9} | {:>14} | {:>13} | {:>15} | {:>20}",
+        "locks",
+        "VmRSS MiB",
+        "VmHWM MiB",
+        "KiB/lock",
+        "req/s without",
+        "req/s with",
+        "req per sweep",
+        "req/s /1k @5m resync"
+    );
+    let base = levels[0].steady.rss as f64;
+    for l in &levels {
+        let per_lock = if l.locks > 0 {
+            (l.steady.rss as f64 - base) / l.locks as f64
+        } else {
+            0.0
+        };
+        let added = (l.with_rps - l.baseline_rps).max(0.0);
+        let at_default = added * args.resync.as_secs_f64() / 300.0;
+        let per_1k = if l.locks > 0 {
+            at_default * 1000.0 / l.locks as f64
+        } else {
+            at_default
+        };
+        println!(
+            "{:>7} | {:>12} | {:>10} | {:>9.2} | {:>14.2} | {:>13.2} | {:>15.1} | {:>20.4}",
+            l.locks,
+            mib(l.steady.rss),
+            mib(l.peak.hwm),
+            per_lock / 1.0,
+            l.baseline_rps,
+            l.with_rps,
+            l.per_sweep,
+            per_1k
+        );
+        let _ = l.sweeps;
+    }
+    println!();
+    println!("reclaim latency over {top} locks (holder's status write acknowledged -> lock deleted, as a watch here sees it):");
+    println!("  janitor, one at a time: {}", distribution(j_seq));
+    println!("  floor,   one at a time: {}", distribution(f_seq));
+    println!("  janitor, burst of {b}:   {}", distribution(j_burst));
+    println!("  floor,   burst of {b}:   {}", distribution(f_burst));
+    println!("\nwhole run {}", secs(run.elapsed()));
+    drop(client);
+    cp.stop();
+}

@@ -1,0 +1,114 @@
+//! Helpers shared by the benchmarks (`bench_janitor`, `bench_scale`):
+//! retried setup writes, holder pods, process memory, distributions.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client};
+use lock_janitor_testenv::kubelet;
+
+/// Nodes the pods are bound to (created up front; `create_pod` reuses them).
+pub const NODES: usize = 8;
+
+pub fn die(msg: &str) -> ! {
+    eprintln!("{}: {msg}", env!("CARGO_CRATE_NAME"));
+    std::process::exit(2);
+}
+
+pub fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+pub fn step(msg: &str) {
+    println!("\n==> {msg}");
+}
+
+/// Retries an API call a few times (a busy 2-core apiserver may answer 429
+/// or time out); gives up with a message.
+pub async fn retry<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = kube::Result<T>>,
+{
+    let mut attempt = 0u64;
+    loop {
+        attempt += 1;
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if attempt < 6 => {
+                eprintln!("retrying {what}: {e}");
+                tokio::time::sleep(Duration::from_millis(250 * attempt)).await;
+            }
+            Err(e) => die(&format!("{what}: {e}")),
+        }
+    }
+}
+
+pub fn node_of(i: usize) -> String {
+    format!("bench-node-{}", i % NODES)
+}
+
+/// A pod bound to a bench node, then Running (a retried create that finds
+/// the pod already there goes on with it).
+pub async fn running(client: &Client, ns: &str, name: &str, node: &str, app: &str) -> Pod {
+    retry(&format!("creating pod {ns}/{name}"), || async move {
+        match kubelet::create_pod(client, ns, name, node, &[("app", app)]).await {
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                Api::<Pod>::namespaced(client.clone(), ns).get(name).await
+            }
+            r => r,
+        }
+    })
+    .await;
+    retry(&format!("pod {ns}/{name} Running"), || {
+        kubelet::set_running(client, ns, name)
+    })
+    .await
+}
+
+/// VmRSS, VmHWM and RssAnon of a process, in KiB.
+#[derive(Clone, Copy, Default)]
+pub struct Mem {
+    pub rss: u64,
+    pub hwm: u64,
+    pub anon: u64,
+}
+
+pub fn mem(pid: u32) -> Mem {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| die(&format!("reading /proc/{pid}/status: {e}")));
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    Mem {
+        rss: field("VmRSS:"),
+        hwm: field("VmHWM:"),
+        anon: field("RssAnon:"),
+    }
+}
+
+pub fn mib(kib: u64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
+}
+
+/// min / median / p90 / max of a sample, in seconds.
+pub fn distribution(mut v: Vec<f64>) -> String {
+    if v.is_empty() {
+        return "no samples".into();
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+    format!(
+        "n={}  min {:.3}s  median {:.3}s  p90 {:.3}s  max {:.3}s",
+        v.len(),
+        v[0],
+        at(0.5),
+        at(0.9),
+        v[v.len() - 1]
+    )
+}
