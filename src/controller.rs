@@ -459,6 +459,9 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
                             first = false;
                         } else {
                             ctx.forget_missing(ns.as_deref(), &reader);
+                            ctx.shared
+                                .metrics
+                                .prune_reclaims(crate::metrics::RECLAIM_SERIES_TTL);
                         }
                         for key in found.suspects {
                             let _ = suspects_tx

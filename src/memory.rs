@@ -91,16 +91,6 @@ impl Memory {
         self.with(|i| {
             let memo = i.memos.entry(key.clone()).or_default();
             let before = memo.last_state.replace(state);
-            if before.is_none() && state != LockState::Unmanageable {
-                // A lock's reclaim counters exist at 0 from the moment it is
-                // watched: increase() needs a sample before the first
-                // reclaim, or the reclaim alert cannot see it.
-                for r in StaleReason::ALL {
-                    metrics
-                        .reclaims
-                        .with_label_values(&[&key.namespace, &key.name, r.as_str()]);
-                }
-            }
             if before != Some(state) {
                 if let Some(b) = before {
                     *i.counts.entry(b).or_default() -= 1;
@@ -222,19 +212,7 @@ impl Memory {
             }
             Some(memo)
         });
-        let m = &self.metrics;
-        m.set_stale(&key.namespace, &key.name, None);
-        for r in StaleReason::ALL {
-            let labels = [key.namespace.as_str(), key.name.as_str(), r.as_str()];
-            // Counters that never counted go with the lock; the others stay
-            // so that increase() keeps seeing them.
-            if m.reclaims
-                .get_metric_with_label_values(&labels)
-                .is_ok_and(|c| c.get() == 0)
-            {
-                let _ = m.reclaims.remove_label_values(&labels);
-            }
-        }
+        self.metrics.set_stale(&key.namespace, &key.name, None);
         memo.and_then(|m| m.holder_uid)
     }
 

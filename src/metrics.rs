@@ -21,7 +21,17 @@ pub struct Metrics {
     pub build_info: IntGaugeVec,
     pub watch_errors: IntCounterVec,
     pub ready: prometheus::IntGauge,
+    pub last_reclaim: IntGaugeVec,
+    /// Per-lock reclaim series and when they were last touched, so that
+    /// those of locks reclaimed long ago are removed.
+    reclaimed: std::sync::Arc<std::sync::Mutex<Vec<Touched>>>,
 }
+
+/// The labels of a per-lock reclaim series and when it was last set.
+type Touched = ([String; 3], std::time::Instant);
+
+/// Per-lock reclaim series are removed this long after their last reclaim.
+pub const RECLAIM_SERIES_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The bounded values of `lock_janitor_watch_errors_total{resource}`.
 pub const WATCHED_RESOURCES: [&str; 3] = ["configmaps", "pods", "leases"];
@@ -93,6 +103,13 @@ impl Metrics {
             ),
             &["resource"],
         )?;
+        let last_reclaim = IntGaugeVec::new(
+            Opts::new(
+                "lock_janitor_last_reclaim_timestamp_seconds",
+                "Unix time of the lock's last reclaim (series removed an hour later).",
+            ),
+            &["namespace", "lock", "reason"],
+        )?;
         let ready = prometheus::IntGauge::new(
             "lock_janitor_ready",
             "1 exactly when /readyz answers 200 (watches synced and working, not shutting down).",
@@ -100,6 +117,7 @@ impl Metrics {
         for c in [
             Box::new(watch_errors.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(ready.clone()),
+            Box::new(last_reclaim.clone()),
             Box::new(reclaims.clone()),
             Box::new(stale_locks.clone()),
             Box::new(locks.clone()),
@@ -137,7 +155,47 @@ impl Metrics {
             build_info,
             watch_errors,
             ready,
+            last_reclaim,
+            reclaimed: Default::default(),
         })
+    }
+
+    /// Counts a reclaim: `lock_janitor_reclaims_total` (its series is born
+    /// at 1; no series exists for a lock that was never reclaimed) and
+    /// `lock_janitor_last_reclaim_timestamp_seconds`, which lets the reclaim
+    /// alert see a first reclaim even in a Prometheus that just started.
+    /// Series of reclaims older than `RECLAIM_SERIES_TTL` are removed.
+    pub fn reclaimed(&self, namespace: &str, lock: &str, reason: StaleReason) {
+        let labels = [namespace, lock, reason.as_str()];
+        self.reclaims.with_label_values(&labels).inc();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or_default();
+        self.last_reclaim.with_label_values(&labels).set(now);
+        let mut seen = self.reclaimed.lock().unwrap_or_else(|e| e.into_inner());
+        let owned = labels.map(str::to_owned);
+        seen.retain(|(l, _)| *l != owned);
+        seen.push((owned, std::time::Instant::now()));
+        self.prune(&mut seen, RECLAIM_SERIES_TTL);
+    }
+
+    /// Removes the reclaim series last touched more than `ttl` ago.
+    pub fn prune_reclaims(&self, ttl: std::time::Duration) {
+        let mut seen = self.reclaimed.lock().unwrap_or_else(|e| e.into_inner());
+        self.prune(&mut seen, ttl);
+    }
+
+    fn prune(&self, seen: &mut Vec<Touched>, ttl: std::time::Duration) {
+        seen.retain(|(l, at)| {
+            if at.elapsed() < ttl {
+                return true;
+            }
+            let labels = [l[0].as_str(), l[1].as_str(), l[2].as_str()];
+            let _ = self.reclaims.remove_label_values(&labels);
+            let _ = self.last_reclaim.remove_label_values(&labels);
+            false
+        });
     }
 
     pub fn set_stale(&self, namespace: &str, lock: &str, reason: Option<StaleReason>) {
@@ -167,5 +225,37 @@ impl Metrics {
         let mut buf = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
         Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reclaim_series_exist_only_after_a_reclaim_and_go_after_their_ttl() {
+        let m = Metrics::new().unwrap();
+        assert!(!m.render().unwrap().contains("lock_janitor_reclaims_total{"));
+        m.reclaimed("ops", "op-lock", StaleReason::Evicted);
+        let text = m.render().unwrap();
+        assert!(
+            text.contains(
+                r#"lock_janitor_reclaims_total{lock="op-lock",namespace="ops",reason="Evicted"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains("lock_janitor_last_reclaim_timestamp_seconds{lock=\"op-lock\""));
+        m.reclaimed("ops", "op-lock", StaleReason::Evicted);
+        assert!(m.render().unwrap().contains(
+            r#"lock_janitor_reclaims_total{lock="op-lock",namespace="ops",reason="Evicted"} 2"#
+        ));
+        m.prune_reclaims(std::time::Duration::from_secs(3600));
+        assert!(
+            m.render().unwrap().contains("op-lock"),
+            "kept within the ttl"
+        );
+        m.prune_reclaims(std::time::Duration::ZERO);
+        let text = m.render().unwrap();
+        assert!(!text.contains("op-lock"), "{text}");
     }
 }

@@ -190,9 +190,7 @@ impl Reclaimer {
         }
         let now = Timestamp::now();
         self.memory.clear_stale(&j.key);
-        m.reclaims
-            .with_label_values(&[ns, name, reason.as_str()])
-            .inc();
+        m.reclaimed(ns, name, reason);
         let latency = j
             .died_at
             .map(|d| Duration::try_from(now.duration_since(d)).unwrap_or(Duration::ZERO));

@@ -22,9 +22,20 @@ use crate::selector::Selector;
 /// waiting replicas retry at most every 16 s; a new pod may need to start.
 const TAKEOVER_WINDOW: Duration = Duration::from_secs(600);
 
+/// What the followers may spend of the API budget together: they poll, and
+/// must never crowd out the reads before a reclaim during a mass eviction.
+const FOLLOWER_QPS: u32 = 2;
+const FOLLOWER_BURST: u32 = 5;
+/// A follower's first look, and its longest wait between looks.
+const FIRST_LOOK: Duration = Duration::from_secs(2);
+const LONGEST_WAIT: Duration = Duration::from_secs(30);
+
+type Limiter = governor::DefaultDirectRateLimiter;
+
 /// The takeovers being awaited, one follower task per lock.
 pub struct Takeovers {
     client: Client,
+    limiter: Arc<Limiter>,
     readiness: Arc<Readiness>,
     selector: Selector,
     dry_run: bool,
@@ -38,8 +49,15 @@ impl Takeovers {
         selector: Selector,
         dry_run: bool,
     ) -> Self {
+        let quota = governor::Quota::per_second(
+            std::num::NonZeroU32::new(FOLLOWER_QPS).unwrap_or(std::num::NonZeroU32::MIN),
+        )
+        .allow_burst(
+            std::num::NonZeroU32::new(FOLLOWER_BURST).unwrap_or(std::num::NonZeroU32::MIN),
+        );
         Takeovers {
             client,
+            limiter: Arc::new(governor::RateLimiter::direct(quota)),
             readiness,
             selector,
             dry_run,
@@ -64,6 +82,7 @@ impl Takeovers {
             return;
         }
         let task = carry_label_over(
+            self.limiter.clone(),
             self.readiness.clone(),
             Api::namespaced(self.client.clone(), &key.namespace),
             key.name.clone(),
@@ -92,6 +111,7 @@ impl Takeovers {
 /// opt-out), with a resourceVersion-guarded merge patch, so it never
 /// overwrites a concurrent change.
 async fn carry_label_over(
+    limiter: Arc<Limiter>,
     readiness: Arc<Readiness>,
     cms: Api<ConfigMap>,
     name: String,
@@ -100,14 +120,15 @@ async fn carry_label_over(
 ) {
     let ns = cms.namespace().unwrap_or_default().to_owned();
     let started = Instant::now();
-    let mut wait = Duration::from_millis(500);
+    let mut wait = FIRST_LOOK;
     while started.elapsed() < TAKEOVER_WINDOW {
         tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(LONGEST_WAIT);
+        limiter.until_ready().await;
         // Safety rule 4: no write before every watch has synced.
         if !readiness.is_synced() {
             continue;
         }
-        wait = (wait * 2).min(Duration::from_secs(16));
         // The whole object: only a lock-shaped (empty) ConfigMap is labeled.
         let read = call("reading the lock after it was deleted", cms.get_opt(&name));
         let cm = match read.await {

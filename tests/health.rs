@@ -30,9 +30,18 @@ async fn failing_watches_turn_readiness_off_and_back_on() {
     let m = j.metrics().await;
     assert_eq!(sample(&m, "lock_janitor_ready", &[]), Some(1.0), "{m}");
     let errors = |m: &str| {
-        sample(m, "lock_janitor_watch_errors_total", &[("resource", "configmaps")]).unwrap_or(0.0)
-            + sample(m, "lock_janitor_watch_errors_total", &[("resource", "pods")])
-                .unwrap_or(0.0)
+        sample(
+            m,
+            "lock_janitor_watch_errors_total",
+            &[("resource", "configmaps")],
+        )
+        .unwrap_or(0.0)
+            + sample(
+                m,
+                "lock_janitor_watch_errors_total",
+                &[("resource", "pods")],
+            )
+            .unwrap_or(0.0)
     };
     assert_eq!(errors(&m), 0.0, "{m}");
 
@@ -41,7 +50,9 @@ async fn failing_watches_turn_readiness_off_and_back_on() {
         .delete(user, &DeleteParams::default())
         .await
         .unwrap();
-    cp.restart_apiserver().await.expect("restart kube-apiserver");
+    cp.restart_apiserver()
+        .await
+        .expect("restart kube-apiserver");
     let (code, body) = wait_for("/readyz 503", Duration::from_secs(120), || async {
         let (code, body) = http_get(j.port, "/readyz").await.ok()?;
         (code == 503).then_some((code, body))

@@ -166,17 +166,19 @@ async fn reclaim_alert_fires_in_prometheus() {
     .await;
     let prom = Prometheus::start(j.port).await;
 
-    // Prometheus has the lock's reclaim counter at 0 (the janitor creates a
-    // watched lock's counters at 0, so increase() has a sample before the
-    // first reclaim), and nothing fires.
+    // Prometheus scrapes the janitor, which judged the lock held. No reclaim
+    // series exists for a lock that was never reclaimed (no series per lock
+    // "just in case"), and nothing fires.
     let counter = format!(
         "lock_janitor_reclaims_total{{namespace=\"{ns}\",lock=\"op-lock\",reason=\"Evicted\"}}"
     );
-    wait_for("Prometheus scraped the counter at 0", WAIT, || async {
-        let r = prom.query(&counter).await;
-        (r.len() == 1 && value_of(&r[0]) == Some(0.0)).then_some(())
+    let held = "lock_janitor_locks{state=\"held\"}";
+    wait_for("Prometheus scraped the held lock", WAIT, || async {
+        let r = prom.query(held).await;
+        (r.len() == 1 && value_of(&r[0]) == Some(1.0)).then_some(())
     })
     .await;
+    assert!(prom.query(&counter).await.is_empty());
     let firing = format!(
         "ALERTS{{alertname=\"LockJanitorStaleLockReclaimed\",alertstate=\"firing\",namespace=\"{ns}\"}}"
     );
@@ -220,7 +222,11 @@ async fn reclaim_alert_fires_in_prometheus() {
         .as_str()
         .is_some_and(|u| u.ends_with("docs/runbooks.md#lockjanitorstalelockreclaimed")));
 
-    // Only the reason that happened fires; the other counters of the lock stay at 0.
+    // The counter was born at 1 with the reclaim.
+    let r = prom.query(&counter).await;
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(value_of(&r[0]), Some(1.0));
+    // Only the reason that happened fires.
     let all = prom
         .query(&format!(
             "ALERTS{{alertname=\"LockJanitorStaleLockReclaimed\",namespace=\"{ns}\"}}"
