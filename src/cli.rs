@@ -99,6 +99,19 @@ pub struct RunArgs {
     /// Requests per second the janitor may send to the API server, on average.
     #[arg(long, env = "LOCK_JANITOR_API_QPS", default_value = "20", value_parser = parse_qps)]
     pub api_qps: f64,
+    /// Elect a leader on a Lease: every replica watches and judges, only the
+    /// holder writes (hot standby). The chart turns it on with replicas > 1.
+    #[arg(long, env = "LOCK_JANITOR_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "LOCK_JANITOR_LEADER_ELECT_LEASE", default_value = "lock-janitor", value_parser = parse_name)]
+    pub leader_elect_lease: String,
+    /// Namespace of the leader-election Lease (default: $POD_NAMESPACE).
+    #[arg(long, env = "LOCK_JANITOR_LEADER_ELECT_NAMESPACE", value_parser = parse_namespace)]
+    pub leader_elect_namespace: Option<String>,
+    /// How long a leader's lease lasts without renewal (it stops writing after two thirds of it).
+    #[arg(long, env = "LOCK_JANITOR_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_lease_duration)]
+    pub leader_elect_lease_duration: Duration,
     /// Requests the janitor may send at once above --api-qps.
     #[arg(long, env = "LOCK_JANITOR_API_BURST", default_value = "40", value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub api_burst: u32,
@@ -154,6 +167,34 @@ fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     match parse_duration(s)? {
         d if d.is_zero() => Err("must be greater than zero".into()),
         d => Ok(d),
+    }
+}
+
+fn parse_lease_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d < Duration::from_secs(3) => Err("must be at least 3s".into()),
+        d if d > Duration::from_secs(600) => Err("must be at most 10m".into()),
+        d => Ok(d),
+    }
+}
+
+/// An object name: a DNS-1123 subdomain.
+fn parse_name(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !p.starts_with('-')
+                && !p.ends_with('-')
+        });
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not an object name (lowercase letters, digits, '-' and '.')"
+        ))
     }
 }
 
@@ -214,6 +255,9 @@ mod tests {
         assert!(!a.dry_run && !a.delete_pod);
         assert_eq!(a.log_format, LogFormat::Plain);
         assert_eq!(a.api_qps, 20.0);
+        assert!(!a.leader_elect);
+        assert_eq!(a.leader_elect_lease, "lock-janitor");
+        assert_eq!(a.leader_elect_lease_duration, Duration::from_secs(15));
         assert_eq!(a.api_burst, 40);
     }
 
@@ -253,6 +297,9 @@ mod tests {
             vec!["lock-janitor", "run", "--api-qps", "fast"],
             vec!["lock-janitor", "run", "--api-qps", "NaN"],
             vec!["lock-janitor", "run", "--api-burst", "0"],
+            vec!["lock-janitor", "run", "--leader-elect-lease-duration", "1s"],
+            vec!["lock-janitor", "run", "--leader-elect-lease", "Bad_Name"],
+            vec!["lock-janitor", "run", "--leader-elect-namespace", "Bad_NS"],
         ] {
             let err = Cli::try_parse_checked(&args).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{args:?}");

@@ -19,6 +19,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::election::Gate;
 use crate::events::Events;
 use crate::index::HolderIndex;
 use crate::lock::{self, LockKey};
@@ -31,6 +32,8 @@ use crate::takeover::Takeovers;
 use crate::verdict::{self, Policy, Verdict};
 use crate::{scoped, sweep, Error, TERMINAL_PODS};
 
+/// How soon a standby judges a stale lock again (it reclaims once it leads).
+const STANDBY_RETRY: Duration = Duration::from_secs(1);
 /// How soon a lock that changed under a delete is judged again.
 const REJUDGE_AFTER: Duration = Duration::from_millis(500);
 /// Retry delay after a first error (counted in `error_policy`); it doubles
@@ -70,6 +73,8 @@ pub struct Settings {
 /// Per-reconcile context: who reads, who remembers, who writes.
 pub struct Context {
     pub client: Client,
+    /// Who may write (the leader lease).
+    pub gate: Gate,
     pub shared: Shared,
     pub settings: Settings,
     pub observer: Observer,
@@ -79,7 +84,13 @@ pub struct Context {
 }
 
 impl Context {
+    /// A janitor that always writes (no leader election).
     pub fn new(client: Client, shared: Shared, settings: Settings) -> Arc<Self> {
+        Self::with_gate(client, shared, settings, Gate::always())
+    }
+
+    /// A janitor that writes only while `gate` allows it.
+    pub fn with_gate(client: Client, shared: Shared, settings: Settings, gate: Gate) -> Arc<Self> {
         let metrics = shared.metrics.clone();
         let memory = Arc::new(Memory::new(metrics.clone()));
         let mode = Mode {
@@ -95,18 +106,21 @@ impl Context {
             ),
             reclaimer: Reclaimer::new(
                 client.clone(),
-                Events::new(client.clone(), metrics.clone()),
+                gate.clone(),
+                Events::new(client.clone(), metrics.clone(), gate.clone()),
                 metrics,
                 memory.clone(),
                 mode,
             ),
             takeovers: Takeovers::new(
                 client.clone(),
+                gate.clone(),
                 shared.readiness.clone(),
                 settings.selector.clone(),
                 settings.dry_run,
             ),
             memory,
+            gate,
             client,
             shared,
             settings,
@@ -226,6 +240,8 @@ pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
             }
             reclaim::Outcome::Changed => Ok(Action::requeue(REJUDGE_AFTER)),
             reclaim::Outcome::DryRun | reclaim::Outcome::Blocked => Ok(resync),
+            // A standby looks again soon: it writes once it leads.
+            reclaim::Outcome::NotLeader => Ok(Action::requeue(STANDBY_RETRY)),
         },
     }
 }
@@ -391,6 +407,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
     // reconcile was in flight may be remembered after the watch said it
     // was gone.
     let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<LockMeta>>();
+    let suspects_tx_lead = suspects_tx.clone();
     let sweeper = {
         let (ctx, reader, ns, shutdown, index) = (
             ctx.clone(),
@@ -500,6 +517,21 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
         })
     };
 
+    // On taking the lead, look at every lock at once: a standby judged
+    // stale locks without writing; the settled ones cost nothing.
+    let on_lead = ctx.gate.changes().map(|mut changes| {
+        let (reader, tx) = (reader.clone(), suspects_tx_lead.clone());
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                if *changes.borrow_and_update() {
+                    for m in reader.state() {
+                        let _ = tx.unbounded_send(ObjectRef::from_obj(&*m));
+                    }
+                }
+            }
+        })
+    });
+
     info!(scope = %scope, selector = %ctx.settings.selector, "watching locks");
     Controller::for_stream(locks, reader)
         .watches_stream(terminal_pods, held_by)
@@ -516,6 +548,9 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
         })
         .await;
     sweeper.abort();
+    if let Some(t) = on_lead {
+        t.abort();
+    }
     info!(scope = %scope, "stopped watching");
 }
 

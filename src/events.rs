@@ -7,6 +7,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Client;
 use tracing::warn;
 
+use crate::election::Gate;
 use crate::lock::Lock;
 use crate::metrics::Metrics;
 use crate::ErrorKind;
@@ -72,10 +73,11 @@ pub struct Say {
 pub struct Events {
     recorder: Recorder,
     metrics: Metrics,
+    gate: Gate,
 }
 
 impl Events {
-    pub fn new(client: Client, metrics: Metrics) -> Self {
+    pub fn new(client: Client, metrics: Metrics, gate: Gate) -> Self {
         let reporter = Reporter {
             controller: crate::NAME.into(),
             instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
@@ -83,6 +85,7 @@ impl Events {
         Events {
             recorder: Recorder::new(client, reporter),
             metrics,
+            gate,
         }
     }
 
@@ -94,6 +97,10 @@ impl Events {
         related: Option<ObjectReference>,
         say: Say,
     ) -> bool {
+        if !self.gate.may_write() {
+            // A standby says nothing; the leader reports.
+            return false;
+        }
         let ev = Event {
             type_: say.type_,
             reason: say.reason.into(),

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod client;
 pub mod cmd;
 pub mod controller;
+pub mod election;
 pub mod events;
 #[cfg(test)]
 mod fixtures;

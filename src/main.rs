@@ -124,12 +124,55 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
 
-    let ctx = Context::new(client, shared, settings);
+    let (gate, election) = if args.leader_elect {
+        let Some(namespace) = args.leader_elect_namespace.clone().or_else(|| {
+            std::env::var("POD_NAMESPACE")
+                .ok()
+                .filter(|s| !s.is_empty())
+        }) else {
+            anyhow::bail!("--leader-elect needs --leader-elect-namespace or $POD_NAMESPACE");
+        };
+        let identity = std::env::var("POD_NAME")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+            .context(
+                "--leader-elect needs $POD_NAME (the chart sets it) or $HOSTNAME as its identity",
+            )?;
+        let election = lock_janitor::election::Election {
+            lease: args.leader_elect_lease.clone(),
+            namespace,
+            identity,
+            lease_duration: args.leader_elect_lease_duration,
+        };
+        info!(lease = %election.lease, namespace = %election.namespace, identity = %election.identity,
+              "leader election on; writing only while holding the lease");
+        let (gate, task) = lock_janitor::election::start(
+            client.clone(),
+            election,
+            shared.metrics.clone(),
+            shutdown.clone(),
+        );
+        (gate, Some(task))
+    } else {
+        shared.metrics.leader.set(1);
+        (lock_janitor::election::Gate::always(), None)
+    };
+    let ctx = Context::with_gate(client, shared, settings, gate);
     controller::run(ctx.clone(), shutdown.clone()).await;
     let waiting = ctx.takeovers.awaiting();
     if !waiting.is_empty() {
         let locks: Vec<String> = waiting.iter().map(|k| k.to_string()).collect();
         warn!(locks = ?locks, "stopping while these locks await a takeover: label the new locks with `lock-janitor label --apply`");
+    }
+    if let Some(task) = election {
+        // The lease is released once shutdown starts (bounded by the API timeout).
+        if tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .is_err()
+        {
+            warn!("the leader lease was not released within 20s; it expires by itself");
+        }
     }
     http_stop.cancel();
     match tokio::time::timeout(Duration::from_secs(5), server).await {

@@ -21,6 +21,7 @@ pub struct Metrics {
     pub build_info: IntGaugeVec,
     pub watch_errors: IntCounterVec,
     pub ready: prometheus::IntGauge,
+    pub leader: prometheus::IntGauge,
     pub last_reclaim: IntGaugeVec,
     /// Per-lock reclaim series and when they were last touched, so that
     /// those of locks reclaimed long ago are removed.
@@ -103,6 +104,10 @@ impl Metrics {
             ),
             &["resource"],
         )?;
+        let leader = prometheus::IntGauge::new(
+            "lock_janitor_leader",
+            "1 on the replica that may write (holds the leader lease, or runs without election).",
+        )?;
         let last_reclaim = IntGaugeVec::new(
             Opts::new(
                 "lock_janitor_last_reclaim_timestamp_seconds",
@@ -117,6 +122,7 @@ impl Metrics {
         for c in [
             Box::new(watch_errors.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(ready.clone()),
+            Box::new(leader.clone()),
             Box::new(last_reclaim.clone()),
             Box::new(reclaims.clone()),
             Box::new(stale_locks.clone()),
@@ -155,6 +161,7 @@ impl Metrics {
             build_info,
             watch_errors,
             ready,
+            leader,
             last_reclaim,
             reclaimed: Default::default(),
         })

@@ -13,6 +13,7 @@ use kube::runtime::events::EventType;
 use kube::{Api, Client};
 use tracing::{error, info, warn};
 
+use crate::election::Gate;
 use crate::events::{self, Events, Say};
 use crate::memory::Memory;
 use crate::metrics::Metrics;
@@ -33,6 +34,8 @@ pub enum Outcome {
     /// The lock is being deleted, but finalizers keep it: reported, never
     /// counted as reclaimed. Its deletion arrives as a watch event.
     Blocked,
+    /// This replica does not hold the leader lease: it wrote nothing.
+    NotLeader,
 }
 
 /// What the janitor may write.
@@ -47,6 +50,7 @@ pub struct Mode {
 /// The writer of reclaims.
 pub struct Reclaimer {
     client: Client,
+    gate: Gate,
     events: Events,
     metrics: Metrics,
     memory: Arc<Memory>,
@@ -56,6 +60,7 @@ pub struct Reclaimer {
 impl Reclaimer {
     pub fn new(
         client: Client,
+        gate: Gate,
         events: Events,
         metrics: Metrics,
         memory: Arc<Memory>,
@@ -63,6 +68,7 @@ impl Reclaimer {
     ) -> Self {
         Reclaimer {
             client,
+            gate,
             events,
             metrics,
             memory,
@@ -146,6 +152,11 @@ impl Reclaimer {
             return Ok(Outcome::Blocked);
         }
 
+        // Checked at the moment of the write: a lease lost a moment ago
+        // stops it.
+        if !self.gate.may_write() {
+            return Ok(Outcome::NotLeader);
+        }
         // The delete succeeds only if the lock is still exactly the one judged.
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
@@ -260,6 +271,9 @@ impl Reclaimer {
             }),
             ..Default::default()
         };
+        if !self.gate.may_write() {
+            return;
+        }
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         match call(format!("deleting pod {ns}/{name}"), pods.delete(name, &dp)).await {
             Ok(_) => {

@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::call;
+use crate::election::Gate;
 use crate::lock::{self, LockKey};
 use crate::optin::{self, Plan, Written};
 use crate::readiness::Readiness;
@@ -35,6 +36,7 @@ type Limiter = governor::DefaultDirectRateLimiter;
 /// The takeovers being awaited, one follower task per lock.
 pub struct Takeovers {
     client: Client,
+    gate: Gate,
     limiter: Arc<Limiter>,
     readiness: Arc<Readiness>,
     selector: Selector,
@@ -45,6 +47,7 @@ pub struct Takeovers {
 impl Takeovers {
     pub fn new(
         client: Client,
+        gate: Gate,
         readiness: Arc<Readiness>,
         selector: Selector,
         dry_run: bool,
@@ -57,6 +60,7 @@ impl Takeovers {
         );
         Takeovers {
             client,
+            gate,
             limiter: Arc::new(governor::RateLimiter::direct(quota)),
             readiness,
             selector,
@@ -82,6 +86,7 @@ impl Takeovers {
             return;
         }
         let task = carry_label_over(
+            self.gate.clone(),
             self.limiter.clone(),
             self.readiness.clone(),
             Api::namespaced(self.client.clone(), &key.namespace),
@@ -111,6 +116,7 @@ impl Takeovers {
 /// opt-out), with a resourceVersion-guarded merge patch, so it never
 /// overwrites a concurrent change.
 async fn carry_label_over(
+    gate: Gate,
     limiter: Arc<Limiter>,
     readiness: Arc<Readiness>,
     cms: Api<ConfigMap>,
@@ -125,8 +131,9 @@ async fn carry_label_over(
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(LONGEST_WAIT);
         limiter.until_ready().await;
-        // Safety rule 4: no write before every watch has synced.
-        if !readiness.is_synced() {
+        // Safety rule 4: no write before every watch has synced; and only
+        // the leader writes.
+        if !readiness.is_synced() || !gate.may_write() {
             continue;
         }
         // The whole object: only a lock-shaped (empty) ConfigMap is labeled.

@@ -1,0 +1,332 @@
+//! The lease gate: who may write. With `--leader-elect`, every replica keeps
+//! its watches warm and judges, but only the holder of a
+//! `coordination.k8s.io/v1` Lease writes (reclaims, Events, label
+//! carry-over). The holder keeps a local deadline on the monotonic clock:
+//! it stops writing `renew_deadline` after the start of its last successful
+//! renewal, before any other replica can see the lease expire, whatever the
+//! API server answers meanwhile. SIGTERM releases the lease as client-go
+//! does (empty holder, `leaseDurationSeconds: 1`). Rule 6 makes this an
+//! optimisation, not the safety net: two janitors writing at once still
+//! cannot delete a lock whose holder may run.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::{api_code, call, Error};
+
+/// Which Lease, held as whom, for how long.
+#[derive(Clone, Debug)]
+pub struct Election {
+    pub lease: String,
+    pub namespace: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+}
+
+impl Election {
+    /// client-go's ratios: 15 s lease, 10 s renew deadline, 2 s retry.
+    pub fn renew_deadline(&self) -> Duration {
+        self.lease_duration.mul_f64(2.0 / 3.0)
+    }
+    pub fn retry_period(&self) -> Duration {
+        self.lease_duration
+            .mul_f64(2.0 / 15.0)
+            .max(Duration::from_millis(200))
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Writes are allowed until then.
+    deadline: Option<Instant>,
+    /// The lease record last seen (holder, renewTime) and when it was first
+    /// seen so: another holder's lease expires `lease_duration` after that,
+    /// on this replica's own clock (as in client-go).
+    observed: Option<(String, Option<Timestamp>, Instant)>,
+}
+
+/// Whether this replica may write now. Cheap to clone; checked at the
+/// moment of each write.
+#[derive(Clone, Debug, Default)]
+pub struct Gate {
+    /// None: no election, this replica always writes.
+    state: Option<Arc<Mutex<State>>>,
+    /// Says when this replica starts or stops leading.
+    changes: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl Gate {
+    /// No election: the only janitor writes.
+    pub fn always() -> Gate {
+        Gate::default()
+    }
+
+    /// Leading changes (true: it leads now); none without an election.
+    pub fn changes(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.changes.clone()
+    }
+
+    pub fn may_write(&self) -> bool {
+        match &self.state {
+            None => true,
+            Some(s) => s
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .deadline
+                .is_some_and(|d| Instant::now() < d),
+        }
+    }
+}
+
+/// Runs the election until `shutdown`, then releases the lease if held.
+/// Returns the gate at once; the task runs in the background.
+pub fn start(
+    client: Client,
+    election: Election,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) -> (Gate, tokio::task::JoinHandle<()>) {
+    let state = Arc::new(Mutex::new(State::default()));
+    let (changed, changes) = tokio::sync::watch::channel(false);
+    let gate = Gate {
+        state: Some(state.clone()),
+        changes: Some(changes),
+    };
+    let task = {
+        let gate = gate.clone();
+        tokio::spawn(async move {
+            let api: Api<Lease> = Api::namespaced(client, &election.namespace);
+            let mut leading = false;
+            loop {
+                let started = Instant::now();
+                match try_acquire_or_renew(&api, &election, &state).await {
+                    Ok(true) => {
+                        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+                        s.deadline = Some(started + election.renew_deadline());
+                    }
+                    Ok(false) => {
+                        state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
+                    }
+                    Err(e) => {
+                        warn!(lease = %election.lease, error = %e,
+                              "could not renew or acquire the leader lease; writes stop at the renew deadline");
+                    }
+                }
+                let now_leading = gate.may_write();
+                if now_leading != leading {
+                    leading = now_leading;
+                    metrics.leader.set(i64::from(leading));
+                    let _ = changed.send(leading);
+                    if leading {
+                        info!(lease = %election.lease, identity = %election.identity, "leading: this replica writes");
+                    } else {
+                        info!(lease = %election.lease, identity = %election.identity, "not leading: standing by (watches stay warm)");
+                    }
+                }
+                // A standby looks again right when the lease it saw expires,
+                // not up to a retry period later.
+                let wait = if leading {
+                    election.retry_period()
+                } else {
+                    let s = state.lock().unwrap_or_else(|e| e.into_inner());
+                    match &s.observed {
+                        Some((holder, _, seen)) if !holder.is_empty() => {
+                            let expires =
+                                *seen + election.lease_duration + Duration::from_millis(50);
+                            election
+                                .retry_period()
+                                .min(expires.saturating_duration_since(Instant::now()))
+                                .max(Duration::from_millis(50))
+                        }
+                        _ => election.retry_period(),
+                    }
+                };
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                // A deadline that passed while sleeping ends the lead.
+                if leading && !gate.may_write() {
+                    leading = false;
+                    metrics.leader.set(0);
+                    let _ = changed.send(false);
+                    warn!(lease = %election.lease, "leader lease not renewed within its deadline: stopped writing");
+                }
+            }
+            if gate.may_write() {
+                state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
+                metrics.leader.set(0);
+                match release(&api, &election).await {
+                    Ok(()) => info!(lease = %election.lease, "released the leader lease"),
+                    Err(e) => {
+                        warn!(lease = %election.lease, error = %e, "could not release the leader lease; it expires by itself")
+                    }
+                }
+            }
+        })
+    };
+    (gate, task)
+}
+
+fn now_micro() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+/// One round of client-go's tryAcquireOrRenew. Ok(true): this replica holds
+/// the lease now. Every write is guarded by the resourceVersion read.
+async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    e: &Election,
+    state: &Mutex<State>,
+) -> Result<bool, Error> {
+    let secs = i32::try_from(e.lease_duration.as_secs()).unwrap_or(i32::MAX);
+    let Some(current) = call("reading the leader lease", api.get_opt(&e.lease)).await? else {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(e.lease.clone()),
+                namespace: Some(e.namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(e.identity.clone()),
+                lease_duration_seconds: Some(secs),
+                acquire_time: Some(now_micro()),
+                renew_time: Some(now_micro()),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        };
+        return match call(
+            "creating the leader lease",
+            api.create(&PostParams::default(), &lease),
+        )
+        .await
+        {
+            Ok(_) => Ok(true),
+            Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => Ok(false),
+            Err(err) => Err(err),
+        };
+    };
+    let spec = current.spec.clone().unwrap_or_default();
+    let holder = spec.holder_identity.clone().unwrap_or_default();
+    let renewed = spec.renew_time.as_ref().map(|t| t.0);
+    let duration = spec
+        .lease_duration_seconds
+        .map(|s| Duration::from_secs(s.max(0) as u64))
+        .unwrap_or(e.lease_duration);
+    let expired = {
+        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = !matches!(&s.observed, Some((h, r, _)) if *h == holder && *r == renewed);
+        if changed {
+            s.observed = Some((holder.clone(), renewed, Instant::now()));
+        }
+        s.observed
+            .as_ref()
+            .is_some_and(|(_, _, seen)| seen.elapsed() > duration)
+    };
+    let mine = holder == e.identity;
+    if !holder.is_empty() && !mine && !expired {
+        return Ok(false);
+    }
+    let transitions = spec.lease_transitions.unwrap_or(0);
+    let mut next = current.clone();
+    next.spec = Some(LeaseSpec {
+        holder_identity: Some(e.identity.clone()),
+        lease_duration_seconds: Some(secs),
+        acquire_time: if mine {
+            spec.acquire_time.clone()
+        } else {
+            Some(now_micro())
+        },
+        renew_time: Some(now_micro()),
+        lease_transitions: Some(if mine { transitions } else { transitions + 1 }),
+        ..spec
+    });
+    // replace carries metadata.resourceVersion: a concurrent change is a 409.
+    match call(
+        "renewing the leader lease",
+        api.replace(&e.lease, &PostParams::default(), &next),
+    )
+    .await
+    {
+        Ok(_) => Ok(true),
+        Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// Gives the lease up as client-go does on a clean stop.
+async fn release(api: &Api<Lease>, e: &Election) -> Result<(), Error> {
+    let Some(current) = call("reading the leader lease", api.get_opt(&e.lease)).await? else {
+        return Ok(());
+    };
+    let spec = current.spec.clone().unwrap_or_default();
+    if spec.holder_identity.as_deref() != Some(e.identity.as_str()) {
+        return Ok(());
+    }
+    let mut next = current.clone();
+    next.spec = Some(LeaseSpec {
+        holder_identity: Some(String::new()),
+        lease_duration_seconds: Some(1),
+        renew_time: Some(now_micro()),
+        acquire_time: Some(now_micro()),
+        ..spec
+    });
+    call(
+        "releasing the leader lease",
+        api.replace(&e.lease, &PostParams::default(), &next),
+    )
+    .await
+    .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timings_follow_client_go() {
+        let e = Election {
+            lease: "lock-janitor".into(),
+            namespace: "ops".into(),
+            identity: "a".into(),
+            lease_duration: Duration::from_secs(15),
+        };
+        assert_eq!(e.renew_deadline(), Duration::from_secs(10));
+        assert_eq!(e.retry_period(), Duration::from_secs(2));
+        assert!(
+            e.renew_deadline() < e.lease_duration,
+            "stops writing before others may lead"
+        );
+    }
+
+    #[test]
+    fn a_gate_without_a_deadline_refuses() {
+        assert!(Gate::always().may_write());
+        let g = Gate {
+            state: Some(Arc::new(Mutex::new(State::default()))),
+            changes: None,
+        };
+        assert!(!g.may_write());
+        if let Some(s) = &g.state {
+            s.lock().unwrap().deadline = Some(Instant::now() + Duration::from_secs(10));
+        }
+        assert!(g.may_write());
+        if let Some(s) = &g.state {
+            s.lock().unwrap().deadline = Some(Instant::now() - Duration::from_millis(1));
+        }
+        assert!(
+            !g.may_write(),
+            "a passed deadline stops writes, whatever else"
+        );
+    }
+}
