@@ -12,7 +12,7 @@ import yaml
 
 RULES_FILE = "charts/lock-janitor/files/prometheus-rules.yaml"
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
-OPTIONAL = {"ServiceMonitor", "PrometheusRule", "PodDisruptionBudget", "NetworkPolicy"}
+OPTIONAL = {"ServiceMonitor", "PrometheusRule", "NetworkPolicy"}
 
 errors = []
 
@@ -49,8 +49,14 @@ def main():
     dep = one("Deployment")
     spec = dep.get("spec", {})
     pod = spec.get("template", {}).get("spec", {})
-    check(spec.get("replicas") == 1, "Deployment replicas != 1")
-    check(spec.get("strategy", {}).get("type") == "Recreate", "Deployment strategy is not Recreate (two janitors during a rollout)")
+    check(spec.get("replicas") == 2, "Deployment replicas != 2 (hot standby by default)")
+    check(spec.get("strategy", {}).get("type") == "RollingUpdate"
+          and spec["strategy"].get("rollingUpdate", {}).get("maxUnavailable") == 0,
+          "Deployment strategy is not RollingUpdate with maxUnavailable 0 (leader election)")
+    check(pod.get("terminationGracePeriodSeconds", 0) >= 45, "terminationGracePeriodSeconds below the janitor's drain bound")
+    anti = pod.get("affinity", {}).get("podAntiAffinity", {}).get("preferredDuringSchedulingIgnoredDuringExecution", [])
+    check(case == "all-on" or (anti and anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"),
+          "no soft anti-affinity across nodes by default")
     check(pod.get("automountServiceAccountToken") is True, "pod does not automount its token")
     psc = pod.get("securityContext", {})
     check(psc.get("runAsNonRoot") is True, "pod runAsNonRoot is not true")
@@ -68,8 +74,11 @@ def main():
     env = {e["name"]: e for e in c.get("env", [])}
     check(env.get("POD_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name",
           "POD_NAME is not set from metadata.name")
+    check(env.get("POD_NAMESPACE", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace",
+          "POD_NAMESPACE is not set from metadata.namespace")
     res = c.get("resources", {})
     check(res.get("requests") and res.get("limits"), "resources lack requests or limits")
+    check(res.get("requests") == res.get("limits"), f"requests != limits (not Guaranteed QoS): {res}")
     args = c.get("args", [])
     ports = c.get("ports", [])
     check(ports and ports[0].get("name") == "metrics", "container port is not named metrics")
@@ -78,6 +87,10 @@ def main():
     check("--selector=lock-janitor.io/watch=true" in args, f"args lack the default selector: {args}")
     check(any(a.startswith("--owner-gone-grace=") for a in args) and any(a.startswith("--resync=") for a in args),
           "args lack --owner-gone-grace or --resync")
+    full = dep["metadata"]["name"]
+    for a in ("--leader-elect", f"--leader-elect-lease={full}", f"--leader-elect-namespace={release_ns}",
+              "--leader-elect-lease-duration=15s"):
+        check(a in args, f"args lack {a}: {args}")
 
     # ServiceAccount.
     sa_name = pod.get("serviceAccountName")
@@ -101,10 +114,20 @@ def main():
         ("", "pods", ["get", "list", "watch"] + (["delete"] if delete_pod else [])),
         ("events.k8s.io", "events", ["create", "patch"]),
     ]
+    # The leader Lease: its own Lease by name (get, update), create, in the
+    # release namespace only.
+    leader_roles = [r for r in by_kind.get("Role", []) if r["metadata"]["name"].endswith("-leader")]
+    check(len(leader_roles) == 1 and leader_roles[0]["metadata"]["namespace"] == release_ns,
+          "want one leader-election Role in the release namespace")
+    if leader_roles:
+        got = [(r["apiGroups"], r["resources"], r.get("resourceNames"), r["verbs"]) for r in leader_roles[0]["rules"]]
+        want = [(["coordination.k8s.io"], ["leases"], [full], ["get", "update"]),
+                (["coordination.k8s.io"], ["leases"], None, ["create"])]
+        check(got == want, f"leader Role rules {got}, want {want}")
     if case == "namespaced":
         check(not by_kind.get("ClusterRole") and not by_kind.get("ClusterRoleBinding"), "namespaced mode has cluster-wide grants")
-        roles = by_kind.get("Role", [])
-        bindings = by_kind.get("RoleBinding", [])
+        roles = [r for r in by_kind.get("Role", []) if not r["metadata"]["name"].endswith("-leader")]
+        bindings = [b for b in by_kind.get("RoleBinding", []) if not b["metadata"]["name"].endswith("-leader")]
         check(sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"], "want a Role in team-a and team-b")
         check(sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"], "want a RoleBinding in team-a and team-b")
         for b in bindings:
@@ -114,7 +137,8 @@ def main():
         rule_sets = [r.get("rules", []) for r in roles]
         check("--namespace=team-a" in args and "--namespace=team-b" in args, f"args lack --namespace flags: {args}")
     else:
-        check(not by_kind.get("Role") and not by_kind.get("RoleBinding"), "cluster-wide mode creates Roles")
+        check(all(r["metadata"]["name"].endswith("-leader") for r in by_kind.get("Role", []) + by_kind.get("RoleBinding", [])),
+              "cluster-wide mode creates Roles other than the leader-election one")
         rule_sets = [one("ClusterRole").get("rules", [])]
         crb = one("ClusterRoleBinding")
         subj = crb.get("subjects", [{}])[0]
@@ -130,6 +154,8 @@ def main():
     if case == "defaults":
         for kind in OPTIONAL:
             check(kind not in by_kind, f"{kind} rendered although it is off by default")
+        pdb = one("PodDisruptionBudget").get("spec", {})
+        check(pdb.get("maxUnavailable") == 1, f"default PDB is not maxUnavailable 1: {pdb}")
         check("--dry-run" not in args and "--delete-pod" not in args, f"default args act dangerously: {args}")
         check("--log-format=json" in args, "chart default log format is not json")
     if case == "all-on":

@@ -48,7 +48,7 @@ refuse() { # description expected-message helm-args...
   grep -Fq "$want" "$out/err" || { cat "$out/err" >&2; fail "$what: error does not say '$want'"; }
   echo "test-chart: refused $what: $(grep -F "$want" "$out/err" | head -n1 | cut -c1-160)"
 }
-refuse "replicas: 2" "lock-janitor has no leader election yet; a second active replica would double every write; keep replicas: 1" --set replicas=2
+refuse "a grace period below the drain bound" "terminationGracePeriodSeconds" --set terminationGracePeriodSeconds=10
 refuse "an unknown top-level key" "replica" --set replica=1
 refuse "a string for dryRun" "dryRun" --set-string dryRun=yes
 refuse "a number for ownerGoneGrace" "ownerGoneGrace" --set ownerGoneGrace=30

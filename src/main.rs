@@ -15,6 +15,9 @@ use lock_janitor::http;
 use lock_janitor::shared::Shared;
 use lock_janitor::verdict::Policy;
 
+/// How long in-flight work may drain after the first signal.
+const DRAIN_BOUND: Duration = Duration::from_secs(20);
+
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
@@ -159,7 +162,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         (lock_janitor::election::Gate::always(), None)
     };
     let ctx = Context::with_gate(client, shared, settings, gate);
-    controller::run(ctx.clone(), shutdown.clone()).await;
+    // The drain after a signal is bounded: in-flight reclaims get DRAIN_BOUND
+    // to finish (each API call is bounded too), then the process goes on
+    // to release its lease and exit. The chart's grace period is above it.
+    let drained = controller::run(ctx.clone(), shutdown.clone());
+    tokio::pin!(drained);
+    let deadline = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(DRAIN_BOUND).await;
+    };
+    tokio::select! {
+        () = &mut drained => {}
+        () = deadline => warn!("in-flight work did not finish within {}s of the signal; stopping anyway", DRAIN_BOUND.as_secs()),
+    }
     let waiting = ctx.takeovers.awaiting();
     if !waiting.is_empty() {
         let locks: Vec<String> = waiting.iter().map(|k| k.to_string()).collect();

@@ -426,14 +426,17 @@ impl Release {
         assert!(!status.incomplete, "{:?}", status.evaluation_error);
         let mut out = BTreeSet::new();
         for r in status.resource_rules {
-            assert!(
-                r.resource_names.as_ref().is_none_or(Vec::is_empty),
-                "unexpected resourceNames rule {r:?}"
-            );
+            // A rule limited to some names shows as `resource/name`.
+            let names = r.resource_names.clone().unwrap_or_default();
             for g in r.api_groups.iter().flatten() {
                 for res in r.resources.iter().flatten() {
                     for v in &r.verbs {
-                        out.insert((g.clone(), res.clone(), v.clone()));
+                        if names.is_empty() {
+                            out.insert((g.clone(), res.clone(), v.clone()));
+                        }
+                        for n in &names {
+                            out.insert((g.clone(), format!("{res}/{n}"), v.clone()));
+                        }
                     }
                 }
             }
@@ -607,17 +610,37 @@ async fn chart_rbac_reclaims_in_namespaced_mode() {
 async fn grants_exactly(opts: Opts, prefix: &str) {
     let r = install(prefix, opts, None).await;
     let want = granted(opts.delete_pod);
+    // Leader election (two replicas by default): its own Lease, by name, and
+    // create, in the release namespace only.
+    let lease = r
+        .args
+        .iter()
+        .find_map(|a| a.strip_prefix("--leader-elect-lease="))
+        .expect("leader election is on by default")
+        .to_owned();
+    let leases: BTreeSet<(String, String, String)> = [
+        ("leases".to_string(), "create"),
+        (format!("leases/{lease}"), "get"),
+        (format!("leases/{lease}"), "update"),
+    ]
+    .into_iter()
+    .map(|(res, v)| ("coordination.k8s.io".to_string(), res, v.to_string()))
+    .collect();
     // The complete list of what the ServiceAccount may do, beyond what any
     // ServiceAccount may: exactly the chart's grants where it works...
     assert_eq!(r.extra_rules_in(&r.locks).await, want);
-    // ...and, in namespaced mode, nothing anywhere else.
+    // ...and, in namespaced mode, nothing anywhere else but its Lease.
     for elsewhere in [r.ns.as_str(), "default", "kube-system"] {
         let extra = r.extra_rules_in(elsewhere).await;
-        if opts.namespaced {
-            assert!(extra.is_empty(), "rights in {elsewhere}: {extra:?}");
+        let mut expected = if opts.namespaced {
+            BTreeSet::new()
         } else {
-            assert_eq!(extra, want, "in {elsewhere}");
+            want.clone()
+        };
+        if elsewhere == r.ns {
+            expected.extend(leases.iter().cloned());
         }
+        assert_eq!(extra, expected, "in {elsewhere}");
     }
 
     // The same, request by request (SubjectAccessReview as admin).
@@ -659,6 +682,13 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
     }
     if !opts.delete_pod {
         cases.push((here, "", "pods", "delete", false));
+    }
+    // Leases in the release namespace: create, but no get or update of any
+    // Lease other than its own (SubjectAccessReview without a name).
+    let release = Some(r.ns.as_str());
+    cases.push((release, "coordination.k8s.io", "leases", "create", true));
+    for v in ["get", "update", "list", "delete"] {
+        cases.push((release, "coordination.k8s.io", "leases", v, false));
     }
     // Cluster scope: list/watch of every namespace only for a ClusterRole;
     // never anything cluster-scoped.

@@ -90,7 +90,11 @@ Rules shared by the ClusterRole and the per-namespace Roles: exactly what
 Refuse settings that would make the janitor unsafe.
 */}}
 {{- define "lock-janitor.validate" -}}
-{{- if gt (int .Values.replicas) 1 }}
-{{- fail "lock-janitor has no leader election yet; a second active replica would double every write; keep replicas: 1" }}
 {{- end }}
+
+{{/*
+Leader election is on with more than one replica.
+*/}}
+{{- define "lock-janitor.leaderElect" -}}
+{{- if gt (int .Values.replicas) 1 }}true{{ end }}
 {{- end }}
