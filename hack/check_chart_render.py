@@ -112,7 +112,7 @@ def main():
     want_rules = [
         ("", "configmaps", ["get", "list", "watch", "delete", "patch"]),
         ("", "pods", ["get", "list", "watch"] + (["delete"] if delete_pod else [])),
-        ("events.k8s.io", "events", ["create", "patch"]),
+        ("events.k8s.io", "events", ["create", "patch", "list"]),
     ]
     # The leader Lease: its own Lease by name (get, update), create, in the
     # release namespace only.

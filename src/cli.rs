@@ -99,6 +99,10 @@ pub struct RunArgs {
     /// Requests per second the janitor may send to the API server, on average.
     #[arg(long, env = "LOCK_JANITOR_API_QPS", default_value = "20", value_parser = parse_qps)]
     pub api_qps: f64,
+    /// After a watched lock is deleted, how long to wait for a new holder to
+    /// create it again before saying NoTakeover.
+    #[arg(long, env = "LOCK_JANITOR_TAKEOVER_TIMEOUT", default_value = "5m", value_parser = parse_positive_duration)]
+    pub takeover_timeout: Duration,
     /// Elect a leader on a Lease: every replica watches and judges, only the
     /// holder writes (hot standby). The chart turns it on with replicas > 1.
     #[arg(long, env = "LOCK_JANITOR_LEADER_ELECT")]
@@ -256,6 +260,7 @@ mod tests {
         assert_eq!(a.log_format, LogFormat::Plain);
         assert_eq!(a.api_qps, 20.0);
         assert!(!a.leader_elect);
+        assert_eq!(a.takeover_timeout, Duration::from_secs(300));
         assert_eq!(a.leader_elect_lease, "lock-janitor");
         assert_eq!(a.leader_elect_lease_duration, Duration::from_secs(15));
         assert_eq!(a.api_burst, 40);

@@ -68,6 +68,7 @@ pub struct Settings {
     pub delete_pod: bool,
     pub policy: Policy,
     pub resync: Duration,
+    pub takeover_timeout: Duration,
 }
 
 /// Per-reconcile context: who reads, who remembers, who writes.
@@ -108,7 +109,7 @@ impl Context {
                 client.clone(),
                 gate.clone(),
                 Events::new(client.clone(), metrics.clone(), gate.clone()),
-                metrics,
+                metrics.clone(),
                 memory.clone(),
                 mode,
             ),
@@ -116,8 +117,13 @@ impl Context {
                 client.clone(),
                 gate.clone(),
                 shared.readiness.clone(),
-                settings.selector.clone(),
-                settings.dry_run,
+                metrics.clone(),
+                Events::new(client.clone(), metrics.clone(), gate.clone()),
+                crate::takeover::Settings {
+                    selector: settings.selector.clone(),
+                    dry_run: settings.dry_run,
+                    timeout: settings.takeover_timeout,
+                },
             ),
             memory,
             gate,
@@ -135,7 +141,7 @@ impl Context {
             .judge_live(key, &self.memory.clock(key))
             .await?;
         if let Some(lock) = j.as_ref().and_then(|j| j.lock.as_ref()) {
-            self.memory.set_holder(key, &lock.holder.uid);
+            self.memory.set_holder(key, &lock.holder);
         }
         Ok(j)
     }
@@ -143,10 +149,11 @@ impl Context {
     /// Forgets a lock that no longer exists (or no longer carries the
     /// opt-in label), and starts following its name for a takeover.
     pub fn forget(&self, key: &LockKey) {
-        if let Some(uid) = self.memory.forget(key) {
-            info!(namespace = %key.namespace, lock = %key.name, holder_uid = %uid,
+        if let Some(holder) = self.memory.forget(key) {
+            info!(namespace = %key.namespace, lock = %key.name, holder = %holder.name,
                   "watched lock deleted or opted out; awaiting a takeover");
-            self.takeovers.follow(key, uid);
+            self.takeovers
+                .follow(key, holder, k8s_openapi::jiff::Timestamp::now());
         }
     }
 
@@ -184,7 +191,7 @@ pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, 
     ctx.memory.take_suspect(&key);
     if let Ok(cached) = lock::parse(&obj.metadata) {
         // Known before any read can fail: whose lock to follow if it goes.
-        ctx.memory.set_holder(&key, &cached.holder.uid);
+        ctx.memory.set_holder(&key, &cached.holder);
     }
     let Some(judgement) = ctx.judge_live(&key).await? else {
         debug!(namespace = %key.namespace, lock = %key.name, "lock is gone");
@@ -349,7 +356,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
                     index.delete(&key);
                     if let Ok(last) = lock::parse(&m.metadata) {
                         // Whose lock it was, as it was last seen.
-                        ctx.memory.set_holder(&key, &last.holder.uid);
+                        ctx.memory.set_holder(&key, &last.holder);
                     }
                     ctx.forget(&key);
                 }
@@ -468,9 +475,24 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
                                     ctx.memory.seed_held(
                                         &key,
                                         &lock.resource_version,
-                                        &lock.holder.uid,
+                                        &lock.holder,
                                     );
                                 }
+                            }
+                            // What was awaited before a restart or a failover.
+                            let present = |k: &LockKey| {
+                                reader
+                                    .get(&ObjectRef::new(&k.name).within(&k.namespace))
+                                    .and_then(|m| lock::parse(&m.metadata).ok())
+                                    .map(|l| l.holder.uid)
+                            };
+                            match ctx.takeovers.restore(ns.as_deref(), present).await {
+                                Ok(n) if n > 0 => {
+                                    info!(awaited = n, "takeovers awaited again after a restart")
+                                }
+                                Ok(_) => {}
+                                Err(e) => warn!(error = %e,
+                                    "could not read the janitor's reclaim Events; takeovers awaited before a restart are not followed"),
                             }
                             ctx.shared.readiness.synced();
                             first = false;
@@ -618,6 +640,7 @@ mod tests {
                     owner_gone_grace: Duration::from_secs(30),
                 },
                 resync: Duration::from_secs(300),
+                takeover_timeout: Duration::from_secs(300),
             },
         );
         let mut lock = LockMeta::default();

@@ -17,6 +17,10 @@ pub const REASON_DETECTED: &str = "StaleLockDetected";
 pub const REASON_POD_DELETED: &str = "DeadHolderDeleted";
 pub const REASON_UNMANAGEABLE: &str = "UnmanageableLock";
 pub const REASON_AMBIGUOUS: &str = "AmbiguousLock";
+/// A new holder created a lock again after it was deleted.
+pub const REASON_TAKEN_OVER: &str = "LockTakenOver";
+/// Nobody created a deleted lock again within --takeover-timeout.
+pub const REASON_NO_TAKEOVER: &str = "NoTakeover";
 /// A stale lock is being deleted but finalizers keep it (it still blocks).
 pub const REASON_BLOCKED: &str = "LockDeletionBlocked";
 

@@ -87,6 +87,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             owner_gone_grace: args.owner_gone_grace,
         },
         resync: args.resync,
+        takeover_timeout: args.takeover_timeout,
     };
     info!(
         version = env!("CARGO_PKG_VERSION"),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::lock::{Lock, LockKey};
+use crate::lock::{Holder, Lock, LockKey};
 use crate::metrics::Metrics;
 use crate::observe::HolderClock;
 use crate::verdict::{LockState, StaleReason};
@@ -19,9 +19,9 @@ use crate::verdict::{LockState, StaleReason};
 struct Memo {
     /// The state of the last verdict, counted in `lock_janitor_locks`.
     last_state: Option<LockState>,
-    /// The holder uid last judged, so that the takeover follower knows whose
+    /// The holder last judged, so that the takeover follower knows whose
     /// lock it was.
-    holder_uid: Option<String>,
+    holder: Option<Holder>,
     /// (holder uid, first seen missing, wall time then): the start of the
     /// owner-gone grace, on the monotonic clock so that a clock step never
     /// shortens it.
@@ -81,8 +81,8 @@ impl Memory {
     }
 
     /// Remembers whose lock this is (for the takeover follower).
-    pub fn set_holder(&self, key: &LockKey, uid: &str) {
-        self.with_memo(key, |m| m.holder_uid = Some(uid.to_owned()));
+    pub fn set_holder(&self, key: &LockKey, holder: &Holder) {
+        self.with_memo(key, |m| m.holder = Some(holder.clone()));
     }
 
     /// Records the state of a lock's verdict and updates `lock_janitor_locks`.
@@ -174,11 +174,11 @@ impl Memory {
     /// A sweep found nothing against a lock the janitor has not judged yet
     /// (its holder exists under its uid and is not terminal): held, settled,
     /// without a read of its own. A lock already remembered is left alone.
-    pub fn seed_held(&self, key: &LockKey, resource_version: &str, holder_uid: &str) {
+    pub fn seed_held(&self, key: &LockKey, resource_version: &str, holder: &Holder) {
         let new = self.with(|i| !i.memos.contains_key(key));
         if new {
             self.set_state(key, LockState::Held);
-            self.set_holder(key, holder_uid);
+            self.set_holder(key, holder);
             self.judged(key, resource_version, true);
         }
     }
@@ -201,8 +201,8 @@ impl Memory {
     }
 
     /// Forgets a lock that no longer exists (or no longer carries the opt-in
-    /// label) and its series; returns the uid of the holder last judged.
-    pub fn forget(&self, key: &LockKey) -> Option<String> {
+    /// label) and its series; returns the holder last judged.
+    pub fn forget(&self, key: &LockKey) -> Option<Holder> {
         let memo = self.with(|i| {
             let memo = i.memos.remove(key)?;
             if let Some(s) = memo.last_state {
@@ -213,7 +213,7 @@ impl Memory {
             Some(memo)
         });
         self.metrics.set_stale(&key.namespace, &key.name, None);
-        memo.and_then(|m| m.holder_uid)
+        memo.and_then(|m| m.holder)
     }
 
     /// The locks remembered in a namespace (all of them for `None`).

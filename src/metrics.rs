@@ -22,6 +22,9 @@ pub struct Metrics {
     pub watch_errors: IntCounterVec,
     pub ready: prometheus::IntGauge,
     pub leader: prometheus::IntGauge,
+    pub takeover: Histogram,
+    pub awaiting_takeover: IntGaugeVec,
+    pub takeover_timeouts: IntCounterVec,
     pub last_reclaim: IntGaugeVec,
     /// Per-lock reclaim series and when they were last touched, so that
     /// those of locks reclaimed long ago are removed.
@@ -108,6 +111,30 @@ impl Metrics {
             "lock_janitor_leader",
             "1 on the replica that may write (holds the leader lease, or runs without election).",
         )?;
+        let takeover = Histogram::with_opts(
+            HistogramOpts::new(
+                "lock_janitor_takeover_seconds",
+                "Time from a watched lock's deletion to a lock of another holder under its name.",
+            )
+            .buckets(vec![
+                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+                3600.0,
+            ]),
+        )?;
+        let awaiting_takeover = IntGaugeVec::new(
+            Opts::new(
+                "lock_janitor_awaiting_takeover",
+                "1 while a deleted lock awaits a new holder.",
+            ),
+            &["namespace", "lock"],
+        )?;
+        let takeover_timeouts = IntCounterVec::new(
+            Opts::new(
+                "lock_janitor_takeover_timeouts_total",
+                "Deleted locks that no new holder created within --takeover-timeout.",
+            ),
+            &["namespace", "lock"],
+        )?;
         let last_reclaim = IntGaugeVec::new(
             Opts::new(
                 "lock_janitor_last_reclaim_timestamp_seconds",
@@ -123,6 +150,9 @@ impl Metrics {
             Box::new(watch_errors.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(ready.clone()),
             Box::new(leader.clone()),
+            Box::new(takeover.clone()),
+            Box::new(awaiting_takeover.clone()),
+            Box::new(takeover_timeouts.clone()),
             Box::new(last_reclaim.clone()),
             Box::new(reclaims.clone()),
             Box::new(stale_locks.clone()),
@@ -162,6 +192,9 @@ impl Metrics {
             watch_errors,
             ready,
             leader,
+            takeover,
+            awaiting_takeover,
+            takeover_timeouts,
             last_reclaim,
             reclaimed: Default::default(),
         })

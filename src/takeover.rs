@@ -1,27 +1,36 @@
 //! After a watched lock is gone (reclaimed, collected or deleted by hand), a
-//! new holder is expected to create it again: follow the name for a while
-//! and carry the opt-in label over to the new lock, which operator-lib
-//! creates without labels.
+//! new holder is expected to create it again: follow the name, say when the
+//! takeover comes (`LockTakenOver`, `lock_janitor_takeover_seconds`) or does
+//! not come within `--takeover-timeout` (`NoTakeover`,
+//! `lock_janitor_takeover_timeouts_total`), and carry the opt-in label over
+//! to the new lock, which operator-lib creates without labels. What is
+//! awaited is derived again from the janitor's own `StaleLockReclaimed`
+//! Events after a restart or a failover.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::runtime::events::EventType;
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use crate::call;
 use crate::election::Gate;
-use crate::lock::{self, LockKey};
+use crate::events::{self, Events, Say};
+use crate::lock::{self, Holder, LockKey};
+use crate::metrics::Metrics;
 use crate::optin::{self, Plan, Written};
 use crate::readiness::Readiness;
 use crate::selector::Selector;
+use crate::{call, scoped};
 
-/// How long to wait for a takeover after a lock is gone. operator-lib's
-/// waiting replicas retry at most every 16 s; a new pod may need to start.
-const TAKEOVER_WINDOW: Duration = Duration::from_secs(600);
+/// How long a gone lock is followed at most (a takeover may still come long
+/// after the timeout, when someone restarts the replica that gave up).
+const FOLLOW_FOR: Duration = Duration::from_secs(24 * 3600);
 
 /// What the followers may spend of the API budget together: they poll, and
 /// must never crowd out the reads before a reclaim during a mass eviction.
@@ -33,15 +42,31 @@ const LONGEST_WAIT: Duration = Duration::from_secs(30);
 
 type Limiter = governor::DefaultDirectRateLimiter;
 
-/// The takeovers being awaited, one follower task per lock.
-pub struct Takeovers {
+/// What every follower shares.
+struct Shared {
     client: Client,
     gate: Gate,
-    limiter: Arc<Limiter>,
+    limiter: Limiter,
     readiness: Arc<Readiness>,
+    metrics: Metrics,
+    events: Events,
+    /// The label to carry over; none in dry run or without one key=value.
+    label: Option<(String, String)>,
+    timeout: Duration,
+}
+
+/// The takeovers being awaited, one follower task per lock.
+pub struct Takeovers {
+    shared: Arc<Shared>,
     selector: Selector,
-    dry_run: bool,
     followers: Mutex<HashMap<LockKey, JoinHandle<()>>>,
+}
+
+/// How the followers are set up.
+pub struct Settings {
+    pub selector: Selector,
+    pub dry_run: bool,
+    pub timeout: Duration,
 }
 
 impl Takeovers {
@@ -49,55 +74,53 @@ impl Takeovers {
         client: Client,
         gate: Gate,
         readiness: Arc<Readiness>,
-        selector: Selector,
-        dry_run: bool,
+        metrics: Metrics,
+        events: Events,
+        settings: Settings,
     ) -> Self {
-        let quota = governor::Quota::per_second(
-            std::num::NonZeroU32::new(FOLLOWER_QPS).unwrap_or(std::num::NonZeroU32::MIN),
-        )
-        .allow_burst(
-            std::num::NonZeroU32::new(FOLLOWER_BURST).unwrap_or(std::num::NonZeroU32::MIN),
-        );
+        let nz = |n: u32| std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN);
+        let quota = governor::Quota::per_second(nz(FOLLOWER_QPS)).allow_burst(nz(FOLLOWER_BURST));
+        let label = if settings.dry_run {
+            None
+        } else {
+            settings
+                .selector
+                .opt_in_label()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        };
         Takeovers {
-            client,
-            gate,
-            limiter: Arc::new(governor::RateLimiter::direct(quota)),
-            readiness,
-            selector,
-            dry_run,
+            shared: Arc::new(Shared {
+                client,
+                gate,
+                limiter: governor::RateLimiter::direct(quota),
+                readiness,
+                metrics,
+                events,
+                label,
+                timeout: settings.timeout,
+            }),
+            selector: settings.selector,
             followers: Mutex::default(),
         }
     }
 
-    /// Starts following a lock that is gone. One follower per lock; none in
-    /// dry-run (no writes) or when the selector is not one `key=value`.
-    pub fn follow(&self, key: &LockKey, old_holder_uid: String) {
-        if self.dry_run {
-            return;
-        }
-        let Some((k, v)) = self.selector.opt_in_label() else {
+    /// Starts awaiting a takeover of a lock that is gone since `since`.
+    /// One follower per lock.
+    pub fn follow(&self, key: &LockKey, old: Holder, since: Timestamp) {
+        if self.shared.label.is_none() && self.selector.opt_in_label().is_none() {
             warn!(namespace = %key.namespace, lock = %key.name, selector = %self.selector,
                   "the selector is not a single key=value label; label the new lock by hand after a takeover");
-            return;
-        };
+        }
         let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
         followers.retain(|_, t| !t.is_finished());
         if followers.contains_key(key) {
             return;
         }
-        let task = carry_label_over(
-            self.gate.clone(),
-            self.limiter.clone(),
-            self.readiness.clone(),
-            Api::namespaced(self.client.clone(), &key.namespace),
-            key.name.clone(),
-            (k.to_owned(), v.to_owned()),
-            old_holder_uid,
-        );
+        let task = follow(self.shared.clone(), key.clone(), old, since);
         followers.insert(key.clone(), tokio::spawn(task));
     }
 
-    /// Locks whose takeover is still awaited (lost if the process stops).
+    /// Locks whose takeover is still awaited.
     pub fn awaiting(&self) -> Vec<LockKey> {
         let followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
         let mut keys: Vec<LockKey> = followers
@@ -108,91 +131,251 @@ impl Takeovers {
         keys.sort();
         keys
     }
+
+    /// After a restart or a failover: awaits again the takeovers of locks
+    /// this janitor (any replica) reclaimed within `FOLLOW_FOR` and that no
+    /// new holder has created yet, from its own `StaleLockReclaimed` Events
+    /// in `namespace` (all for None). `present` says whether a lock exists
+    /// now, and under which holder uid.
+    pub async fn restore(
+        &self,
+        namespace: Option<&str>,
+        present: impl Fn(&LockKey) -> Option<String>,
+    ) -> Result<usize, crate::Error> {
+        let api: Api<k8s_openapi::api::events::v1::Event> = scoped(&self.shared.client, namespace);
+        let lp = ListParams::default().fields(&format!("reason={}", events::REASON_RECLAIMED));
+        let list = call("listing the janitor's reclaim Events", api.list(&lp)).await?;
+        // The latest reclaim per lock.
+        let mut latest: HashMap<LockKey, (Timestamp, Holder)> = HashMap::new();
+        for ev in list.items {
+            if ev.reporting_controller.as_deref() != Some(crate::NAME) {
+                continue;
+            }
+            let (Some(regarding), Some(related)) = (ev.regarding, ev.related) else {
+                continue;
+            };
+            let (Some(ns), Some(name), Some(holder), Some(uid)) = (
+                regarding.namespace,
+                regarding.name,
+                related.name,
+                related.uid,
+            ) else {
+                continue;
+            };
+            let at = ev
+                .series
+                .map(|s| s.last_observed_time.0)
+                .or(ev.event_time.map(|t| t.0))
+                .or(ev.metadata.creation_timestamp.map(|t| t.0));
+            let Some(at) = at else { continue };
+            let key = LockKey {
+                namespace: ns,
+                name,
+            };
+            if latest.get(&key).is_none_or(|(t, _)| *t < at) {
+                latest.insert(key, (at, Holder { name: holder, uid }));
+            }
+        }
+        let now = Timestamp::now();
+        let mut restored = 0;
+        for (key, (at, holder)) in latest {
+            let age = Duration::try_from(now.duration_since(at)).unwrap_or_default();
+            // Present under another holder: taken over while no janitor looked.
+            let gone = match present(&key) {
+                None => true,
+                Some(uid) => uid == holder.uid,
+            };
+            if age < FOLLOW_FOR && gone {
+                info!(namespace = %key.namespace, lock = %key.name, reclaimed_seconds_ago = age.as_secs(),
+                      "awaiting the takeover of a lock reclaimed before this janitor started");
+                self.follow(&key, holder, at);
+                restored += 1;
+            }
+        }
+        Ok(restored)
+    }
 }
 
-/// Waits for the takeover (a new holder creating the lock again) and adds
-/// the opt-in label to the new lock. Writes only a leader-for-life lock of
-/// another holder that has no value for the label key (`false` is an
-/// opt-out), with a resourceVersion-guarded merge patch, so it never
-/// overwrites a concurrent change.
-async fn carry_label_over(
-    gate: Gate,
-    limiter: Arc<Limiter>,
-    readiness: Arc<Readiness>,
-    cms: Api<ConfigMap>,
-    name: String,
-    (key, value): (String, String),
-    old_holder_uid: String,
-) {
-    let ns = cms.namespace().unwrap_or_default().to_owned();
+fn lock_by_name(key: &LockKey) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        namespace: Some(key.namespace.clone()),
+        name: Some(key.name.clone()),
+        ..Default::default()
+    }
+}
+
+fn seconds_since(t: Timestamp) -> f64 {
+    Duration::try_from(Timestamp::now().duration_since(t))
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// Follows one gone lock until a new holder creates it (a takeover), or
+/// for `FOLLOW_FOR`. Says `NoTakeover` once the timeout passes.
+async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
+    let labels = [key.namespace.as_str(), key.name.as_str()];
+    s.metrics
+        .awaiting_takeover
+        .with_label_values(&labels)
+        .set(1);
     let started = Instant::now();
+    let mut timed_out = false;
     let mut wait = FIRST_LOOK;
-    while started.elapsed() < TAKEOVER_WINDOW {
+    let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
+    let outcome = loop {
+        if started.elapsed() >= FOLLOW_FOR {
+            break "given up";
+        }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(LONGEST_WAIT);
-        limiter.until_ready().await;
-        // Safety rule 4: no write before every watch has synced; and only
-        // the leader writes.
-        if !readiness.is_synced() || !gate.may_write() {
-            continue;
+        if !timed_out && seconds_since(since) >= s.timeout.as_secs_f64() {
+            timed_out = true;
+            no_takeover(&s, &key, &old, since).await;
         }
+        s.limiter.until_ready().await;
         // The whole object: only a lock-shaped (empty) ConfigMap is labeled.
-        let read = call("reading the lock after it was deleted", cms.get_opt(&name));
+        let read = call(
+            "reading the lock after it was deleted",
+            cms.get_opt(&key.name),
+        );
         let cm = match read.await {
             Ok(Some(cm)) => cm,
             Ok(None) => continue,
             Err(e) => {
-                warn!(namespace = %ns, lock = %name, error = %e, "waiting for the takeover");
+                debug!(namespace = %key.namespace, lock = %key.name, error = %e, "waiting for the takeover");
                 continue;
             }
         };
-        if !lock::lock_shaped(&cm) {
-            info!(namespace = %ns, lock = %name,
-                  "the lock was re-created with data; not lock-shaped, not labeling it");
-            return;
-        }
-        let meta = cm.metadata;
-        let holder = match lock::parse(&meta) {
+        let new = match lock::parse(&cm.metadata) {
             // Same holder: the lock was not deleted but left the selector
-            // (someone removed the label). Respect that.
-            Ok(l) if l.holder.uid == old_holder_uid => return,
-            Ok(l) => l.holder.name,
+            // (someone removed the label). Nothing is awaited.
+            Ok(l) if l.holder.uid == old.uid => break "opted out",
+            Ok(l) => l,
             Err(why) => {
-                info!(namespace = %ns, lock = %name, why = %why,
-                      "the lock was re-created but is not a leader-for-life lock; not labeling it");
-                return;
+                info!(namespace = %key.namespace, lock = %key.name, why = %why,
+                      "the lock was re-created but is not a leader-for-life lock; not following it");
+                break "not a lock";
             }
         };
-        let after = started.elapsed().as_secs_f64();
-        match optin::plan_label(&meta, &key, &value) {
-            Some(Plan::Add) => {}
-            Some(Plan::Unchanged) => {
-                info!(namespace = %ns, lock = %name, holder = %holder, after_seconds = after,
-                      "takeover: a new holder leads; the lock already carries the opt-in label");
-                return;
-            }
-            Some(Plan::Conflicting(other)) => {
-                info!(namespace = %ns, lock = %name, holder = %holder, value = %other,
-                      "takeover: a new holder leads; its lock sets the opt-in label key to another value, left alone");
-                return;
-            }
-            None => return,
+        let after = seconds_since(since);
+        s.metrics.takeover.observe(after);
+        info!(namespace = %key.namespace, lock = %key.name, holder = %new.holder.name, after_seconds = after,
+              "takeover: a new holder leads");
+        let say = Say {
+            type_: EventType::Normal,
+            reason: events::REASON_TAKEN_OVER,
+            action: "Takeover",
+            note: format!(
+                "Pod {} took this lock over {:.1}s after the lock of {} was deleted.",
+                new.holder.name, after, old.name
+            ),
+        };
+        s.events
+            .publish(
+                &events::lock_ref(&cm.metadata),
+                Some(events::holder_ref(&new)),
+                say,
+            )
+            .await;
+        carry_label_over(&s, &cms, &key, cm, &new.holder.name).await;
+        break "taken over";
+    };
+    let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
+    debug!(namespace = %key.namespace, lock = %key.name, outcome, "no longer awaiting a takeover");
+}
+
+/// Nobody created the lock again within the timeout: the waiting replica
+/// gave up, or none runs. Said once, on the lock by name and on the dead
+/// holder pod while it exists.
+async fn no_takeover(s: &Shared, key: &LockKey, old: &Holder, since: Timestamp) {
+    s.metrics
+        .takeover_timeouts
+        .with_label_values(&[key.namespace.as_str(), key.name.as_str()])
+        .inc();
+    let waited = seconds_since(since);
+    warn!(namespace = %key.namespace, lock = %key.name, holder = %old.name, waited_seconds = waited,
+          "no takeover: nobody created the lock again; is a replica of the operator running, or did it give up?");
+    let note = format!(
+        "No pod has created lock {} again {:.0}s after the lock of the dead holder {} was deleted: \
+         no replica of the operator runs, or it stopped trying. Restart a replica (kubectl rollout restart).",
+        key.name, waited, old.name
+    );
+    let say = |note: String| Say {
+        type_: EventType::Warning,
+        reason: events::REASON_NO_TAKEOVER,
+        action: "Takeover",
+        note,
+    };
+    s.events
+        .publish(&lock_by_name(key), None, say(note.clone()))
+        .await;
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &key.namespace);
+    if let Ok(Some(pod)) = call("reading the dead holder", pods.get_opt(&old.name)).await {
+        if pod.metadata.uid.as_deref() == Some(old.uid.as_str()) {
+            let holder = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(key.namespace.clone()),
+                name: Some(old.name.clone()),
+                uid: Some(old.uid.clone()),
+                ..Default::default()
+            };
+            s.events.publish(&holder, None, say(note)).await;
         }
-        match optin::write_label(&cms, &meta, &key, &value).await {
-            Written::Labeled => {
-                info!(namespace = %ns, lock = %name, holder = %holder, after_seconds = after,
-                      "takeover: a new holder leads; opt-in label carried over");
+    }
+}
+
+/// Adds the opt-in label to the new lock, when there is one to carry and the
+/// lock is lock-shaped and has no value for its key (`false` is an opt-out),
+/// with a resourceVersion-guarded merge patch: it never overwrites a
+/// concurrent change. Only the leader writes, and never before every watch
+/// has synced (safety rule 4).
+async fn carry_label_over(
+    s: &Shared,
+    cms: &Api<ConfigMap>,
+    key: &LockKey,
+    mut cm: ConfigMap,
+    holder: &str,
+) {
+    let Some((k, v)) = &s.label else { return };
+    for _ in 0..5 {
+        if !lock::lock_shaped(&cm) {
+            info!(namespace = %key.namespace, lock = %key.name,
+                  "the new lock holds data; not lock-shaped, not labeling it");
+            return;
+        }
+        match optin::plan_label(&cm.metadata, k, v) {
+            Some(Plan::Add) => {}
+            Some(Plan::Unchanged) | None => return,
+            Some(Plan::Conflicting(other)) => {
+                info!(namespace = %key.namespace, lock = %key.name, value = %other,
+                      "the new lock sets the opt-in label key to another value; left alone");
                 return;
             }
-            Written::Gone | Written::Conflict => continue,
+        }
+        while !s.readiness.is_synced() || !s.gate.may_write() {
+            tokio::time::sleep(FIRST_LOOK).await;
+        }
+        match optin::write_label(cms, &cm.metadata, k, v).await {
+            Written::Labeled => {
+                info!(namespace = %key.namespace, lock = %key.name, holder = %holder,
+                      "opt-in label carried over to the new lock");
+                return;
+            }
+            Written::Gone => return,
+            Written::Conflict => {}
             Written::Failed(e) => {
-                warn!(namespace = %ns, lock = %name, error = %e,
+                warn!(namespace = %key.namespace, lock = %key.name, error = %e,
                       "could not carry the opt-in label over; label the lock with `lock-janitor label --apply`");
                 return;
             }
         }
+        s.limiter.until_ready().await;
+        match call("reading the new lock", cms.get_opt(&key.name)).await {
+            Ok(Some(again)) => cm = again,
+            _ => return,
+        }
     }
-    warn!(namespace = %ns, lock = %name,
-          "no takeover within {}s; if a replica takes over later, label its lock with `lock-janitor label --apply`",
-          TAKEOVER_WINDOW.as_secs());
 }

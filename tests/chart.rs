@@ -471,7 +471,7 @@ fn granted(delete_pod: bool) -> BTreeSet<(String, String, String)> {
     if delete_pod {
         add("", "pods", &["delete"]);
     }
-    add("events.k8s.io", "events", &["create", "patch"]);
+    add("events.k8s.io", "events", &["create", "patch", "list"]);
     g
 }
 
@@ -666,7 +666,7 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
         (
             "events.k8s.io",
             "events",
-            &["get", "list", "update", "delete"],
+            &["get", "watch", "update", "delete"],
         ),
         (
             "coordination.k8s.io",

@@ -94,6 +94,7 @@ impl Scenario {
                     owner_gone_grace: Duration::from_secs(30),
                 },
                 resync: Duration::from_secs(60),
+                takeover_timeout: Duration::from_secs(300),
             },
         )
     }
@@ -450,7 +451,7 @@ async fn waiting_replica_takes_over_after_eviction() {
         lock.metadata.owner_references.unwrap()[0].name,
         "operator-a"
     );
-    let _j = s.janitor(&[]).await;
+    let j = s.janitor(&[]).await;
 
     // The replica follows operator-lib's protocol and waits.
     let waiting = {
@@ -486,6 +487,21 @@ async fn waiting_replica_takes_over_after_eviction() {
         },
     )
     .await;
+    // The takeover is said: an Event on the new lock, a histogram sample.
+    let ev = wait_event(&s.client, &s.ns, "LockTakenOver", "operator-lock").await;
+    assert!(
+        ev.note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("operator-b"),
+        "{ev:?}"
+    );
+    let m = j.metrics().await;
+    assert_eq!(
+        sample(&m, "lock_janitor_takeover_seconds_count", &[]),
+        Some(1.0),
+        "{m}"
+    );
     let third = s.pod("operator-c").await;
     let waiting = {
         let client = s.client.clone();
@@ -1139,4 +1155,80 @@ async fn a_terminal_holder_with_a_running_container_is_held() {
         .await
         .unwrap();
     s.wait_gone("op-lock").await;
+}
+
+/// After a reclaim with no waiting replica, the janitor says NoTakeover
+/// (on the lock by name and on the dead pod) once --takeover-timeout passes,
+/// even across a restart: what is awaited comes back from its own
+/// StaleLockReclaimed Events. A replica that finally creates the lock is a
+/// takeover: LockTakenOver on the new lock, a histogram sample, nothing
+/// awaited any more.
+#[tokio::test]
+async fn no_takeover_is_said_and_survives_a_restart() {
+    let s = scenario("no-takeover").await;
+    let leader = s.pod("leader").await;
+    s.lock("op-lock", &leader).await;
+    let args = ["--takeover-timeout", "6s"];
+    let mut first = s.janitor(&args).await;
+    fail_with(&s, "leader", "Evicted").await;
+    s.wait_gone("op-lock").await;
+    let awaited = [("namespace", s.ns.as_str()), ("lock", "op-lock")];
+    wait_for("awaiting the takeover", Duration::from_secs(10), || async {
+        (sample(
+            &first.metrics().await,
+            "lock_janitor_awaiting_takeover",
+            &awaited,
+        ) == Some(1.0))
+        .then_some(())
+    })
+    .await;
+    wait_event(&s.client, &s.ns, "StaleLockReclaimed", "op-lock").await;
+
+    // A restart before the timeout: the new janitor awaits it too.
+    first.kill();
+    let second = s.janitor(&args).await;
+    wait_for(
+        "awaited again after the restart",
+        Duration::from_secs(20),
+        || async {
+            (sample(
+                &second.metrics().await,
+                "lock_janitor_awaiting_takeover",
+                &awaited,
+            ) == Some(1.0))
+            .then_some(())
+        },
+    )
+    .await;
+    let on_lock = wait_event(&s.client, &s.ns, "NoTakeover", "op-lock").await;
+    assert_eq!(on_lock.type_.as_deref(), Some("Warning"));
+    assert!(
+        on_lock
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("rollout restart"),
+        "{on_lock:?}"
+    );
+    wait_event(&s.client, &s.ns, "NoTakeover", "leader").await;
+    let m = second.metrics().await;
+    assert_eq!(
+        sample(&m, "lock_janitor_takeover_timeouts_total", &awaited),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(second.logs().contains("no takeover"), "{}", second.logs());
+
+    // A replica finally takes the lock.
+    let late = s.pod("late").await;
+    become_leader(&s.client, &late, "op-lock", false).await;
+    let ev = wait_event(&s.client, &s.ns, "LockTakenOver", "op-lock").await;
+    assert_eq!(ev.type_.as_deref(), Some("Normal"));
+    wait_for("no longer awaited", Duration::from_secs(30), || async {
+        let m = second.metrics().await;
+        (sample(&m, "lock_janitor_awaiting_takeover", &awaited).is_none()
+            && sample(&m, "lock_janitor_takeover_seconds_count", &[]) == Some(1.0))
+        .then_some(())
+    })
+    .await;
 }

@@ -124,7 +124,11 @@ pub async fn grant_janitor(client: &Client) {
                 &["get", "list", "watch", "delete", "patch"],
             ),
             rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
-            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+            rule(
+                &["events.k8s.io"],
+                &["events"],
+                &["create", "patch", "list"],
+            ),
         ]),
         ..Default::default()
     };

@@ -80,10 +80,12 @@ Rules shared by the ClusterRole and the per-namespace Roles: exactly what
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"{{ if .Values.deletePod }}, "delete"{{ end }}]
-# Report verdicts as Events; the event recorder patches repeated ones.
+# Report verdicts as Events; the event recorder patches repeated ones. After
+# a restart or a failover, its own StaleLockReclaimed Events say which
+# takeovers are still awaited (list).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "patch", "list"]
 {{- end }}
 
 {{/*
