@@ -165,6 +165,13 @@ def main():
         sm = one("ServiceMonitor")
         ep = sm.get("spec", {}).get("endpoints", [{}])[0]
         check(ep.get("port") == "metrics" and ep.get("honorLabels") is True, "ServiceMonitor does not scrape port metrics with honorLabels")
+        dash = [c for c in by_kind.get("ConfigMap", []) if c["metadata"]["name"].endswith("-dashboard")]
+        check(len(dash) == 1 and dash[0]["metadata"]["labels"].get("grafana_dashboard") == "1",
+              "grafanaDashboard.enabled renders no ConfigMap labeled grafana_dashboard")
+        if dash:
+            import json as _json
+            panels = _json.loads(dash[0]["data"]["lock-janitor.json"]).get("panels", [])
+            check(len(panels) >= 8, "the dashboard has too few panels")
         np = one("NetworkPolicy")
         ing_ports = [p.get("port") for p in np.get("spec", {}).get("ingress", [{}])[0].get("ports", [])]
         check(ing_ports == ["metrics"], f"NetworkPolicy ingress ports {ing_ports}, want [metrics]")

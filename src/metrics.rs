@@ -11,6 +11,8 @@ use crate::ErrorKind;
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
+    /// Every metric family registered (an empty one is not rendered).
+    names: std::sync::Arc<Vec<String>>,
     pub reclaims: IntCounterVec,
     pub stale_locks: IntGaugeVec,
     pub locks: IntGaugeVec,
@@ -43,6 +45,7 @@ pub const WATCHED_RESOURCES: [&str; 3] = ["configmaps", "pods", "leases"];
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
+        let mut names = Vec::new();
         let reclaims = IntCounterVec::new(
             Opts::new(
                 "lock_janitor_reclaims_total",
@@ -163,6 +166,7 @@ impl Metrics {
             Box::new(reconcile_duration.clone()),
             Box::new(build_info.clone()),
         ] {
+            names.extend(c.desc().iter().map(|d| d.fq_name.clone()));
             registry.register(c)?;
         }
         build_info
@@ -179,8 +183,10 @@ impl Metrics {
         for r in WATCHED_RESOURCES {
             watch_errors.with_label_values(&[r]);
         }
+        names.sort();
         Ok(Metrics {
             registry,
+            names: std::sync::Arc::new(names),
             reclaims,
             stale_locks,
             locks,
@@ -258,6 +264,11 @@ impl Metrics {
         for (state, n) in counts {
             self.locks.with_label_values(&[state.as_str()]).set(n);
         }
+    }
+
+    /// The name of every metric family the janitor exports.
+    pub fn names(&self) -> &[String] {
+        &self.names
     }
 
     /// The text exposition format for `/metrics`.

@@ -233,4 +233,64 @@ async fn reclaim_alert_fires_in_prometheus() {
         ))
         .await;
     assert_eq!(all.len(), 1, "{all:?}");
+
+    // Every query of the shipped Grafana dashboard parses and runs in this
+    // Prometheus, and names only metrics the janitor exports.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("charts/lock-janitor/files/grafana-dashboard.json"),
+        )
+        .expect("the dashboard"),
+    )
+    .expect("dashboard JSON");
+    let exported: std::collections::BTreeSet<String> = lock_janitor::metrics::Metrics::new()
+        .unwrap()
+        .names()
+        .iter()
+        .cloned()
+        .collect();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_owned))
+        .collect();
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    // The alert rules (and their comments) name only exported metrics too.
+    let rules = std::fs::read_to_string(rules_file()).expect("rules file");
+    for name in rules
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("lock_janitor_"))
+    {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        assert!(
+            exported.contains(family),
+            "the rules name {name}, not exported"
+        );
+    }
+    for e in &exprs {
+        let path = format!("/api/v1/query?query={}", url_encode(e));
+        assert!(
+            prom.api(&path).await.is_some(),
+            "the dashboard query fails: {e}"
+        );
+        for name in e
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("lock_janitor_"))
+        {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            assert!(
+                exported.contains(family),
+                "{e} names {name}, not exported: {exported:?}"
+            );
+        }
+    }
 }
