@@ -30,6 +30,8 @@ pub struct AuditEvent {
     pub audit_id: String,
     /// `userAgent`.
     pub user_agent: Option<String>,
+    /// `requestReceivedTimestamp` (RFC 3339, microseconds).
+    pub received: Option<String>,
 }
 
 impl AuditEvent {
@@ -59,6 +61,7 @@ impl AuditEvent {
             impersonated_user: s("/impersonatedUser/username"),
             audit_id: s("/auditID").unwrap_or_default(),
             user_agent: s("/userAgent"),
+            received: s("/requestReceivedTimestamp"),
         })
     }
 }
