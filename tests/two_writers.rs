@@ -130,9 +130,9 @@ async fn two_janitors_writing_at_once_never_delete_a_live_holders_lock() {
             died[&lock]
         );
     }
-    for i in 0..n {
+    for (i, fate) in fates.iter().enumerate() {
         let lock = format!("l{i}");
-        match fates[i] {
+        match fate {
             Fate::Evicted => assert_eq!(
                 reclaimed.get(&lock),
                 Some(&1),
