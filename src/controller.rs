@@ -343,10 +343,18 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
             .any_semantic();
         let stream = watcher(cms, config)
             .default_backoff()
-            // Keep only what judging needs: owner references live in metadata.
+            // Keep only what the cache is used for (identity, version, owner
+            // references): every judgement re-reads the lock whole.
             .modify(|m: &mut LockMeta| {
-                m.metadata.managed_fields = None;
-                m.metadata.annotations = None;
+                let meta = &mut m.metadata;
+                meta.managed_fields = None;
+                meta.annotations = None;
+                meta.labels = None;
+                meta.finalizers = None;
+                meta.creation_timestamp = None;
+                meta.generate_name = None;
+                meta.generation = None;
+                m.types = None;
             })
             .reflect(writer)
             .inspect(move |ev| match ev {
