@@ -33,6 +33,19 @@ impl Budget {
 /// Builds a client from the kubeconfig / in-cluster config, within `budget`.
 pub async fn build(budget: Budget) -> Result<Client, kube::Error> {
     let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+    budgeted(config, budget)
+}
+
+/// The client for the janitor's own control traffic, outside the budget:
+/// the leader Lease (a leader must not lose its lease because reclaims
+/// saturate the budget, as kube-controller-manager gives leader election a
+/// client of its own) and the one-time start-up check.
+pub async fn control() -> Result<Client, kube::Error> {
+    let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+    Client::try_from(config)
+}
+
+fn budgeted(config: Config, budget: Budget) -> Result<Client, kube::Error> {
     Ok(ClientBuilder::try_from(config)?
         // A buffer of our own, so that requests wait for the budget side
         // by side rather than in one line (a DELETE must not queue behind).
@@ -65,11 +78,13 @@ impl<S> tower::Layer<S> for BudgetLayer {
     }
 }
 
-/// The service. Every request waits for a token, except a DELETE: the
-/// janitor deletes only to free a stale lock (or its dead pod) right after
-/// it read the holder, and that gap must stay short (a pod recreated under
-/// the holder's name meanwhile would believe it leads). A DELETE takes a
-/// token when one is free; there is one DELETE per stale lock at most.
+/// The service. Every read (GET, LIST, WATCH) waits for a token. A write
+/// does not: the janitor writes only right after it checked what allows the
+/// write (the holder read before a DELETE, the leader deadline before an
+/// Event or a label patch), and a write that waited in a queue could leave
+/// after that check stopped being true (a pod recreated under the holder's
+/// name, a lease lost). A write takes a token when one is free; writes are
+/// bounded by the locks that change (a DELETE and an Event per reclaim).
 #[derive(Clone)]
 pub struct Budgeted<S> {
     inner: S,
@@ -95,9 +110,9 @@ where
         use tower::ServiceExt;
         let inner = self.inner.clone();
         let limiter = self.limiter.clone();
-        let frees_a_lock = req.method() == http::Method::DELETE;
+        let write = !matches!(*req.method(), http::Method::GET | http::Method::HEAD);
         Box::pin(async move {
-            if frees_a_lock {
+            if write {
                 let _ = limiter.check();
             } else {
                 limiter.until_ready().await;
@@ -138,11 +153,11 @@ mod tests {
             .unwrap()
     }
 
-    /// `burst` requests go at once; the next one waits for a token (here a
+    /// `burst` reads go at once; the next one waits for a token (here a
     /// thousand seconds away) and never reaches the server without one; a
-    /// DELETE does not wait behind it.
+    /// write (DELETE, POST, PATCH) does not wait behind it.
     #[tokio::test]
-    async fn holds_requests_beyond_the_burst_but_never_a_delete() {
+    async fn holds_reads_beyond_the_burst_but_never_a_write() {
         let budget = Budget {
             qps: 0.001,
             burst: 5,

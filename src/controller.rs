@@ -32,8 +32,9 @@ use crate::takeover::Takeovers;
 use crate::verdict::{self, Policy, Verdict};
 use crate::{scoped, sweep, Error, TERMINAL_PODS};
 
-/// How soon a standby judges a stale lock again (it reclaims once it leads).
-const STANDBY_RETRY: Duration = Duration::from_secs(1);
+/// How soon a standby judges a stale lock again; taking the lead triggers a
+/// judgement of every lock at once anyway.
+const STANDBY_RETRY: Duration = Duration::from_secs(5);
 /// How soon a lock that changed under a delete is judged again.
 const REJUDGE_AFTER: Duration = Duration::from_millis(500);
 /// Retry delay after a first error (counted in `error_policy`); it doubles
@@ -107,6 +108,7 @@ impl Context {
             ),
             reclaimer: Reclaimer::new(
                 client.clone(),
+                crate::takeover::reclaim_marker(&settings.selector),
                 gate.clone(),
                 Events::new(client.clone(), metrics.clone(), gate.clone()),
                 metrics.clone(),
@@ -199,8 +201,17 @@ pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, 
         return Ok(Action::await_change());
     };
     let judged_rv = judgement.meta.resource_version.clone().unwrap_or_default();
-    let settles = settles(&judgement.verdict);
+    let untouchable = match &judgement.verdict {
+        Verdict::Ambiguous { .. } => Some(crate::events::REASON_AMBIGUOUS),
+        Verdict::Unmanageable(_) => Some(crate::events::REASON_UNMANAGEABLE),
+        _ => None,
+    };
+    let mut settles = settles(&judgement.verdict);
     let action = act(&ctx, judgement).await?;
+    if let Some(reason) = untouchable {
+        // Settled only once its Event is written (a standby writes none).
+        settles &= ctx.memory.was_reported(&key, &judged_rv, reason);
+    }
     ctx.memory.judged(&key, &judged_rv, settles);
     ctx.memory.succeeded(&key);
     Ok(action)
@@ -488,13 +499,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
                                 }
                             }
                             // What was awaited before a restart or a failover.
-                            let present = |k: &LockKey| {
-                                reader
-                                    .get(&ObjectRef::new(&k.name).within(&k.namespace))
-                                    .and_then(|m| lock::parse(&m.metadata).ok())
-                                    .map(|l| l.holder.uid)
-                            };
-                            match ctx.takeovers.restore(ns.as_deref(), present).await {
+                            match ctx.takeovers.restore(ns.as_deref()).await {
                                 Ok(n) if n > 0 => {
                                     info!(awaited = n, "takeovers awaited again after a restart")
                                 }

@@ -108,7 +108,20 @@ pub fn start(
             let mut leading = false;
             loop {
                 let started = Instant::now();
-                match try_acquire_or_renew(&api, &election, &state).await {
+                // A round that takes longer than the renew deadline is a
+                // failed one: the gauge must not say 1 past the deadline.
+                let round = tokio::time::timeout(
+                    election.renew_deadline(),
+                    try_acquire_or_renew(&api, &election, &state),
+                );
+                let result = match round.await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::Timeout {
+                        action: "renewing the leader lease".into(),
+                        after: election.renew_deadline(),
+                    }),
+                };
+                match result {
                     Ok(true) => {
                         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
                         s.deadline = Some(started + election.renew_deadline());

@@ -101,6 +101,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = lock_janitor::client::build(budget).await.context(
         "no Kubernetes cluster found: set KUBECONFIG, create ~/.kube/config, or run in a pod with a service account",
     )?;
+    let control = lock_janitor::client::control()
+        .await
+        .context("building the control client")?;
     let listener = http::bind(args.metrics_bind_address)
         .await
         .with_context(|| {
@@ -119,7 +122,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     ));
 
     tokio::select! {
-        checked = lock_janitor::preflight::preflight(&client, &settings.selector, &settings.namespaces) => checked.context(
+        checked = lock_janitor::preflight::preflight(&control, &settings.selector, &settings.namespaces) => checked.context(
             "start-up check failed (is the selector valid, and does RBAC grant list and watch on configmaps and pods?)",
         )?,
         _ = shutdown.cancelled() => {
@@ -128,6 +131,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
 
+    // The lease is renewed through the drain and released after it.
+    let election_stop = CancellationToken::new();
     let (gate, election) = if args.leader_elect {
         let Some(namespace) = args.leader_elect_namespace.clone().or_else(|| {
             std::env::var("POD_NAMESPACE")
@@ -152,10 +157,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         info!(lease = %election.lease, namespace = %election.namespace, identity = %election.identity,
               "leader election on; writing only while holding the lease");
         let (gate, task) = lock_janitor::election::start(
-            client.clone(),
+            control.clone(),
             election,
             shared.metrics.clone(),
-            shutdown.clone(),
+            election_stop.clone(),
         );
         (gate, Some(task))
     } else {
@@ -181,8 +186,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let locks: Vec<String> = waiting.iter().map(|k| k.to_string()).collect();
         warn!(locks = ?locks, "stopping while these locks await a takeover: label the new locks with `lock-janitor label --apply`");
     }
+    election_stop.cancel();
     if let Some(task) = election {
-        // The lease is released once shutdown starts (bounded by the API timeout).
+        // Released after the drain (bounded by the API timeout).
         if tokio::time::timeout(Duration::from_secs(20), task)
             .await
             .is_err()

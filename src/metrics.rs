@@ -30,11 +30,11 @@ pub struct Metrics {
     pub last_reclaim: IntGaugeVec,
     /// Per-lock reclaim series and when they were last touched, so that
     /// those of locks reclaimed long ago are removed.
-    reclaimed: std::sync::Arc<std::sync::Mutex<Vec<Touched>>>,
+    reclaimed: std::sync::Arc<std::sync::Mutex<Touched>>,
 }
 
-/// The labels of a per-lock reclaim series and when it was last set.
-type Touched = ([String; 3], std::time::Instant);
+/// The labels of each per-lock reclaim series and when it was last set.
+type Touched = std::collections::HashMap<[String; 3], std::time::Instant>;
 
 /// Per-lock reclaim series are removed this long after their last reclaim.
 pub const RECLAIM_SERIES_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -220,10 +220,11 @@ impl Metrics {
             .unwrap_or_default();
         self.last_reclaim.with_label_values(&labels).set(now);
         let mut seen = self.reclaimed.lock().unwrap_or_else(|e| e.into_inner());
-        let owned = labels.map(str::to_owned);
-        seen.retain(|(l, _)| *l != owned);
-        seen.push((owned, std::time::Instant::now()));
-        self.prune(&mut seen, RECLAIM_SERIES_TTL);
+        seen.insert(labels.map(str::to_owned), std::time::Instant::now());
+        // Pruned at each sweep; here only when it has grown.
+        if seen.len().is_multiple_of(1024) {
+            self.prune(&mut seen, RECLAIM_SERIES_TTL);
+        }
     }
 
     /// Removes the reclaim series last touched more than `ttl` ago.
@@ -232,8 +233,8 @@ impl Metrics {
         self.prune(&mut seen, ttl);
     }
 
-    fn prune(&self, seen: &mut Vec<Touched>, ttl: std::time::Duration) {
-        seen.retain(|(l, at)| {
+    fn prune(&self, seen: &mut Touched, ttl: std::time::Duration) {
+        seen.retain(|l, at| {
             if at.elapsed() < ttl {
                 return true;
             }

@@ -50,6 +50,8 @@ pub struct Mode {
 /// The writer of reclaims.
 pub struct Reclaimer {
     client: Client,
+    /// Ends the StaleLockReclaimed note (see `takeover::reclaim_marker`).
+    marker: String,
     gate: Gate,
     events: Events,
     metrics: Metrics,
@@ -60,6 +62,7 @@ pub struct Reclaimer {
 impl Reclaimer {
     pub fn new(
         client: Client,
+        marker: String,
         gate: Gate,
         events: Events,
         metrics: Metrics,
@@ -68,6 +71,7 @@ impl Reclaimer {
     ) -> Self {
         Reclaimer {
             client,
+            marker,
             gate,
             events,
             metrics,
@@ -214,7 +218,10 @@ impl Reclaimer {
             type_: EventType::Normal,
             reason: events::REASON_RECLAIMED,
             action: "Reclaim",
-            note: format!("Deleted this lock: {why}. A waiting replica can now take over."),
+            note: format!(
+                "Deleted this lock: {why}. A waiting replica can now take over. {}",
+                self.marker
+            ),
         };
         self.publish(j, say).await;
 

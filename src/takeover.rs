@@ -39,6 +39,9 @@ const FOLLOWER_BURST: u32 = 5;
 /// A follower's first look, and its longest wait between looks.
 const FIRST_LOOK: Duration = Duration::from_secs(2);
 const LONGEST_WAIT: Duration = Duration::from_secs(30);
+/// How long a follower that does not lead waits for the lead before it
+/// leaves the label carry-over to the leader.
+const GATE_WAIT: Duration = Duration::from_secs(30);
 
 type Limiter = governor::DefaultDirectRateLimiter;
 
@@ -137,18 +140,24 @@ impl Takeovers {
     /// new holder has created yet, from its own `StaleLockReclaimed` Events
     /// in `namespace` (all for None). `present` says whether a lock exists
     /// now, and under which holder uid.
-    pub async fn restore(
-        &self,
-        namespace: Option<&str>,
-        present: impl Fn(&LockKey) -> Option<String>,
-    ) -> Result<usize, crate::Error> {
+    pub async fn restore(&self, namespace: Option<&str>) -> Result<usize, crate::Error> {
         let api: Api<k8s_openapi::api::events::v1::Event> = scoped(&self.shared.client, namespace);
         let lp = ListParams::default().fields(&format!("reason={}", events::REASON_RECLAIMED));
         let list = call("listing the janitor's reclaim Events", api.list(&lp)).await?;
         // The latest reclaim per lock.
         let mut latest: HashMap<LockKey, (Timestamp, Holder)> = HashMap::new();
         for ev in list.items {
-            if ev.reporting_controller.as_deref() != Some(crate::NAME) {
+            // Only this janitor's (its selector is in the note): another
+            // release's reclaims are not ours to follow or label.
+            if ev.reporting_controller.as_deref() != Some(crate::NAME)
+                || !ev
+                    .note
+                    .as_deref()
+                    .is_some_and(|n| n.ends_with(&reclaim_marker(&self.selector)))
+            {
+                continue;
+            }
+            if ev.regarding.as_ref().and_then(|r| r.kind.as_deref()) != Some("ConfigMap") {
                 continue;
             }
             let (Some(regarding), Some(related)) = (ev.regarding, ev.related) else {
@@ -180,12 +189,16 @@ impl Takeovers {
         let mut restored = 0;
         for (key, (at, holder)) in latest {
             let age = Duration::try_from(now.duration_since(at)).unwrap_or_default();
-            // Present under another holder: taken over while no janitor looked.
-            let gone = match present(&key) {
-                None => true,
-                Some(uid) => uid == holder.uid,
-            };
-            if age < FOLLOW_FOR && gone {
+            if age >= FOLLOW_FOR {
+                continue;
+            }
+            // A live read: present again (labeled or not) means taken over
+            // while no janitor looked; nothing is awaited.
+            let cms: Api<ConfigMap> = Api::namespaced(self.shared.client.clone(), &key.namespace);
+            let gone = call("reading a reclaimed lock", cms.get_metadata_opt(&key.name))
+                .await?
+                .is_none();
+            if gone {
                 info!(namespace = %key.namespace, lock = %key.name, reclaimed_seconds_ago = age.as_secs(),
                       "awaiting the takeover of a lock reclaimed before this janitor started");
                 self.follow(&key, holder, at);
@@ -194,6 +207,12 @@ impl Takeovers {
         }
         Ok(restored)
     }
+}
+
+/// The end of the janitor's StaleLockReclaimed note: which selector's
+/// janitor reclaimed it, so that after a restart it follows only its own.
+pub fn reclaim_marker(selector: &Selector) -> String {
+    format!("[selector {selector}]")
 }
 
 fn lock_by_name(key: &LockKey) -> ObjectReference {
@@ -213,7 +232,8 @@ fn seconds_since(t: Timestamp) -> f64 {
 }
 
 /// Follows one gone lock until a new holder creates it (a takeover), or
-/// for `FOLLOW_FOR`. Says `NoTakeover` once the timeout passes.
+/// for `FOLLOW_FOR`. Says `NoTakeover` once the timeout passes with the lock
+/// still absent.
 async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
     let labels = [key.namespace.as_str(), key.name.as_str()];
     s.metrics
@@ -221,7 +241,7 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
         .with_label_values(&labels)
         .set(1);
     let started = Instant::now();
-    let mut timed_out = false;
+    let (mut counted, mut said) = (false, false);
     let mut wait = FIRST_LOOK;
     let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
     let outcome = loop {
@@ -230,19 +250,27 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(LONGEST_WAIT);
-        if !timed_out && seconds_since(since) >= s.timeout.as_secs_f64() {
-            timed_out = true;
-            no_takeover(&s, &key, &old, since).await;
-        }
         s.limiter.until_ready().await;
-        // The whole object: only a lock-shaped (empty) ConfigMap is labeled.
+        // The whole object: only a lock-shaped (empty) ConfigMap is a lock.
         let read = call(
             "reading the lock after it was deleted",
             cms.get_opt(&key.name),
         );
         let cm = match read.await {
             Ok(Some(cm)) => cm,
-            Ok(None) => continue,
+            Ok(None) => {
+                // Still absent: past the timeout, nobody took over.
+                if !said && seconds_since(since) >= s.timeout.as_secs_f64() {
+                    if !counted {
+                        counted = true;
+                        s.metrics.takeover_timeouts.with_label_values(&labels).inc();
+                    }
+                    // A standby writes no Event: it tries again at its next
+                    // look, and says it once it leads.
+                    said = no_takeover(&s, &key, &old, since).await;
+                }
+                continue;
+            }
             Err(e) => {
                 debug!(namespace = %key.namespace, lock = %key.name, error = %e, "waiting for the takeover");
                 continue;
@@ -252,15 +280,25 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
             // Same holder: the lock was not deleted but left the selector
             // (someone removed the label). Nothing is awaited.
             Ok(l) if l.holder.uid == old.uid => break "opted out",
-            Ok(l) => l,
+            Ok(l) if lock::lock_shaped(&cm) => l,
+            Ok(_) => break "re-created with data: not a lock",
             Err(why) => {
                 info!(namespace = %key.namespace, lock = %key.name, why = %why,
                       "the lock was re-created but is not a leader-for-life lock; not following it");
                 break "not a lock";
             }
         };
-        let after = seconds_since(since);
+        // When the new lock was created, not when this follower looked.
+        let created = cm.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let after = created
+            .map(|c| {
+                Duration::try_from(c.duration_since(since))
+                    .unwrap_or_default()
+                    .as_secs_f64()
+            })
+            .unwrap_or_else(|| seconds_since(since));
         s.metrics.takeover.observe(after);
+        let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
         info!(namespace = %key.namespace, lock = %key.name, holder = %new.holder.name, after_seconds = after,
               "takeover: a new holder leads");
         let say = Say {
@@ -287,13 +325,12 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
 }
 
 /// Nobody created the lock again within the timeout: the waiting replica
-/// gave up, or none runs. Said once, on the lock by name and on the dead
-/// holder pod while it exists.
-async fn no_takeover(s: &Shared, key: &LockKey, old: &Holder, since: Timestamp) {
-    s.metrics
-        .takeover_timeouts
-        .with_label_values(&[key.namespace.as_str(), key.name.as_str()])
-        .inc();
+/// gave up, or none runs. Said on the lock by name and on the dead holder
+/// pod while it exists. True once the Event on the lock is written.
+async fn no_takeover(s: &Shared, key: &LockKey, old: &Holder, since: Timestamp) -> bool {
+    if !s.gate.may_write() {
+        return false;
+    }
     let waited = seconds_since(since);
     warn!(namespace = %key.namespace, lock = %key.name, holder = %old.name, waited_seconds = waited,
           "no takeover: nobody created the lock again; is a replica of the operator running, or did it give up?");
@@ -308,7 +345,8 @@ async fn no_takeover(s: &Shared, key: &LockKey, old: &Holder, since: Timestamp) 
         action: "Takeover",
         note,
     };
-    s.events
+    let written = s
+        .events
         .publish(&lock_by_name(key), None, say(note.clone()))
         .await;
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &key.namespace);
@@ -325,6 +363,7 @@ async fn no_takeover(s: &Shared, key: &LockKey, old: &Holder, since: Timestamp) 
             s.events.publish(&holder, None, say(note)).await;
         }
     }
+    written
 }
 
 /// Adds the opt-in label to the new lock, when there is one to carry and the
@@ -355,7 +394,16 @@ async fn carry_label_over(
                 return;
             }
         }
+        // Only the leader writes, never before sync. A standby waits a
+        // lease's worth for the lead (a failover right after the takeover),
+        // then leaves the label to the leader.
+        let waiting = Instant::now();
         while !s.readiness.is_synced() || !s.gate.may_write() {
+            if waiting.elapsed() > GATE_WAIT {
+                debug!(namespace = %key.namespace, lock = %key.name,
+                       "not leading: the leader carries the label over");
+                return;
+            }
             tokio::time::sleep(FIRST_LOOK).await;
         }
         match optin::write_label(cms, &cm.metadata, k, v).await {

@@ -1264,6 +1264,7 @@ async fn rendered_manifests_pass_server_side_dry_run() {
     let want: BTreeSet<String> = [
         "ClusterRole",
         "ClusterRoleBinding",
+        "ConfigMap",
         "Deployment",
         "NetworkPolicy",
         "PodDisruptionBudget",
