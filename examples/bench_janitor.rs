@@ -35,16 +35,15 @@ mod bench_support;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bench_support::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
-use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
 use support::*;
 
@@ -519,38 +518,8 @@ async fn main() {
     );
 
     // Deletions as this process sees them.
-    let deleted: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-    let observer = {
-        let deleted = deleted.clone();
-        let api: Api<ConfigMap> = Api::all(client.clone());
-        let config =
-            watcher::Config::default().labels(&format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1));
-        tokio::spawn(async move {
-            let mut synced = Some(synced_tx);
-            let stream = watcher(api, config);
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(watcher::Event::Delete(cm)) => {
-                        let key =
-                            format!("{}/{}", cm.namespace().unwrap_or_default(), cm.name_any());
-                        deleted
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(key, Instant::now());
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(tx) = synced.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => eprintln!("lock watch: {e}"),
-                }
-            }
-        })
-    };
+    let (deleted, observer, synced_rx) =
+        watch_deletions(&client, &format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1));
     synced_rx
         .await
         .unwrap_or_else(|_| die("the lock watch ended before it synced"));

@@ -27,7 +27,7 @@ mod bench_support;
 mod support;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bench_support::*;
@@ -227,51 +227,6 @@ async fn measure_level(
     }
 }
 
-/// When each lock was seen deleted, by "ns/name".
-type Deletions = Arc<Mutex<HashMap<String, Instant>>>;
-
-/// Lock deletions as this process sees them, by "ns/name".
-fn watch_deletions(
-    client: &Client,
-) -> (
-    Deletions,
-    tokio::task::JoinHandle<()>,
-    tokio::sync::oneshot::Receiver<()>,
-) {
-    let deleted: Deletions = Arc::default();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let task = {
-        let deleted = deleted.clone();
-        let api: Api<PartialObjectMeta<ConfigMap>> = Api::all(client.clone());
-        let config =
-            watcher::Config::default().labels(&format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1));
-        tokio::spawn(async move {
-            let mut tx = Some(tx);
-            let stream = watcher(api, config);
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(watcher::Event::Delete(cm)) => {
-                        let key =
-                            format!("{}/{}", cm.namespace().unwrap_or_default(), cm.name_any());
-                        deleted
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(key, Instant::now());
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        })
-    };
-    (deleted, task, rx)
-}
-
 async fn evict(client: &Client, m: &Made) -> Instant {
     retry(&format!("evicting {}/{}", m.ns, m.holder), || {
         kubelet::set_failed(
@@ -408,7 +363,8 @@ async fn main() {
 
     let top = made.len();
     step(&format!("Reclaim latency over {top} locks: the janitor"));
-    let (deleted, watch, synced) = watch_deletions(&client);
+    let (deleted, watch, synced) =
+        watch_deletions(&client, &format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1));
     let _ = synced.await;
     let (s, b) = (args.sequential, args.evict);
     let j = Janitor::start(&kubeconfig, &[]).await;

@@ -144,6 +144,21 @@ fn url_encode(s: &str) -> String {
         .collect()
 }
 
+/// Every `lock_janitor_*` name in `text`, with its metric family (a
+/// histogram's `_bucket`, `_sum` and `_count` belong to it).
+fn metric_families(text: &str) -> Vec<(&str, &str)> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("lock_janitor_"))
+        .map(|name| {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            (name, family)
+        })
+        .collect()
+}
+
 fn value_of(sample: &Value) -> Option<f64> {
     sample["value"][1].as_str()?.parse().ok()
 }
@@ -260,14 +275,7 @@ async fn reclaim_alert_fires_in_prometheus() {
     assert!(exprs.len() >= 10, "{exprs:?}");
     // The alert rules (and their comments) name only exported metrics too.
     let rules = std::fs::read_to_string(rules_file()).expect("rules file");
-    for name in rules
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .filter(|w| w.starts_with("lock_janitor_"))
-    {
-        let family = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|s| name.strip_suffix(s))
-            .unwrap_or(name);
+    for (name, family) in metric_families(&rules) {
         assert!(
             exported.contains(family),
             "the rules name {name}, not exported"
@@ -279,14 +287,7 @@ async fn reclaim_alert_fires_in_prometheus() {
             prom.api(&path).await.is_some(),
             "the dashboard query fails: {e}"
         );
-        for name in e
-            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .filter(|w| w.starts_with("lock_janitor_"))
-        {
-            let family = ["_bucket", "_sum", "_count"]
-                .iter()
-                .find_map(|s| name.strip_suffix(s))
-                .unwrap_or(name);
+        for (name, family) in metric_families(e) {
             assert!(
                 exported.contains(family),
                 "{e} names {name}, not exported: {exported:?}"

@@ -2,8 +2,16 @@
 //! retried setup writes, holder pods, process memory, distributions.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher;
+use kube::ResourceExt;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
@@ -111,4 +119,49 @@ pub fn distribution(mut v: Vec<f64>) -> String {
         at(0.9),
         v[v.len() - 1]
     )
+}
+
+/// When each lock was seen deleted, by "ns/name".
+pub type Deletions = Arc<Mutex<HashMap<String, Instant>>>;
+
+/// Lock deletions as this process sees them, by "ns/name".
+pub fn watch_deletions(
+    client: &Client,
+    selector: &str,
+) -> (
+    Deletions,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    let deleted: Deletions = Arc::default();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let deleted = deleted.clone();
+        let api: Api<PartialObjectMeta<ConfigMap>> = Api::all(client.clone());
+        let config = watcher::Config::default().labels(selector);
+        tokio::spawn(async move {
+            let mut tx = Some(tx);
+            let stream = watcher(api, config);
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::Delete(cm)) => {
+                        let key =
+                            format!("{}/{}", cm.namespace().unwrap_or_default(), cm.name_any());
+                        deleted
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(key, Instant::now());
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(tx) = tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+    (deleted, task, rx)
 }
