@@ -1,6 +1,7 @@
 //! kube-runtime wiring: a metadata-only watch of the opted-in locks, a watch
 //! of terminal pods that maps each to the locks it holds, and a periodic
-//! resync. Each reconcile judges the lock from live reads (`observe`) and
+//! resync. (Over 500 lines: the wiring of one scope, its watches, sweeper
+//! and lead trigger, reads best as one function; its tests are at the end.) Each reconcile judges the lock from live reads (`observe`) and
 //! acts on the verdict (`reclaim`), remembering what it needs (`memory`)
 //! and following deleted locks for a takeover (`takeover`).
 
@@ -8,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{future, Stream, StreamExt};
+use futures::{future, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -28,6 +29,7 @@ use crate::observe::{Judgement, Observer};
 use crate::reclaim::{self, Mode, Reclaimer};
 use crate::selector::Selector;
 use crate::shared::Shared;
+use crate::streams::{on_first_sync, watch_health};
 use crate::takeover::Takeovers;
 use crate::verdict::{self, Policy, Verdict};
 use crate::{scoped, sweep, Error, TERMINAL_PODS};
@@ -280,53 +282,6 @@ pub fn error_policy(obj: Arc<LockMeta>, err: &Error, ctx: Arc<Context>) -> Actio
           kind = err.kind().as_str(), failures, retry_seconds = retry.as_secs_f64(),
           "reconcile failed; nothing deleted, retrying");
     Action::requeue(retry)
-}
-
-/// Counts and reports a watch's errors (WARN, at most every 30 s), and
-/// tells readiness whether it works.
-fn watch_health<K>(
-    stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-    shared: Shared,
-    resource: &'static str,
-    scope: &str,
-) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> {
-    let name = format!("{resource} in {scope}");
-    stream.inspect(move |ev| match ev {
-        Err(e) => {
-            shared
-                .metrics
-                .watch_errors
-                .with_label_values(&[resource])
-                .inc();
-            if let crate::readiness::Report::Warn {
-                errors,
-                failing_for,
-            } = shared.readiness.watch_failed(&name)
-            {
-                warn!(watch = %name, error = %e, errors, failing_seconds = failing_for.as_secs(),
-                      "watch failing; retrying with backoff (not ready after a minute of this)");
-            }
-        }
-        Ok(_) => {
-            if shared.readiness.watch_ok(&name) {
-                info!(watch = %name, "watch recovered");
-            }
-        }
-    })
-}
-
-/// Calls `synced` once, on the first InitDone of a watch.
-fn on_first_sync<K>(
-    stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-    mut synced: impl FnMut() + Send,
-) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> {
-    let mut done = false;
-    stream.inspect(move |ev| {
-        if !done && matches!(ev, Ok(watcher::Event::InitDone)) {
-            done = true;
-            synced();
-        }
-    })
 }
 
 /// Runs the controller for one scope (a namespace, or all) until `shutdown`.

@@ -25,6 +25,7 @@ pub mod readiness;
 pub mod reclaim;
 pub mod selector;
 pub mod shared;
+pub mod streams;
 pub mod sweep;
 pub mod takeover;
 pub mod verdict;

@@ -1,6 +1,7 @@
 //! The judgement: from a lock, what live reads found of its holder, and how
 //! long it has been missing, decide whether the lock can be reclaimed. Pure:
 //! no I/O, no clock. Every caller (controller, `scan`) judges through here.
+//! (Over 500 lines: most of it is the table of cases in its tests.)
 
 use std::fmt;
 use std::time::Duration;
