@@ -44,7 +44,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
 use kube::{Api, Client};
-use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
+use lock_janitor_testenv::{fresh_namespace, kubelet};
 use support::*;
 
 /// Object writes in flight while setting up (and status writes in the burst).
@@ -328,20 +328,7 @@ async fn main() {
 
     step("Control plane");
     let t = Instant::now();
-    let cp = ControlPlane::start(Options::default())
-        .await
-        .unwrap_or_else(|e| die(&e.to_string()));
-    let client = cp.client().await.unwrap_or_else(|e| die(&e.to_string()));
-    grant_janitor(&client).await;
-    let kubeconfig = kubeconfig_as(&cp, JANITOR_USER);
-    for n in 0..NODES {
-        let node = node_of(n);
-        retry("creating a node", || kubelet::create_node(&client, &node)).await;
-    }
-    let mut lock_ns = Vec::new();
-    for i in 0..LOCK_NAMESPACES {
-        lock_ns.push(fresh_namespace(&client, &format!("bench-ops-{i}")).await);
-    }
+    let (cp, client, kubeconfig, lock_ns) = bench_plane("bench-ops", LOCK_NAMESPACES).await;
     let mut pod_ns = Vec::new();
     for i in 0..POD_NAMESPACES {
         pod_ns.push(fresh_namespace(&client, &format!("bench-apps-{i}")).await);

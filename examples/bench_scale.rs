@@ -37,7 +37,7 @@ use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
+use lock_janitor_testenv::kubelet;
 use support::*;
 
 const WRITERS: usize = 32;
@@ -331,20 +331,7 @@ async fn main() {
         args.levels, args.sequential, args.evict, secs(args.idle), janitor_bin().display()
     );
     step("Control plane");
-    let cp = ControlPlane::start(Options::default())
-        .await
-        .unwrap_or_else(|e| die(&e.to_string()));
-    let client = cp.client().await.unwrap_or_else(|e| die(&e.to_string()));
-    grant_janitor(&client).await;
-    let kubeconfig = kubeconfig_as(&cp, JANITOR_USER);
-    for n in 0..NODES {
-        let node = node_of(n);
-        retry("creating a node", || kubelet::create_node(&client, &node)).await;
-    }
-    let mut lock_ns = Vec::new();
-    for i in 0..LOCK_NAMESPACES {
-        lock_ns.push(fresh_namespace(&client, &format!("scale-{i}")).await);
-    }
+    let (cp, client, kubeconfig, lock_ns) = bench_plane("scale", LOCK_NAMESPACES).await;
 
     let mut levels = vec![measure_level(&client, &kubeconfig, 0, &args).await];
     let mut made: Vec<Made> = Vec::new();

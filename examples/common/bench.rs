@@ -165,3 +165,31 @@ pub fn watch_deletions(
     };
     (deleted, task, rx)
 }
+
+/// A control plane for a benchmark: the janitor's grants, `NODES` nodes,
+/// and `namespaces` fresh namespaces named after `prefix`.
+pub async fn bench_plane(
+    prefix: &str,
+    namespaces: usize,
+) -> (
+    lock_janitor_testenv::ControlPlane,
+    Client,
+    std::path::PathBuf,
+    Vec<String>,
+) {
+    let cp = lock_janitor_testenv::ControlPlane::start(lock_janitor_testenv::Options::default())
+        .await
+        .unwrap_or_else(|e| die(&e.to_string()));
+    let client = cp.client().await.unwrap_or_else(|e| die(&e.to_string()));
+    crate::support::grant_janitor(&client).await;
+    let kubeconfig = crate::support::kubeconfig_as(&cp, crate::support::JANITOR_USER);
+    for n in 0..NODES {
+        let node = node_of(n);
+        retry("creating a node", || kubelet::create_node(&client, &node)).await;
+    }
+    let mut out = Vec::new();
+    for i in 0..namespaces {
+        out.push(lock_janitor_testenv::fresh_namespace(&client, &format!("{prefix}-{i}")).await);
+    }
+    (cp, client, kubeconfig, out)
+}
