@@ -89,12 +89,6 @@ Rules shared by the ClusterRole and the per-namespace Roles: exactly what
 {{- end }}
 
 {{/*
-Refuse settings that would make the janitor unsafe.
-*/}}
-{{- define "lock-janitor.validate" -}}
-{{- end }}
-
-{{/*
 Leader election is on with more than one replica.
 */}}
 {{- define "lock-janitor.leaderElect" -}}

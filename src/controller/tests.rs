@@ -1,0 +1,69 @@
+//! Unit tests of the controller: the per-lock backoff and the sync gate.
+
+use super::*;
+
+#[test]
+fn errors_back_off_per_lock_with_jitter() {
+    let within = |d: Duration, base: u64| {
+        let b = Duration::from_secs(base);
+        d >= b.mul_f64(0.8) && d <= b.mul_f64(1.2)
+    };
+    for _ in 0..100 {
+        assert!(within(error_backoff(1), 5));
+        assert!(within(error_backoff(2), 10));
+        assert!(within(error_backoff(4), 40));
+        assert!(within(error_backoff(7), 300), "capped");
+        assert!(within(error_backoff(u32::MAX), 300));
+        let r = resync_after(Duration::from_secs(300));
+        assert!(r >= Duration::from_secs(225) && r <= Duration::from_secs(300));
+    }
+    let spread: std::collections::BTreeSet<u128> =
+        (0..50).map(|_| error_backoff(3).as_millis()).collect();
+    assert!(spread.len() > 1, "jittered");
+}
+
+/// Before every watch has synced, a reconcile does nothing at all: no
+/// API call (the client points nowhere), no judgement.
+#[tokio::test]
+async fn nothing_happens_before_the_watches_sync() {
+    let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+    let client = Client::try_from(config).unwrap();
+    let shared = Shared::new().unwrap();
+    shared.readiness.expect(2);
+    shared.readiness.synced();
+    let ctx = Context::new(
+        client,
+        shared.clone(),
+        Settings {
+            selector: Selector::parse(crate::DEFAULT_SELECTOR).unwrap(),
+            namespaces: vec![],
+            dry_run: false,
+            delete_pod: false,
+            policy: Policy {
+                owner_gone_grace: Duration::from_secs(30),
+            },
+            resync: Duration::from_secs(300),
+            takeover_timeout: Duration::from_secs(300),
+        },
+    );
+    let mut lock = LockMeta::default();
+    lock.metadata.name = Some("op-lock".into());
+    lock.metadata.namespace = Some("ops".into());
+    let lock = Arc::new(lock);
+    let action = reconcile(lock.clone(), ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+    assert_eq!(shared.metrics.reconcile_duration.get_sample_count(), 0);
+
+    // Once synced, the same reconcile reads live, and fails here (nothing
+    // listens): an error, never a verdict.
+    shared.readiness.synced();
+    let err = reconcile(lock, ctx).await.unwrap_err();
+    assert!(
+        matches!(
+            err.kind(),
+            crate::ErrorKind::Api | crate::ErrorKind::Timeout
+        ),
+        "{err}"
+    );
+    assert_eq!(shared.metrics.reconcile_duration.get_sample_count(), 1);
+}
