@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo bench bench-scale bench-scan bench-janitor
+.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo bench bench-scale bench-takeover bench-scan bench-janitor
 
 all: build
 
@@ -55,11 +55,15 @@ demo: testenv-build
 	$(CARGO) run --locked -q --example demo
 
 ## Benchmarks: they report numbers (not part of make test).
-## make bench: memory, idle API load and reclaim latency at 0, 1,000 and 10,000 locks.
-bench: bench-scale
+## make bench: memory, idle API load and reclaim latency at 0, 1,000 and 10,000 locks;
+## takeover time with the real operator-lib, alone and with the janitor.
+bench: bench-scale bench-takeover
 
 bench-scale: testenv-build
 	hack/bench-scale.sh
+
+bench-takeover: testenv-build
+	hack/bench-takeover.sh
 
 bench-scan: testenv-build
 	hack/bench-scan.sh

@@ -18,6 +18,9 @@ if [ "${1:-}" = "--print" ]; then echo "$bin"; exit 0; fi
 want=(etcd kube-apiserver kube-controller-manager helm)
 missing=()
 for b in "${want[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
+# The real leader-election peers (peers/): rebuilt whenever their sources change.
+peers_sum="$(cat "$here/peers/go.mod" "$here/peers/go.sum" "$here"/peers/*.go | sha256sum | cut -c1-16)"
+if [ ! -x "$bin/peers" ] || [ "$(cat "$bin/peers.sum" 2>/dev/null)" != "$peers_sum" ]; then missing+=(peers); fi
 if [ ${#missing[@]} -eq 0 ]; then
   echo "testenv: binaries cached in $bin" >&2
   echo "$bin"; exit 0
@@ -81,5 +84,10 @@ if [ ! -x "$bin/helm" ]; then
   done
   run helm "$here/helm" "$cache/log/helm.log" -ldflags "$hld" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm
   mv "$tmp/helm" "$bin/helm"
+fi
+if [ ! -x "$bin/peers" ] || [ "$(cat "$bin/peers.sum" 2>/dev/null)" != "$peers_sum" ]; then
+  run peers "$here/peers" "$cache/log/peers.log" -ldflags "-s -w" -o "$tmp/peers" .
+  mv "$tmp/peers" "$bin/peers"
+  echo "$peers_sum" >"$bin/peers.sum"
 fi
 echo "$bin"

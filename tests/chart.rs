@@ -16,8 +16,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -26,69 +25,20 @@ use k8s_openapi::api::authorization::v1::{
     SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{GroupVersionKind, Request};
 use kube::discovery::{pinned_kind, Scope};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client};
 use lock_janitor_testenv::audit::AuditEvent;
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use serde_json::{json, Value};
+use support::chart::*;
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(30);
 const LABEL_KEY: &str = "lock-janitor.io/watch";
-
-fn chart_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/lock-janitor")
-}
-
-fn helm() -> PathBuf {
-    if let Some(h) = std::env::var_os("HELM").filter(|h| !h.is_empty()) {
-        return h.into();
-    }
-    lock_janitor_testenv::binary("helm").unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// `helm template <release> charts/lock-janitor -n <namespace> <args>`, as
-/// JSON documents.
-fn render(release: &str, namespace: &str, args: &[String]) -> Vec<Value> {
-    let out = Command::new(helm())
-        .args(["template", release])
-        .arg(chart_dir())
-        .args(["--namespace", namespace])
-        .args(args)
-        .output()
-        .expect("running helm");
-    assert!(
-        out.status.success(),
-        "helm template {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).expect("helm prints UTF-8");
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
-        .unwrap_or_else(|e| panic!("parsing helm template output: {e}\n{text}"));
-    let docs: Vec<Value> = docs
-        .into_iter()
-        .filter(|d| d.is_object() && d.get("kind").is_some())
-        .collect();
-    // Every object helm printed was parsed.
-    let printed = text.lines().filter(|l| l.starts_with("kind: ")).count();
-    assert_eq!(docs.len(), printed, "{text}");
-    docs
-}
-
-fn kind_of(doc: &Value) -> &str {
-    doc["kind"].as_str().unwrap_or_default()
-}
-
-fn name_of(doc: &Value) -> &str {
-    doc["metadata"]["name"].as_str().unwrap_or_default()
-}
 
 fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     let found: Vec<&Value> = docs.iter().filter(|d| kind_of(d) == kind).collect();
@@ -157,42 +107,6 @@ fn remove_verb(docs: &mut [Value], (group, resource, verb): Verb) {
     );
 }
 
-async fn create<K>(api: Api<K>, doc: &Value)
-where
-    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-{
-    let obj: K = serde_json::from_value(doc.clone())
-        .unwrap_or_else(|e| panic!("{} {}: {e}", kind_of(doc), name_of(doc)));
-    api.create(&PostParams::default(), &obj)
-        .await
-        .unwrap_or_else(|e| panic!("creating {} {}: {e}", kind_of(doc), name_of(doc)));
-}
-
-/// Creates the rendered ServiceAccount and RBAC objects, for real.
-async fn apply_rbac(client: &Client, docs: &[Value]) {
-    for d in docs {
-        let ns = d["metadata"]["namespace"].as_str().unwrap_or_default();
-        let c = client.clone();
-        match kind_of(d) {
-            "ServiceAccount" => create(Api::<ServiceAccount>::namespaced(c, ns), d).await,
-            "ClusterRole" => create(Api::<ClusterRole>::all(c), d).await,
-            "ClusterRoleBinding" => create(Api::<ClusterRoleBinding>::all(c), d).await,
-            "Role" => create(Api::<Role>::namespaced(c, ns), d).await,
-            "RoleBinding" => create(Api::<RoleBinding>::namespaced(c, ns), d).await,
-            _ => {}
-        }
-    }
-}
-
-/// The groups of a ServiceAccount token of namespace `ns`.
-fn sa_groups(ns: &str) -> Vec<String> {
-    vec![
-        "system:serviceaccounts".into(),
-        format!("system:serviceaccounts:{ns}"),
-        "system:authenticated".into(),
-    ]
-}
-
 /// The chart installed (ServiceAccount and RBAC) into a fresh release
 /// namespace, with a fresh namespace for the locks and a node for the pods.
 struct Release {
@@ -251,21 +165,7 @@ impl Release {
 
     /// A kubeconfig that acts as the chart's ServiceAccount.
     fn kubeconfig(&self) -> PathBuf {
-        let admin =
-            std::fs::read_to_string(self.cp.kubeconfig_path()).expect("read admin kubeconfig");
-        let groups: String = sa_groups(&self.ns)
-            .iter()
-            .map(|g| format!("    - {g}\n"))
-            .collect();
-        let text = admin.replacen(
-            "  user:\n",
-            &format!("  user:\n    as: {}\n    as-groups:\n{groups}", self.user()),
-            1,
-        );
-        assert_ne!(text, admin, "kubeconfig layout changed: cannot impersonate");
-        let path = self.cp.dir().join(format!("kubeconfig-{}", self.ns));
-        std::fs::write(&path, text).expect("write kubeconfig");
-        path
+        sa_kubeconfig(self.cp, &self.ns, &self.sa)
     }
 
     fn arg_refs(&self) -> Vec<&str> {

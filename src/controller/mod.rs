@@ -29,7 +29,7 @@ use crate::observe::{Judgement, Observer};
 use crate::reclaim::{self, Mode, Reclaimer};
 use crate::selector::Selector;
 use crate::shared::Shared;
-use crate::streams::{on_first_sync, watch_health};
+use crate::streams::{on_first_sync, watch_backoff, watch_health};
 use crate::takeover::Takeovers;
 use crate::verdict::{self, Policy, Verdict};
 use crate::{scoped, sweep, Error, TERMINAL_PODS};
@@ -189,7 +189,10 @@ pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, 
     let key = key_of(&obj);
     let cached_rv = obj.metadata.resource_version.as_deref().unwrap_or_default();
     if !ctx.memory.needs_judging(&key, cached_rv) {
-        return Ok(Action::requeue(resync_after(ctx.settings.resync)));
+        // Its judgement stands until the lock or its holder changes: the
+        // lock watch, the terminal-pod watch and each sweep say so. No
+        // timer is kept per settled lock (memory at 10,000 locks).
+        return Ok(Action::await_change());
     }
     let _timer = ctx.shared.metrics.reconcile_duration.start_timer();
     ctx.memory.take_suspect(&key);
@@ -216,6 +219,10 @@ pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, 
     }
     ctx.memory.judged(&key, &judged_rv, settles);
     ctx.memory.succeeded(&key);
+    if settles && !ctx.memory.needs_judging(&key, &judged_rv) {
+        // Settled and not suspected while it was judged: no timer.
+        return Ok(Action::await_change());
+    }
     Ok(action)
 }
 
@@ -308,7 +315,7 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
             .labels(ctx.settings.selector.as_str())
             .any_semantic();
         let stream = watcher(cms, config)
-            .default_backoff()
+            .backoff(watch_backoff())
             // Keep only what the cache is used for (identity, version, owner
             // references): every judgement re-reads the lock whole.
             .modify(|m: &mut LockMeta| {
@@ -353,8 +360,8 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
     let terminal_pods = {
         let readiness = readiness.clone();
         let listed = listed_tx.clone();
-        let stream =
-            watcher(pods, watcher::Config::default().fields(TERMINAL_PODS)).default_backoff();
+        let stream = watcher(pods, watcher::Config::default().fields(TERMINAL_PODS))
+            .backoff(watch_backoff());
         let stream = watch_health(stream, shared.clone(), "pods", &scope);
         on_first_sync(stream, move || {
             readiness.synced();

@@ -39,6 +39,7 @@ pub mod audit;
 mod certs;
 pub mod kubelet;
 mod paths;
+pub mod peers;
 mod process;
 
 pub use certs::{ADMIN_GROUP, ADMIN_USER, CONTROLLER_MANAGER_USER, KUBERNETES_SERVICE_IP};
@@ -46,6 +47,9 @@ pub use paths::{bin_dir, binary, cache_root, Versions};
 pub use process::{pid_alive, start_time, terminate_pids};
 
 use process::Proc;
+
+/// How a component was started: program, arguments, mode.
+type Launch = (std::ffi::OsString, Vec<std::ffi::OsString>, Mode);
 
 /// What to run in the control plane.
 #[derive(Debug, Clone)]
@@ -174,9 +178,9 @@ pub struct ControlPlane {
     admin_key: PathBuf,
     ports: Ports,
     procs: Mutex<Vec<Proc>>,
-    /// How kube-apiserver was started (program, arguments, mode), to start
-    /// it again after a fault.
-    apiserver_cmd: Mutex<Option<(std::ffi::OsString, Vec<std::ffi::OsString>, Mode)>>,
+    /// How etcd and kube-apiserver were started (program, arguments, mode),
+    /// to start them again after a fault.
+    commands: Mutex<Vec<(&'static str, Launch)>>,
     /// Set by detach(): leave processes and dir alone on drop.
     released: bool,
     /// Set when start-up failed: keep the logs the error names.
@@ -256,7 +260,7 @@ impl ControlPlane {
             admin_key: pki_dir.join("admin.key"),
             ports,
             procs: Mutex::new(Vec::new()),
-            apiserver_cmd: Mutex::new(None),
+            commands: Mutex::new(Vec::new()),
             released: false,
             keep_dir: false,
             dir,
@@ -340,6 +344,7 @@ impl ControlPlane {
             .arg(format!("--initial-cluster=default={etcd_peer}"))
             .arg("--unsafe-no-fsync")
             .arg("--log-level=warn");
+        self.remember("etcd", &cmd, mode);
         self.spawn("etcd", cmd, mode)?;
         let etcd_port = ports.etcd_client;
         self.wait_ready("etcd", &[ports.etcd_client, ports.etcd_peer], || {
@@ -374,11 +379,7 @@ impl ControlPlane {
             // Endpoints validation rejects; nothing here needs them.
             .arg("--endpoint-reconciler-type=none")
             .args(&opts.extra_apiserver_args);
-        *self.apiserver_cmd.lock().unwrap_or_else(|e| e.into_inner()) = Some((
-            cmd.get_program().to_owned(),
-            cmd.get_args().map(|a| a.to_owned()).collect(),
-            mode,
-        ));
+        self.remember("kube-apiserver", &cmd, mode);
         self.spawn("kube-apiserver", cmd, mode)?;
         let admin = self.client().await?;
         self.wait_ready("kube-apiserver", &[ports.apiserver], || {
@@ -450,43 +451,107 @@ impl ControlPlane {
         Ok(())
     }
 
+    fn remember(&self, name: &'static str, cmd: &Command, mode: Mode) {
+        let launch = (
+            cmd.get_program().to_owned(),
+            cmd.get_args().map(|a| a.to_owned()).collect(),
+            mode,
+        );
+        let mut commands = self.commands.lock().unwrap_or_else(|e| e.into_inner());
+        commands.retain(|(n, _)| *n != name);
+        commands.push((name, launch));
+    }
+
     /// Kills kube-apiserver (SIGKILL: open watches break, as in a crash) and
     /// starts it again with the same flags and port; returns once it serves.
     /// Its earlier log is kept as `kube-apiserver.<n>.log`.
     pub async fn restart_apiserver(&self) -> Result<(), Error> {
-        let Some((program, args, mode)) = self
-            .apiserver_cmd
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-        else {
-            return Err(Error::Io {
-                what: "restarting kube-apiserver".into(),
-                source: std::io::Error::other("it was never started"),
-            });
-        };
-        let old = {
-            let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
-            let at = procs.iter().position(|p| p.name == "kube-apiserver");
-            at.map(|i| procs.remove(i))
-        };
-        if let Some(mut p) = old {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
-        }
-        let log = self.log_path("kube-apiserver");
-        let n = (1..)
-            .find(|n| !self.dir.join(format!("kube-apiserver.{n}.log")).exists())
-            .unwrap_or(1);
-        let _ = std::fs::rename(&log, self.dir.join(format!("kube-apiserver.{n}.log")));
-        let mut cmd = Command::new(program);
-        cmd.args(args);
-        self.spawn("kube-apiserver", cmd, mode)?;
+        self.restart("kube-apiserver").await
+    }
+
+    /// Kills etcd (SIGKILL) and starts it again on the same data and ports;
+    /// returns once etcd serves and the apiserver is ready again.
+    pub async fn restart_etcd(&self) -> Result<(), Error> {
+        self.restart("etcd").await?;
         let admin = self.client().await?;
         self.wait_ready("kube-apiserver", &[self.ports.apiserver], || {
             probe_apiserver(admin.clone())
         })
         .await
+    }
+
+    /// Stops a component with SIGSTOP (a hung process: connections stay
+    /// open, nothing answers) until [`resume`](Self::resume).
+    pub fn pause(&self, component: &str) -> Result<(), Error> {
+        self.send(component, libc::SIGSTOP)
+    }
+
+    /// Continues a component stopped by [`pause`](Self::pause) (SIGCONT).
+    pub fn resume(&self, component: &str) -> Result<(), Error> {
+        self.send(component, libc::SIGCONT)
+    }
+
+    fn send(&self, component: &str, sig: libc::c_int) -> Result<(), Error> {
+        let pid = self
+            .processes()
+            .into_iter()
+            .find(|(n, _)| *n == component)
+            .map(|(_, pid)| pid)
+            .ok_or_else(|| Error::Other(format!("{component} is not running")))?;
+        process::signal(pid, sig);
+        Ok(())
+    }
+
+    async fn restart(&self, component: &'static str) -> Result<(), Error> {
+        let launch = self
+            .commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(n, _)| *n == component)
+            .map(|(_, l)| l.clone());
+        let Some((program, args, mode)) = launch else {
+            return Err(Error::Io {
+                what: format!("restarting {component}"),
+                source: std::io::Error::other("it was never started"),
+            });
+        };
+        let old = {
+            let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            let at = procs.iter().position(|p| p.name == component);
+            at.map(|i| procs.remove(i))
+        };
+        if let Some(mut p) = old {
+            // A paused process dies of SIGKILL too.
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+        let log = self.log_path(component);
+        let n = (1..)
+            .find(|n| !self.dir.join(format!("{component}.{n}.log")).exists())
+            .unwrap_or(1);
+        let _ = std::fs::rename(&log, self.dir.join(format!("{component}.{n}.log")));
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        self.spawn(component, cmd, mode)?;
+        match component {
+            "etcd" => {
+                let port = self.ports.etcd_client;
+                self.wait_ready(
+                    "etcd",
+                    &[self.ports.etcd_client, self.ports.etcd_peer],
+                    || probe_etcd(port),
+                )
+                .await
+            }
+            _ => {
+                let admin = self.client().await?;
+                self.wait_ready(component, &[self.ports.apiserver], || {
+                    probe_apiserver(admin.clone())
+                })
+                .await
+            }
+        }
     }
 
     fn spawn(&self, name: &'static str, mut cmd: Command, mode: Mode) -> Result<(), Error> {

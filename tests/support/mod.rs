@@ -15,6 +15,8 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use lock_janitor_testenv::ControlPlane;
 
+pub mod chart;
+
 pub const WATCH_LABEL: (&str, &str) = ("lock-janitor.io/watch", "true");
 /// The identity the janitor runs as in tests, so the audit log tells its
 /// requests apart from the test's own. Granted exactly what the chart grants.

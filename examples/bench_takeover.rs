@@ -1,0 +1,146 @@
+//! Takeover time after an eviction with the real operator-lib (v0.19.0,
+//! `testenv/peers`): operator-lib alone beside operator-lib with the janitor,
+//! side by side in one run on a local control plane.
+//!
+//! Each round, in two namespaces at once, a leader and a waiting replica run
+//! operator-lib's `leader.Become`. Once the replica is in its steady 16 s
+//! backoff (its fifth "Not the leader. Waiting."), the leader is evicted
+//! (its process killed, its status written Failed/Evicted). Measured: from
+//! the status write to the replica saying it leads. Alone, operator-lib's
+//! replica deletes the evicted pod on its next attempt, the garbage
+//! collector deletes the lock, and the attempt after that creates it; with
+//! the janitor the lock is gone within milliseconds and the next attempt
+//! leads. It reports numbers and passes or fails nothing on time.
+//!
+//! `make bench` runs it. By hand:
+//!
+//! ```text
+//! cargo build --release --bin lock-janitor
+//! LOCK_JANITOR_BIN=target/release/lock-janitor cargo run --release --example bench_takeover -- [--rounds 3]
+//! ```
+
+#[path = "common/bench.rs"]
+mod bench_support;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use bench_support::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use lock_janitor_testenv::kubelet;
+use lock_janitor_testenv::peers::Peer;
+use support::*;
+
+const LOCK: &str = "bench-operator-lock";
+/// operator-lib doubles its wait from 1 s up to 16 s: after five waits the
+/// next one is the steady 16 s (±20% jitter).
+const STEADY_AFTER_WAITS: usize = 5;
+
+fn waits(p: &Peer) -> usize {
+    p.logs().matches("Not the leader. Waiting.").count()
+}
+
+/// One side of a round: evicts the leader in `ns` once the replica is in
+/// its steady backoff, and returns the seconds until the replica leads.
+async fn round(
+    cp: &lock_janitor_testenv::ControlPlane,
+    client: &Client,
+    ns: &str,
+    r: usize,
+) -> f64 {
+    let (leader, replica) = (format!("leader-{r}"), format!("replica-{r}"));
+    running(client, ns, &leader, &node_of(r), "bench").await;
+    running(client, ns, &replica, &node_of(r + 1), "bench").await;
+    let mut first = Peer::become_leader(cp.kubeconfig_path(), cp.dir(), ns, &leader, LOCK)
+        .unwrap_or_else(|e| die(&e.to_string()));
+    first
+        .wait_leading(Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| die(&e));
+    // Opted in (a no-op where no janitor runs).
+    let label = serde_json::json!({"metadata": {"labels": {WATCH_LABEL.0: WATCH_LABEL.1}}});
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let params = PatchParams::default();
+    let patch = Patch::Merge(&label);
+    retry("labeling the lock", || cms.patch(LOCK, &params, &patch)).await;
+    let mut second = Peer::become_leader(cp.kubeconfig_path(), cp.dir(), ns, &replica, LOCK)
+        .unwrap_or_else(|e| die(&e.to_string()));
+    wait_for(
+        "the replica in its steady backoff",
+        Duration::from_secs(120),
+        || async { (waits(&second) >= STEADY_AFTER_WAITS).then_some(()) },
+    )
+    .await;
+    first.kill();
+    retry("evicting the leader", || {
+        kubelet::set_failed(
+            client,
+            ns,
+            &leader,
+            "Evicted",
+            "The node was low on resource: memory.",
+        )
+    })
+    .await;
+    let evicted = Instant::now();
+    let led = second
+        .wait_leading(Duration::from_secs(180))
+        .await
+        .unwrap_or_else(|e| die(&e));
+    (led - evicted).as_secs_f64()
+}
+
+#[tokio::main]
+async fn main() {
+    let mut rounds = 3usize;
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        match (flag.as_str(), it.next()) {
+            ("--rounds", Some(v)) => {
+                rounds = v
+                    .parse()
+                    .unwrap_or_else(|_| die(&format!("--rounds: {v:?} is not a number")))
+            }
+            _ => die("use --rounds N"),
+        }
+    }
+    println!(
+        "bench_takeover: {rounds} rounds, operator-lib alone beside operator-lib with the janitor {}",
+        janitor_bin().display()
+    );
+    step("Control plane");
+    let (cp, client, kubeconfig, ns) = bench_plane("takeover", 2).await;
+    let (alone, with) = (&ns[0], &ns[1]);
+    let janitor = Janitor::start(&kubeconfig, &["--namespace", with]).await;
+    let (mut t_alone, mut t_with) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        step(&format!("Round {} of {rounds}", r + 1));
+        let (a, w) = tokio::join!(
+            round(&cp, &client, alone, 2 * r),
+            round(&cp, &client, with, 2 * r)
+        );
+        println!("    alone {a:.1} s, with the janitor {w:.1} s");
+        t_alone.push(a);
+        t_with.push(w);
+    }
+    let m = janitor.metrics().await;
+    let reclaims: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("lock_janitor_reclaims_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    println!();
+    println!("takeover after an eviction, waiting replica in its steady 16 s backoff :");
+    println!(
+        "    operator-lib alone:            {}",
+        distribution(t_alone)
+    );
+    println!(
+        "    operator-lib with the janitor: {}",
+        distribution(t_with)
+    );
+    println!("    (the janitor reclaimed {reclaims} locks)");
+}

@@ -1,0 +1,142 @@
+//! Real leader-election peers, built from `testenv/peers` (Go) by
+//! `testenv/build.sh`: operator-lib's `leader.Become`, run as a pod would run
+//! it.
+//!
+//! A pod's operator finds its name in `$POD_NAME` (downward API) and its
+//! namespace in the service-account file the kubelet mounts,
+//! `/var/run/secrets/kubernetes.io/serviceaccount/namespace`. Each peer runs
+//! in its own mount namespace (`unshare --mount`, which needs root or
+//! CAP_SYS_ADMIN) with a tmpfs over `/run` holding that file, so peers of
+//! different namespaces run side by side and the host is left alone.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{paths, process, Error};
+
+/// One running peer process.
+pub struct Peer {
+    child: Child,
+    out: PathBuf,
+    log: PathBuf,
+    started: Instant,
+}
+
+/// The shell run inside the new mount namespace: the service-account file,
+/// then the peer itself.
+const POD_SHELL: &str = "set -e; mount -t tmpfs tmpfs /run; \
+    d=/run/secrets/kubernetes.io/serviceaccount; mkdir -p \"$d\"; \
+    printf %s \"$PEER_NAMESPACE\" > \"$d/namespace\"; exec \"$@\"";
+
+impl Peer {
+    /// Starts operator-lib's `leader.Become(ctx, lock)` as pod `pod` of
+    /// `namespace`, with the cluster credentials of `kubeconfig`. Its output
+    /// goes to `<dir>/peer-<namespace>-<pod>.{out,log}`.
+    pub fn become_leader(
+        kubeconfig: &Path,
+        dir: &Path,
+        namespace: &str,
+        pod: &str,
+        lock: &str,
+    ) -> Result<Peer, Error> {
+        Self::start(kubeconfig, dir, namespace, pod, &["become", lock])
+    }
+
+    fn start(
+        kubeconfig: &Path,
+        dir: &Path,
+        namespace: &str,
+        pod: &str,
+        args: &[&str],
+    ) -> Result<Peer, Error> {
+        let bin = paths::binary("peers")?;
+        let base = dir.join(format!("peer-{namespace}-{pod}"));
+        let out = base.with_extension("out");
+        let log = base.with_extension("log");
+        let io = |p: &Path| {
+            File::create(p).map_err(|e| Error::Io {
+                what: format!("create {}", p.display()),
+                source: e,
+            })
+        };
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            POD_SHELL,
+            "peer",
+        ])
+        .arg(&bin)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("POD_NAME", pod)
+        .env("PEER_NAMESPACE", namespace)
+        .stdin(Stdio::null())
+        .stdout(io(&out)?)
+        .stderr(io(&log)?);
+        let child = process::spawn_tied(cmd).map_err(|e| Error::Io {
+            what: format!("start {} (through unshare)", bin.display()),
+            source: e,
+        })?;
+        Ok(Peer {
+            child,
+            out,
+            log,
+            started: Instant::now(),
+        })
+    }
+
+    /// Whether the peer said it leads.
+    pub fn is_leading(&self) -> bool {
+        std::fs::read_to_string(&self.out)
+            .map(|s| s.lines().any(|l| l.starts_with("LEADING ")))
+            .unwrap_or(false)
+    }
+
+    /// Waits until the peer leads; the instant it was seen leading (polled
+    /// every 10 ms). Fails with the peer's log if it exits or `timeout` passes.
+    pub async fn wait_leading(&mut self, timeout: Duration) -> Result<Instant, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.is_leading() {
+                return Ok(Instant::now());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "peer exited ({status}) without leading; its log:\n{}",
+                    self.logs()
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "peer did not lead within {timeout:?} (started {:?} ago); its log:\n{}",
+                    self.started.elapsed(),
+                    self.logs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The peer's log (operator-lib's own lines), for failure messages.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Kills the peer (its pod "dies"); waits for the process to go.
+    pub fn kill(&mut self) {
+        process::signal(self.child.id(), libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
