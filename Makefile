@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo bench bench-scale bench-takeover bench-scan bench-janitor
+.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo chaos bench bench-scale bench-takeover bench-scan bench-janitor
 
 all: build
 
@@ -53,6 +53,12 @@ test-docker: setup
 demo: testenv-build
 	$(CARGO) build --locked -q --bin lock-janitor
 	$(CARGO) run --locked -q --example demo
+
+## The long chaos run: random fates and faults, checked against the audit log; prints its seed (SEED=<n> replays). About 15 minutes.
+## `make test` runs a short seeded one (tests/chaos.rs).
+chaos: testenv-build
+	$(CARGO) build --locked --release --bin lock-janitor --example chaos
+	LOCK_JANITOR_BIN=$(CURDIR)/target/release/lock-janitor target/release/examples/chaos $(CHAOS_ARGS)
 
 ## Benchmarks: they report numbers (not part of make test).
 ## make bench: memory, idle API load and reclaim latency at 0, 1,000 and 10,000 locks;

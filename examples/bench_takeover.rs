@@ -52,9 +52,11 @@ async fn round(
     r: usize,
 ) -> f64 {
     let (leader, replica) = (format!("leader-{r}"), format!("replica-{r}"));
+    // A lock of its own each round: the last round's replica still leads.
+    let lock = format!("{LOCK}-{r}");
     running(client, ns, &leader, &node_of(r), "bench").await;
     running(client, ns, &replica, &node_of(r + 1), "bench").await;
-    let mut first = Peer::become_leader(cp.kubeconfig_path(), cp.dir(), ns, &leader, LOCK)
+    let mut first = Peer::become_leader(cp.kubeconfig_path(), cp.dir(), ns, &leader, &lock)
         .unwrap_or_else(|e| die(&e.to_string()));
     first
         .wait_leading(Duration::from_secs(120))
@@ -65,8 +67,8 @@ async fn round(
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let params = PatchParams::default();
     let patch = Patch::Merge(&label);
-    retry("labeling the lock", || cms.patch(LOCK, &params, &patch)).await;
-    let mut second = Peer::become_leader(cp.kubeconfig_path(), cp.dir(), ns, &replica, LOCK)
+    retry("labeling the lock", || cms.patch(&lock, &params, &patch)).await;
+    let mut second = Peer::become_leader(cp.kubeconfig_path(), cp.dir(), ns, &replica, &lock)
         .unwrap_or_else(|e| die(&e.to_string()));
     wait_for(
         "the replica in its steady backoff",

@@ -29,7 +29,7 @@ use crate::observe::{Judgement, Observer};
 use crate::reclaim::{self, Mode, Reclaimer};
 use crate::selector::Selector;
 use crate::shared::Shared;
-use crate::streams::{on_first_sync, watch_backoff, watch_health};
+use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
 use crate::takeover::Takeovers;
 use crate::verdict::{self, Policy, Verdict};
 use crate::{scoped, sweep, Error, TERMINAL_PODS};
@@ -350,11 +350,11 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
             });
         let listed = listed_tx.clone();
         let stream = watch_health(stream, shared.clone(), "configmaps", &scope);
-        on_first_sync(stream, move || {
+        let synced = on_first_sync(stream, move || {
             readiness.synced();
             listed.send_modify(|n| *n += 1);
-        })
-        .touched_objects()
+        });
+        objects_only(synced.touched_objects())
     };
 
     let terminal_pods = {
@@ -363,11 +363,11 @@ async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: Cance
         let stream = watcher(pods, watcher::Config::default().fields(TERMINAL_PODS))
             .backoff(watch_backoff());
         let stream = watch_health(stream, shared.clone(), "pods", &scope);
-        on_first_sync(stream, move || {
+        let synced = on_first_sync(stream, move || {
             readiness.synced();
             listed.send_modify(|n| *n += 1);
-        })
-        .touched_objects()
+        });
+        objects_only(synced.touched_objects())
     };
     // A terminal pod finds its locks in the index: the cost of an event
     // does not grow with the number of locks.

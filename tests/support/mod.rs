@@ -211,7 +211,12 @@ impl Janitor {
             .args(["--metrics-bind-address", &format!("127.0.0.1:{port}")])
             .args(args)
             .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,lock_janitor=debug,kube=warn")
+            .env(
+                "RUST_LOG",
+                // LOCK_JANITOR_TEST_LOG: more (or less) of the janitor's log.
+                std::env::var("LOCK_JANITOR_TEST_LOG")
+                    .unwrap_or_else(|_| "info,lock_janitor=debug,kube=warn".into()),
+            )
             .env("POD_NAME", format!("lock-janitor-e2e-{port}"))
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log"))
