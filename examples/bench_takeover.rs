@@ -1,6 +1,7 @@
-//! Takeover time after an eviction with the real operator-lib (v0.19.0,
-//! `testenv/peers`): operator-lib alone beside operator-lib with the janitor,
-//! side by side in one run on a local control plane.
+//! Takeover time after an eviction with real peers (`testenv/peers`), each
+//! alone beside with the janitor, side by side in one run on a local control
+//! plane: operator-lib's leader-for-life (v0.19.0), and a controller-runtime
+//! Lease candidate (client-go's elector) with a 60 s lease.
 //!
 //! Each round, in two namespaces at once, a leader and a waiting replica run
 //! operator-lib's `leader.Become`. Once the replica is in its steady 16 s
@@ -95,6 +96,72 @@ async fn round(
     (led - evicted).as_secs_f64()
 }
 
+/// One side of a Lease round: a controller-runtime candidate waits on a
+/// 60 s lease; the leader is evicted; seconds until the candidate leads.
+/// Alone it waits out the lease; with the janitor the Lease is released
+/// and the candidate leads at its next 2 s retry.
+async fn lease_round(
+    cp: &lock_janitor_testenv::ControlPlane,
+    client: &Client,
+    ns: &str,
+    r: usize,
+) -> f64 {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let (leader, candidate) = (format!("lease-leader-{r}"), format!("lease-candidate-{r}"));
+    let lease = format!("bench-lease-{r}");
+    running(client, ns, &leader, &node_of(r), "bench").await;
+    running(client, ns, &candidate, &node_of(r + 1), "bench").await;
+    let mut first = Peer::elect(cp.kubeconfig_path(), cp.dir(), ns, &leader, &lease, LEASE)
+        .unwrap_or_else(|e| die(&e.to_string()));
+    first
+        .wait_leading(Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| die(&e));
+    let label = serde_json::json!({"metadata": {"labels": {WATCH_LABEL.0: WATCH_LABEL.1}}});
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&label));
+    retry("labeling the lease", || {
+        leases.patch(&lease, &params, &patch)
+    })
+    .await;
+    let mut second = Peer::elect(
+        cp.kubeconfig_path(),
+        cp.dir(),
+        ns,
+        &candidate,
+        &lease,
+        LEASE,
+    )
+    .unwrap_or_else(|e| die(&e.to_string()));
+    wait_for("the candidate trying", Duration::from_secs(120), || async {
+        second
+            .logs()
+            .contains("Attempting to acquire leader lease")
+            .then_some(())
+    })
+    .await;
+    first.kill();
+    retry("evicting the leader", || {
+        kubelet::set_failed(
+            client,
+            ns,
+            &leader,
+            "Evicted",
+            "The node was low on resource: memory.",
+        )
+    })
+    .await;
+    let evicted = Instant::now();
+    let led = second
+        .wait_leading(Duration::from_secs(180))
+        .await
+        .unwrap_or_else(|e| die(&e));
+    (led - evicted).as_secs_f64()
+}
+
+/// The candidates' lease duration (60 s, as charts that raise it use).
+const LEASE: Duration = Duration::from_secs(60);
+
 #[tokio::main]
 async fn main() {
     let mut rounds = 3usize;
@@ -128,6 +195,17 @@ async fn main() {
         t_alone.push(a);
         t_with.push(w);
     }
+    let (mut l_alone, mut l_with) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        step(&format!("Lease round {} of {rounds}", r + 1));
+        let (a, w) = tokio::join!(
+            lease_round(&cp, &client, alone, 2 * r),
+            lease_round(&cp, &client, with, 2 * r)
+        );
+        println!("    alone {a:.1} s, with the janitor {w:.1} s");
+        l_alone.push(a);
+        l_with.push(w);
+    }
     let m = janitor.metrics().await;
     let reclaims: f64 = m
         .lines()
@@ -144,5 +222,10 @@ async fn main() {
         "    operator-lib with the janitor: {}",
         distribution(t_with)
     );
+    println!(
+        "takeover after an eviction, controller-runtime candidate on a 60 s lease (retry 2 s):"
+    );
+    println!("    candidate alone:            {}", distribution(l_alone));
+    println!("    candidate with the janitor: {}", distribution(l_with));
     println!("    (the janitor reclaimed {reclaims} locks)");
 }

@@ -85,6 +85,7 @@ def main():
     port = ports[0]["containerPort"] if ports else None
     check(f"--metrics-bind-address=0.0.0.0:{port}" in args, f"args lack --metrics-bind-address for port {port}: {args}")
     check("--selector=lock-janitor.io/watch=true" in args, f"args lack the default selector: {args}")
+    check("--lock-kinds=configmap,lease" in args, f"args lack --lock-kinds=configmap,lease: {args}")
     check(any(a.startswith("--owner-gone-grace=") for a in args) and any(a.startswith("--resync=") for a in args),
           "args lack --owner-gone-grace or --resync")
     full = dep["metadata"]["name"]
@@ -111,6 +112,7 @@ def main():
     delete_pod = case in ("all-on", "namespaced")
     want_rules = [
         ("", "configmaps", ["get", "list", "watch", "delete", "patch"]),
+        ("coordination.k8s.io", "leases", ["get", "list", "watch", "update"]),
         ("", "pods", ["get", "list", "watch"] + (["delete"] if delete_pod else [])),
         ("events.k8s.io", "events", ["create", "patch", "list"]),
     ]

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::lock::LockKind;
 use crate::selector::Selector;
 use crate::DEFAULT_SELECTOR;
 
@@ -116,6 +117,10 @@ pub struct RunArgs {
     /// How long a leader's lease lasts without renewal (it stops writing after two thirds of it).
     #[arg(long, env = "LOCK_JANITOR_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_lease_duration)]
     pub leader_elect_lease_duration: Duration,
+    /// Which kinds of lock to watch: `configmap` (operator-lib's
+    /// leader-for-life), `lease` (client-go's leader election), or both.
+    #[arg(long, env = "LOCK_JANITOR_LOCK_KINDS", value_delimiter = ',', default_value = "configmap,lease", value_parser = parse_kind)]
+    pub lock_kinds: Vec<LockKind>,
     /// Requests the janitor may send at once above --api-qps.
     #[arg(long, env = "LOCK_JANITOR_API_BURST", default_value = "40", value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub api_burst: u32,
@@ -183,16 +188,13 @@ fn parse_lease_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// An object name: a DNS-1123 subdomain.
+fn parse_kind(s: &str) -> Result<LockKind, String> {
+    LockKind::parse(s.trim())
+        .ok_or_else(|| format!("{s:?} is not a lock kind (configmap or lease)"))
+}
+
 fn parse_name(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|p| {
-            !p.is_empty()
-                && p.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !p.starts_with('-')
-                && !p.ends_with('-')
-        });
+    let ok = crate::dns_subdomain(s);
     if ok {
         Ok(s.to_owned())
     } else {
@@ -218,12 +220,7 @@ fn parse_glob(s: &str) -> Result<glob::Pattern, String> {
 
 /// A namespace is a DNS-1123 label.
 fn parse_namespace(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-');
+    let ok = crate::dns_label(s);
     if ok {
         Ok(s.to_owned())
     } else {

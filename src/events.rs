@@ -8,7 +8,7 @@ use kube::Client;
 use tracing::warn;
 
 use crate::election::Gate;
-use crate::lock::Lock;
+use crate::lock::{Lock, LockKind};
 use crate::metrics::Metrics;
 use crate::ErrorKind;
 
@@ -41,9 +41,18 @@ fn truncate(mut note: String) -> String {
 
 /// A reference to a ConfigMap lock as read (its exact version).
 pub fn lock_ref(meta: &ObjectMeta) -> ObjectReference {
+    ref_of(LockKind::ConfigMap, meta)
+}
+
+/// A reference to a lock of `kind` as read (its exact version).
+pub fn ref_of(kind: LockKind, meta: &ObjectMeta) -> ObjectReference {
+    let api_version = match kind {
+        LockKind::ConfigMap => "v1",
+        LockKind::Lease => "coordination.k8s.io/v1",
+    };
     ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("ConfigMap".into()),
+        api_version: Some(api_version.into()),
+        kind: Some(kind.kind().into()),
         namespace: meta.namespace.clone(),
         name: meta.name.clone(),
         uid: meta.uid.clone(),

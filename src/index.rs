@@ -37,10 +37,7 @@ impl HolderIndex {
 
     /// A lock was listed, created or changed: index every Pod it names.
     pub fn apply<K: kube::Resource>(&self, lock: &K) {
-        let key = LockKey {
-            namespace: lock.namespace().unwrap_or_default(),
-            name: lock.name_any(),
-        };
+        let key = LockKey::configmap(lock.namespace().unwrap_or_default(), lock.name_any());
         let holders: Vec<Named> = lock
             .owner_references()
             .iter()
@@ -145,6 +142,70 @@ fn unindex(i: &mut Inner, key: &LockKey) {
     }
 }
 
+/// Which watched Leases name which host (the pod name or hostname their
+/// holder identity gives), so that a terminal pod finds its Leases by name.
+#[derive(Default)]
+pub struct LeaseIndex {
+    inner: Mutex<LeaseInner>,
+}
+
+#[derive(Default)]
+struct LeaseInner {
+    by_host: HashMap<(String, String), HashSet<LockKey>>,
+    by_lease: HashMap<LockKey, (String, String)>,
+}
+
+impl LeaseIndex {
+    fn with<T>(&self, f: impl FnOnce(&mut LeaseInner) -> T) -> T {
+        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// A Lease was listed, created or changed: index the host it names.
+    pub fn apply(&self, key: LockKey, host: Option<String>) {
+        self.with(|i| {
+            unindex_lease(i, &key);
+            if let Some(h) = host {
+                let id = (key.namespace.clone(), h);
+                i.by_host.entry(id.clone()).or_default().insert(key.clone());
+                i.by_lease.insert(key, id);
+            }
+        })
+    }
+
+    pub fn delete(&self, key: &LockKey) {
+        self.with(|i| unindex_lease(i, key))
+    }
+
+    /// The Leases a pod of this name may hold: by its name, and by its
+    /// hostname when the name is longer than a hostname can be (a pod with
+    /// its own `spec.hostname` is found by the resync sweep).
+    pub fn leases_of(&self, namespace: &str, pod: &str) -> Vec<LockKey> {
+        let host = crate::lock::lease::host_of_name(pod);
+        self.with(|i| {
+            let mut out: Vec<LockKey> = Vec::new();
+            for h in [pod, host.as_str()] {
+                if let Some(keys) = i.by_host.get(&(namespace.to_owned(), h.to_owned())) {
+                    out.extend(keys.iter().cloned());
+                }
+            }
+            out.sort();
+            out.dedup();
+            out
+        })
+    }
+}
+
+fn unindex_lease(i: &mut LeaseInner, key: &LockKey) {
+    if let Some(id) = i.by_lease.remove(key) {
+        if let Some(keys) = i.by_host.get_mut(&id) {
+            keys.remove(key);
+            if keys.is_empty() {
+                i.by_host.remove(&id);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,10 +222,7 @@ mod tests {
     }
 
     fn key(name: &str) -> LockKey {
-        LockKey {
-            namespace: "ops".into(),
-            name: name.into(),
-        }
+        LockKey::configmap("ops", name)
     }
 
     #[test]

@@ -157,3 +157,24 @@ pub async fn call<T>(
         }),
     }
 }
+
+/// Is `s` a DNS-1123 label (a namespace, a hostname): lower-case
+/// alphanumerics and `-`, starting and ending with an alphanumeric, at
+/// most 63 characters?
+pub fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Is `s` a DNS-1123 subdomain (an object name such as a pod's): labels
+/// joined by `.`, at most 253 characters?
+pub fn dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.')
+            .all(|l| !l.is_empty() && l.len() <= 63 && dns_label(l))
+}

@@ -88,6 +88,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         resync: args.resync,
         takeover_timeout: args.takeover_timeout,
+        kinds: {
+            let mut k = args.lock_kinds.clone();
+            k.sort();
+            k.dedup();
+            k
+        },
     };
     info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -122,7 +128,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     ));
 
     tokio::select! {
-        checked = lock_janitor::preflight::preflight(&control, &settings.selector, &settings.namespaces) => checked.context(
+        checked = lock_janitor::preflight::preflight(&control, &settings.selector, &settings.namespaces, &settings.kinds) => checked.context(
             "start-up check failed (is the selector valid, and does RBAC grant list and watch on configmaps and pods?)",
         )?,
         _ = shutdown.cancelled() => {

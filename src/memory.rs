@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::lock::{Holder, Lock, LockKey};
+use crate::lock::{Holder, Lock, LockKey, LockKind};
 use crate::metrics::Metrics;
 use crate::observe::HolderClock;
 use crate::verdict::{LockState, StaleReason};
@@ -49,7 +49,7 @@ struct Memo {
 struct Inner {
     memos: HashMap<LockKey, Memo>,
     /// Locks per state, kept as states change (never recounted).
-    counts: HashMap<LockState, i64>,
+    counts: HashMap<(LockKind, LockState), i64>,
 }
 
 /// Per-lock memory; one per janitor, shared by every scope.
@@ -93,9 +93,9 @@ impl Memory {
             let before = memo.last_state.replace(state);
             if before != Some(state) {
                 if let Some(b) = before {
-                    *i.counts.entry(b).or_default() -= 1;
+                    *i.counts.entry((key.kind, b)).or_default() -= 1;
                 }
-                *i.counts.entry(state).or_default() += 1;
+                *i.counts.entry((key.kind, state)).or_default() += 1;
                 metrics.set_lock_counts(i.counts.iter().map(|(s, n)| (*s, *n)));
             }
         });
@@ -106,15 +106,14 @@ impl Memory {
     pub fn mark_stale(&self, key: &LockKey, reason: StaleReason) {
         self.with(|i| {
             if i.memos.contains_key(key) {
-                self.metrics
-                    .set_stale(&key.namespace, &key.name, Some(reason));
+                self.metrics.set_stale(key, Some(reason));
             }
         });
     }
 
     /// The lock is not stale-and-unreclaimed (any more).
     pub fn clear_stale(&self, key: &LockKey) {
-        self.metrics.set_stale(&key.namespace, &key.name, None);
+        self.metrics.set_stale(key, None);
     }
 
     /// Whether `reason` was already reported for this version of the lock.
@@ -206,22 +205,22 @@ impl Memory {
         let memo = self.with(|i| {
             let memo = i.memos.remove(key)?;
             if let Some(s) = memo.last_state {
-                *i.counts.entry(s).or_default() -= 1;
+                *i.counts.entry((key.kind, s)).or_default() -= 1;
                 self.metrics
                     .set_lock_counts(i.counts.iter().map(|(s, n)| (*s, *n)));
             }
             Some(memo)
         });
-        self.metrics.set_stale(&key.namespace, &key.name, None);
+        self.metrics.set_stale(key, None);
         memo.and_then(|m| m.holder)
     }
 
-    /// The locks remembered in a namespace (all of them for `None`).
-    pub fn keys_in(&self, namespace: Option<&str>) -> Vec<LockKey> {
+    /// The locks of a kind remembered in a namespace (all of them for `None`).
+    pub fn keys_in(&self, namespace: Option<&str>, kind: LockKind) -> Vec<LockKey> {
         self.with(|i| {
             i.memos
                 .keys()
-                .filter(|k| namespace.is_none_or(|ns| k.namespace == ns))
+                .filter(|k| k.kind == kind && namespace.is_none_or(|ns| k.namespace == ns))
                 .cloned()
                 .collect()
         })

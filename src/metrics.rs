@@ -5,6 +5,7 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::lock::{LockKey, LockKind};
 use crate::verdict::{LockState, StaleReason};
 use crate::ErrorKind;
 
@@ -34,7 +35,7 @@ pub struct Metrics {
 }
 
 /// The labels of each per-lock reclaim series and when it was last set.
-type Touched = std::collections::HashMap<[String; 3], std::time::Instant>;
+type Touched = std::collections::HashMap<[String; 4], std::time::Instant>;
 
 /// Per-lock reclaim series are removed this long after their last reclaim.
 pub const RECLAIM_SERIES_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -49,20 +50,23 @@ impl Metrics {
         let reclaims = IntCounterVec::new(
             Opts::new(
                 "lock_janitor_reclaims_total",
-                "Stale locks deleted, by lock and reason.",
+                "Stale locks reclaimed (ConfigMaps deleted, Leases released), by lock and reason.",
             ),
-            &["namespace", "lock", "reason"],
+            &["kind", "namespace", "lock", "reason"],
         )?;
         let stale_locks = IntGaugeVec::new(
             Opts::new(
                 "lock_janitor_stale_locks",
                 "Locks that are stale now and not reclaimed (dry-run or errors).",
             ),
-            &["namespace", "lock", "reason"],
+            &["kind", "namespace", "lock", "reason"],
         )?;
         let locks = IntGaugeVec::new(
-            Opts::new("lock_janitor_locks", "Watched locks by verdict state."),
-            &["state"],
+            Opts::new(
+                "lock_janitor_locks",
+                "Watched locks by kind and verdict state.",
+            ),
+            &["kind", "state"],
         )?;
         let reclaim_latency = Histogram::with_opts(
             HistogramOpts::new(
@@ -143,7 +147,7 @@ impl Metrics {
                 "lock_janitor_last_reclaim_timestamp_seconds",
                 "Unix time of the lock's last reclaim (series removed an hour later).",
             ),
-            &["namespace", "lock", "reason"],
+            &["kind", "namespace", "lock", "reason"],
         )?;
         let ready = prometheus::IntGauge::new(
             "lock_janitor_ready",
@@ -174,8 +178,10 @@ impl Metrics {
             .set(1);
         // Bounded label sets start at zero, so rate() and absence-based
         // alerts work from the first scrape.
-        for s in LockState::ALL {
-            locks.with_label_values(&[s.as_str()]).set(0);
+        for k in LockKind::ALL {
+            for s in LockState::ALL {
+                locks.with_label_values(&[k.as_str(), s.as_str()]).set(0);
+            }
         }
         for k in ErrorKind::ALL {
             reconcile_errors.with_label_values(&[k.as_str()]);
@@ -211,8 +217,13 @@ impl Metrics {
     /// `lock_janitor_last_reclaim_timestamp_seconds`, which lets the reclaim
     /// alert see a first reclaim even in a Prometheus that just started.
     /// Series of reclaims older than `RECLAIM_SERIES_TTL` are removed.
-    pub fn reclaimed(&self, namespace: &str, lock: &str, reason: StaleReason) {
-        let labels = [namespace, lock, reason.as_str()];
+    pub fn reclaimed(&self, key: &LockKey, reason: StaleReason) {
+        let labels = [
+            key.kind.as_str(),
+            &key.namespace,
+            &key.name,
+            reason.as_str(),
+        ];
         self.reclaims.with_label_values(&labels).inc();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -238,32 +249,35 @@ impl Metrics {
             if at.elapsed() < ttl {
                 return true;
             }
-            let labels = [l[0].as_str(), l[1].as_str(), l[2].as_str()];
+            let labels = [l[0].as_str(), l[1].as_str(), l[2].as_str(), l[3].as_str()];
             let _ = self.reclaims.remove_label_values(&labels);
             let _ = self.last_reclaim.remove_label_values(&labels);
             false
         });
     }
 
-    pub fn set_stale(&self, namespace: &str, lock: &str, reason: Option<StaleReason>) {
+    pub fn set_stale(&self, key: &LockKey, reason: Option<StaleReason>) {
+        let (kind, ns, lock) = (key.kind.as_str(), key.namespace.as_str(), key.name.as_str());
         for r in StaleReason::ALL {
             if Some(r) != reason {
                 // Absent label sets are fine to remove: ignore the NotFound.
                 let _ = self
                     .stale_locks
-                    .remove_label_values(&[namespace, lock, r.as_str()]);
+                    .remove_label_values(&[kind, ns, lock, r.as_str()]);
             }
         }
         if let Some(r) = reason {
             self.stale_locks
-                .with_label_values(&[namespace, lock, r.as_str()])
+                .with_label_values(&[kind, ns, lock, r.as_str()])
                 .set(1);
         }
     }
 
-    pub fn set_lock_counts(&self, counts: impl IntoIterator<Item = (LockState, i64)>) {
-        for (state, n) in counts {
-            self.locks.with_label_values(&[state.as_str()]).set(n);
+    pub fn set_lock_counts(&self, counts: impl IntoIterator<Item = ((LockKind, LockState), i64)>) {
+        for ((kind, state), n) in counts {
+            self.locks
+                .with_label_values(&[kind.as_str(), state.as_str()])
+                .set(n);
         }
     }
 
@@ -288,18 +302,20 @@ mod tests {
     fn reclaim_series_exist_only_after_a_reclaim_and_go_after_their_ttl() {
         let m = Metrics::new().unwrap();
         assert!(!m.render().unwrap().contains("lock_janitor_reclaims_total{"));
-        m.reclaimed("ops", "op-lock", StaleReason::Evicted);
+        m.reclaimed(&LockKey::configmap("ops", "op-lock"), StaleReason::Evicted);
         let text = m.render().unwrap();
         assert!(
             text.contains(
-                r#"lock_janitor_reclaims_total{lock="op-lock",namespace="ops",reason="Evicted"} 1"#
+                r#"lock_janitor_reclaims_total{kind="configmap",lock="op-lock",namespace="ops",reason="Evicted"} 1"#
             ),
             "{text}"
         );
-        assert!(text.contains("lock_janitor_last_reclaim_timestamp_seconds{lock=\"op-lock\""));
-        m.reclaimed("ops", "op-lock", StaleReason::Evicted);
+        assert!(text.contains(
+            "lock_janitor_last_reclaim_timestamp_seconds{kind=\"configmap\",lock=\"op-lock\""
+        ));
+        m.reclaimed(&LockKey::configmap("ops", "op-lock"), StaleReason::Evicted);
         assert!(m.render().unwrap().contains(
-            r#"lock_janitor_reclaims_total{lock="op-lock",namespace="ops",reason="Evicted"} 2"#
+            r#"lock_janitor_reclaims_total{kind="configmap",lock="op-lock",namespace="ops",reason="Evicted"} 2"#
         ));
         m.prune_reclaims(std::time::Duration::from_secs(3600));
         assert!(

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -13,7 +14,8 @@ use kube::core::PartialObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use tracing::debug;
 
-use crate::lock::{self, Lock, LockKey};
+use crate::lock::lease::LeaseLock;
+use crate::lock::{self, Holder, Lock, LockKey, LockKind};
 use crate::selector::Selector;
 use crate::verdict::{self, HolderSeen, Policy, StaleReason, Verdict};
 use crate::{call, Error, ErrorKind};
@@ -29,6 +31,21 @@ pub struct Judgement {
     pub verdict: Verdict,
     /// For stale locks: when the holder died, as well as is known.
     pub died_at: Option<Timestamp>,
+    /// A Lease lock exactly as read: its release is an update of this very
+    /// object (its resourceVersion guards it).
+    pub lease: Option<Lease>,
+}
+
+impl Judgement {
+    /// A Lease whose one matching pod matched by its hostname, not its
+    /// name (a `spec.hostname` of its own, or a name over 63 characters).
+    pub fn matched_by_hostname_only(&self) -> bool {
+        let (Some(lease), Some(pod)) = (&self.lease, &self.holder) else {
+            return false;
+        };
+        let host = lock::lease::parse(lease).ok().and_then(|l| l.host);
+        host.is_some_and(|h| pod.metadata.name.as_deref() != Some(h.as_str()))
+    }
 }
 
 /// How long a lock's holder has been missing, and since when a lock whose
@@ -106,6 +123,9 @@ impl Observer {
         key: &LockKey,
         clock: &impl HolderClock,
     ) -> Result<Option<Judgement>, Error> {
+        if key.kind == LockKind::Lease {
+            return self.judge_live_lease(key).await;
+        }
         // The whole object: a ConfigMap that holds data is not a lock.
         let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
         let Some(live) = call(format!("reading lock {key}"), cms.get_opt(&key.name)).await? else {
@@ -150,6 +170,7 @@ impl Observer {
                     holder: None,
                     verdict: Verdict::Unmanageable(why),
                     died_at: None,
+                    lease: None,
                 })
             }
         };
@@ -185,6 +206,7 @@ impl Observer {
             holder,
             verdict,
             died_at,
+            lease: None,
         })
     }
 
@@ -240,5 +262,116 @@ impl Observer {
             }
         }
         Ok(None)
+    }
+
+    /// Reads a Lease live, then the pods of its namespace (every one its
+    /// holder identity could name, by name or hostname), and judges it.
+    pub async fn judge_live_lease(&self, key: &LockKey) -> Result<Option<Judgement>, Error> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
+        let Some(live) = call(format!("reading lease {key}"), leases.get_opt(&key.name)).await?
+        else {
+            return Ok(None);
+        };
+        if !self.selector.matches(live.metadata.labels.as_ref()) {
+            return Ok(None);
+        }
+        self.judge_lease(key.clone(), live, None).await.map(Some)
+    }
+
+    /// Judges a Lease as read. The pods of its namespace are listed live
+    /// unless the caller already did (`pods`); nothing is read for a Lease
+    /// that is released, expired or not a lock.
+    pub async fn judge_lease(
+        &self,
+        key: LockKey,
+        live: Lease,
+        pods: Option<&[Pod]>,
+    ) -> Result<Judgement, Error> {
+        let meta = live.metadata.clone();
+        let parsed = match lock::lease::parse(&live) {
+            Ok(l) => l,
+            Err(why) => {
+                return Ok(Judgement {
+                    key,
+                    meta,
+                    lock: None,
+                    holder: None,
+                    verdict: Verdict::Unmanageable(why),
+                    died_at: None,
+                    lease: Some(live),
+                })
+            }
+        };
+        let now = Timestamp::now();
+        let listed;
+        let pods: &[Pod] = match pods {
+            Some(p) => p,
+            None if parsed.host.is_none() || parsed.expired(now) => &[],
+            None => {
+                listed = self.pods_in(&parsed.namespace).await?;
+                &listed
+            }
+        };
+        let verdict = verdict::judge_lease(&parsed, pods, now);
+        let holder = parsed.host.as_deref().and_then(|h| {
+            let mut m = pods.iter().filter(|p| lock::lease::names(h, p));
+            match (m.next(), m.next()) {
+                (Some(one), None) => Some(one.clone()),
+                _ => None,
+            }
+        });
+        let died_at = match &verdict {
+            Verdict::Stale { died_at, .. } => Some(died_at.unwrap_or(now)),
+            _ => None,
+        };
+        Ok(Judgement {
+            lock: Some(lease_lock(&parsed, holder.as_ref())),
+            key,
+            meta,
+            holder,
+            verdict,
+            died_at,
+            lease: Some(live),
+        })
+    }
+
+    /// Every pod of a namespace, whole (a Lease's holder may be named by
+    /// `spec.hostname`), in pages.
+    pub async fn pods_in(&self, namespace: &str) -> Result<Vec<Pod>, Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default().limit(500);
+            if let Some(t) = &token {
+                lp = lp.continue_token(t);
+            }
+            let page = call(format!("listing pods in {namespace}"), api.list(&lp)).await?;
+            out.extend(page.items);
+            token = page.metadata.continue_.filter(|t| !t.is_empty());
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+}
+
+/// A Lease as the generic `Lock` that Events and `reclaim` use: the holder
+/// is the matching pod when there is exactly one, else the identity's host.
+pub fn lease_lock(l: &LeaseLock, pod: Option<&Pod>) -> Lock {
+    Lock {
+        namespace: l.namespace.clone(),
+        name: l.name.clone(),
+        uid: l.uid.clone(),
+        resource_version: l.resource_version.clone(),
+        created: l.created,
+        holder: Holder {
+            name: pod
+                .and_then(|p| p.metadata.name.clone())
+                .or_else(|| l.host.clone())
+                .unwrap_or_default(),
+            uid: pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default(),
+        },
+        deleting: None,
     }
 }

@@ -2,7 +2,6 @@
 //! guarded write that adds it. Shared by `lock-janitor label` and the label
 //! carry-over after a takeover.
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
@@ -26,11 +25,16 @@ pub fn plan_label(meta: &ObjectMeta, key: &str, value: &str) -> Option<Plan> {
     if !looks_like_lock(meta) {
         return None;
     }
-    Some(match meta.labels.as_ref().and_then(|l| l.get(key)) {
+    Some(plan_for(meta, key, value))
+}
+
+/// What to do with an object already known to be a lock candidate.
+pub fn plan_for(meta: &ObjectMeta, key: &str, value: &str) -> Plan {
+    match meta.labels.as_ref().and_then(|l| l.get(key)) {
         Some(v) if v == value => Plan::Unchanged,
         Some(v) => Plan::Conflicting(v.clone()),
         None => Plan::Add,
-    })
+    }
 }
 
 /// The merge patch: the label, and the resourceVersion that was read, which
@@ -55,14 +59,12 @@ pub enum Written {
     Failed(Error),
 }
 
-/// Adds `key=value` to the ConfigMap read as `meta`, guarded by its
-/// resourceVersion, as field manager `lock-janitor`.
-pub async fn write_label(
-    api: &Api<ConfigMap>,
-    meta: &ObjectMeta,
-    key: &str,
-    value: &str,
-) -> Written {
+/// Adds `key=value` to the lock (a ConfigMap or a Lease) read as `meta`,
+/// guarded by its resourceVersion, as field manager `lock-janitor`.
+pub async fn write_label<K>(api: &Api<K>, meta: &ObjectMeta, key: &str, value: &str) -> Written
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let ns = meta.namespace.as_deref().unwrap_or_default();
     let name = meta.name.as_deref().unwrap_or_default();
     let pp = PatchParams {
@@ -71,7 +73,7 @@ pub async fn write_label(
     };
     let patch = Patch::Merge(label_patch(meta, key, value));
     match call(
-        format!("labeling configmap {ns}/{name}"),
+        format!("labeling {} {ns}/{name}", K::kind(&()).to_lowercase()),
         api.patch_metadata(name, &pp, &patch),
     )
     .await

@@ -4,10 +4,12 @@
 //! (and looks synced) and then retries a forbidden watch forever.
 
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::{Api, Client};
 
+use crate::lock::LockKind;
 use crate::selector::Selector;
 use crate::{call, scoped, Error, TERMINAL_PODS};
 
@@ -20,6 +22,7 @@ pub async fn preflight(
     client: &Client,
     selector: &Selector,
     namespaces: &[String],
+    kinds: &[LockKind],
 ) -> Result<(), Error> {
     let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
         vec![None]
@@ -27,14 +30,19 @@ pub async fn preflight(
         namespaces.iter().map(|n| Some(n.as_str())).collect()
     };
     futures::stream::iter(scopes)
-        .map(|ns| check_scope(client, selector, ns))
+        .map(|ns| check_scope(client, selector, ns, kinds))
         .buffer_unordered(CONCURRENCY)
         .try_collect::<Vec<()>>()
         .await?;
     Ok(())
 }
 
-async fn check_scope(client: &Client, selector: &Selector, ns: Option<&str>) -> Result<(), Error> {
+async fn check_scope(
+    client: &Client,
+    selector: &Selector,
+    ns: Option<&str>,
+    kinds: &[LockKind],
+) -> Result<(), Error> {
     let where_ = ns.unwrap_or("all namespaces");
     let cms: Api<ConfigMap> = scoped(client, ns);
     let (clp, cwp) = (
@@ -50,11 +58,28 @@ async fn check_scope(client: &Client, selector: &Selector, ns: Option<&str>) -> 
         format!("configmaps in {where_}"),
         format!("pods in {where_}"),
     );
-    let (c, p) = futures::join!(
-        check_list_and_watch(&cms, &clp, &cwp, &cw),
+    let leases: Api<Lease> = scoped(client, ns);
+    let lw = format!("leases in {where_}");
+    let configmaps = async {
+        if kinds.contains(&LockKind::ConfigMap) {
+            check_list_and_watch(&cms, &clp, &cwp, &cw).await
+        } else {
+            Ok(())
+        }
+    };
+    let lease_locks = async {
+        if kinds.contains(&LockKind::Lease) {
+            check_list_and_watch(&leases, &clp, &cwp, &lw).await
+        } else {
+            Ok(())
+        }
+    };
+    let (c, l, p) = futures::join!(
+        configmaps,
+        lease_locks,
         check_list_and_watch(&pods, &plp, &pwp, &pw),
     );
-    c.and(p)
+    c.and(l).and(p)
 }
 
 /// Lists (one item) and opens a one-second watch from the list's version;

@@ -6,15 +6,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Preconditions};
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Api, Client};
 use tracing::{error, info, warn};
 
 use crate::election::Gate;
 use crate::events::{self, Events, Say};
+use crate::lock::{Lock, LockKind};
 use crate::memory::Memory;
 use crate::metrics::Metrics;
 use crate::observe::Judgement;
@@ -36,6 +38,17 @@ pub enum Outcome {
     Blocked,
     /// This replica does not hold the leader lease: it wrote nothing.
     NotLeader,
+}
+
+/// What the freeing write found.
+enum Freed {
+    Done,
+    /// Deleted, but these finalizers keep it.
+    Kept(Vec<String>),
+    /// Already gone (404).
+    Gone,
+    /// Changed since it was judged (409).
+    Changed(String),
 }
 
 /// What the janitor may write.
@@ -83,7 +96,7 @@ impl Reclaimer {
     async fn publish(&self, j: &Judgement, say: Say) -> bool {
         let related = j.lock.as_ref().map(events::holder_ref);
         self.events
-            .publish(&events::lock_ref(&j.meta), related, say)
+            .publish(&events::ref_of(j.key.kind, &j.meta), related, say)
             .await
     }
 
@@ -103,7 +116,7 @@ impl Reclaimer {
     /// Reports a lock the janitor will never touch (ambiguous or unmanageable).
     pub async fn report_untouchable(&self, j: &Judgement) {
         let reason = match &j.verdict {
-            Verdict::Ambiguous { .. } => events::REASON_AMBIGUOUS,
+            Verdict::Ambiguous { .. } | Verdict::AmbiguousHolders(_) => events::REASON_AMBIGUOUS,
             Verdict::Unmanageable(_) => events::REASON_UNMANAGEABLE,
             _ => return,
         };
@@ -144,7 +157,14 @@ impl Reclaimer {
                 type_: EventType::Warning,
                 reason: events::REASON_DETECTED,
                 action: "DryRun",
-                note: format!("Would delete this lock: {why} (dry run: nothing deleted)."),
+                note: match j.key.kind {
+                    LockKind::ConfigMap => {
+                        format!("Would delete this lock: {why} (dry run: nothing deleted).")
+                    }
+                    LockKind::Lease => {
+                        format!("Would release this Lease: {why} (dry run: nothing written).")
+                    }
+                },
             };
             self.publish_once(j, say).await;
             return Ok(Outcome::DryRun);
@@ -161,65 +181,49 @@ impl Reclaimer {
         if !self.gate.may_write() {
             return Ok(Outcome::NotLeader);
         }
-        // The delete succeeds only if the lock is still exactly the one judged.
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(lock.uid.clone()),
-                resource_version: Some(lock.resource_version.clone()),
-            }),
-            ..Default::default()
-        };
-        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
-        match call(format!("deleting lock {ns}/{name}"), cms.delete(name, &dp)).await {
-            Ok(answer) => {
-                // The API server answers with the object, not a Status, when
-                // the delete only set deletionTimestamp: finalizers keep it.
-                let kept = answer.left().and_then(|cm| {
-                    cm.metadata.deletion_timestamp.as_ref()?;
-                    cm.metadata.finalizers.filter(|f| !f.is_empty())
-                });
-                if let Some(finalizers) = kept {
-                    self.report_blocked(j, reason, &finalizers).await;
-                    return Ok(Outcome::Blocked);
-                }
+        match self.free(j, lock).await {
+            Ok(Freed::Done) => {}
+            Ok(Freed::Kept(finalizers)) => {
+                self.report_blocked(j, reason, &finalizers).await;
+                return Ok(Outcome::Blocked);
             }
-            Err(Error::Kube { source, .. }) if api_code(&source) == Some(404) => {
-                info!(
-                    namespace = ns,
-                    lock = name,
-                    "lock already deleted by someone else"
-                );
+            Ok(Freed::Gone) => {
+                info!(namespace = ns, lock = name, kind = %j.key.kind, "lock already deleted by someone else");
                 self.memory.clear_stale(&j.key);
                 return Ok(Outcome::AlreadyGone);
             }
-            Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => {
-                info!(namespace = ns, lock = name, error = %source,
-                      "lock changed since it was judged; not deleting, judging again");
+            Ok(Freed::Changed(source)) => {
+                info!(namespace = ns, lock = name, kind = %j.key.kind, error = %source,
+                      "lock changed since it was judged; not reclaiming, judging again");
                 return Ok(Outcome::Changed);
             }
             Err(e) => {
                 self.memory.mark_stale(&j.key, reason);
-                error!(namespace = ns, lock = name, reason = %reason, error = %e, "stale lock not reclaimed");
+                error!(namespace = ns, lock = name, kind = %j.key.kind, reason = %reason, error = %e, "stale lock not reclaimed");
                 return Err(e);
             }
         }
         let now = Timestamp::now();
         self.memory.clear_stale(&j.key);
-        m.reclaimed(ns, name, reason);
+        m.reclaimed(&j.key, reason);
         let latency = j
             .died_at
             .map(|d| Duration::try_from(now.duration_since(d)).unwrap_or(Duration::ZERO));
         if let Some(l) = latency {
             m.reclaim_latency.observe(l.as_secs_f64());
         }
-        info!(namespace = ns, lock = name, holder = %lock.holder.name, reason = %reason,
+        info!(namespace = ns, lock = name, kind = %j.key.kind, holder = %lock.holder.name, reason = %reason,
               latency_seconds = latency.map(|l| l.as_secs_f64()), "stale lock reclaimed");
+        let done = match j.key.kind {
+            LockKind::ConfigMap => "Deleted this lock",
+            LockKind::Lease => "Released this Lease",
+        };
         let say = Say {
             type_: EventType::Normal,
             reason: events::REASON_RECLAIMED,
             action: "Reclaim",
             note: format!(
-                "Deleted this lock: {why}. A waiting replica can now take over. {}",
+                "{done}: {why}. A waiting replica can now take over. {}",
                 self.marker
             ),
         };
@@ -229,6 +233,61 @@ impl Reclaimer {
             self.delete_dead_pod(j, reason).await;
         }
         Ok(Outcome::Reclaimed)
+    }
+
+    /// The one write that frees a stale lock, guarded by exactly what was
+    /// judged: a ConfigMap is deleted with uid and resourceVersion
+    /// preconditions; a Lease is released (never deleted) by an update of
+    /// the very object read, which carries its resourceVersion.
+    async fn free(&self, j: &Judgement, lock: &Lock) -> Result<Freed, Error> {
+        let (ns, name) = (lock.namespace.as_str(), lock.name.as_str());
+        let answered = match j.key.kind {
+            LockKind::ConfigMap => {
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(lock.uid.clone()),
+                        resource_version: Some(lock.resource_version.clone()),
+                    }),
+                    ..Default::default()
+                };
+                let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+                call(format!("deleting lock {ns}/{name}"), cms.delete(name, &dp))
+                    .await
+                    // The API server answers with the object, not a Status,
+                    // when the delete only set deletionTimestamp: finalizers
+                    // keep it.
+                    .map(|answer| {
+                        answer.left().and_then(|cm| {
+                            cm.metadata.deletion_timestamp.as_ref()?;
+                            cm.metadata.finalizers.filter(|f| !f.is_empty())
+                        })
+                    })
+            }
+            LockKind::Lease => {
+                let Some(judged) = j.lease.clone() else {
+                    return Ok(Freed::Changed("the Lease as judged is not at hand".into()));
+                };
+                // The judged object keeps its resourceVersion: the update
+                // fails with 409 if the Lease changed since it was read.
+                let released = crate::lock::lease::released(judged, Timestamp::now());
+                let leases: Api<Lease> = Api::namespaced(self.client.clone(), ns);
+                call(
+                    format!("releasing lease {ns}/{name}"),
+                    leases.replace(name, &PostParams::default(), &released),
+                )
+                .await
+                .map(|_| None)
+            }
+        };
+        match answered {
+            Ok(None) => Ok(Freed::Done),
+            Ok(Some(finalizers)) => Ok(Freed::Kept(finalizers)),
+            Err(Error::Kube { source, .. }) if api_code(&source) == Some(404) => Ok(Freed::Gone),
+            Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => {
+                Ok(Freed::Changed(source.to_string()))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// A stale lock that finalizers keep after its deletion started: it

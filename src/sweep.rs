@@ -14,7 +14,7 @@ use kube::api::ListParams;
 use kube::core::{ObjectList, PartialObjectMeta};
 use kube::{Api, Client, ResourceExt};
 
-use crate::index::HolderIndex;
+use crate::index::{HolderIndex, LeaseIndex};
 use crate::lock::LockKey;
 use crate::{call, scoped, Error, TERMINAL_PODS};
 
@@ -119,5 +119,30 @@ pub async fn sweep(
             out.suspects.insert(key);
         }
     }
+    Ok(out)
+}
+
+/// Sweeps one scope's Leases: one paged, metadata-only list of terminal
+/// pods names the Leases whose holder may have died during a watch outage.
+/// (A Lease that names a pod by a `spec.hostname` other than its name is
+/// found by its own watch events only; it expires by itself meanwhile.)
+pub async fn sweep_leases(
+    client: &Client,
+    namespace: Option<&str>,
+    index: &LeaseIndex,
+) -> Result<Sweep, Error> {
+    let api: Api<Pod> = scoped(client, namespace);
+    let mut out = Sweep::default();
+    let list = |lp: ListParams| {
+        let lp = lp.fields(TERMINAL_PODS);
+        let api = api.clone();
+        async move { call("sweeping terminal pods", api.list_metadata(&lp)).await }
+    };
+    out.requests += pages(list, |p| {
+        out.pods += 1;
+        let ns = p.namespace().unwrap_or_default();
+        out.suspects.extend(index.leases_of(&ns, &p.name_any()));
+    })
+    .await?;
     Ok(out)
 }

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
@@ -21,7 +22,7 @@ use tracing::{debug, info, warn};
 
 use crate::election::Gate;
 use crate::events::{self, Events, Say};
-use crate::lock::{self, Holder, LockKey};
+use crate::lock::{self, Holder, LockKey, LockKind};
 use crate::metrics::Metrics;
 use crate::optin::{self, Plan, Written};
 use crate::readiness::Readiness;
@@ -157,9 +158,11 @@ impl Takeovers {
             {
                 continue;
             }
-            if ev.regarding.as_ref().and_then(|r| r.kind.as_deref()) != Some("ConfigMap") {
-                continue;
-            }
+            let kind = match ev.regarding.as_ref().and_then(|r| r.kind.as_deref()) {
+                Some("ConfigMap") => LockKind::ConfigMap,
+                Some("Lease") => LockKind::Lease,
+                _ => continue,
+            };
             let (Some(regarding), Some(related)) = (ev.regarding, ev.related) else {
                 continue;
             };
@@ -180,6 +183,7 @@ impl Takeovers {
             let key = LockKey {
                 namespace: ns,
                 name,
+                kind,
             };
             if latest.get(&key).is_none_or(|(t, _)| *t < at) {
                 latest.insert(key, (at, Holder { name: holder, uid }));
@@ -194,10 +198,23 @@ impl Takeovers {
             }
             // A live read: present again (labeled or not) means taken over
             // while no janitor looked; nothing is awaited.
-            let cms: Api<ConfigMap> = Api::namespaced(self.shared.client.clone(), &key.namespace);
-            let gone = call("reading a reclaimed lock", cms.get_metadata_opt(&key.name))
-                .await?
-                .is_none();
+            let gone = match key.kind {
+                LockKind::ConfigMap => {
+                    let cms: Api<ConfigMap> =
+                        Api::namespaced(self.shared.client.clone(), &key.namespace);
+                    call("reading a reclaimed lock", cms.get_metadata_opt(&key.name))
+                        .await?
+                        .is_none()
+                }
+                // Released and not taken yet (or deleted since).
+                LockKind::Lease => {
+                    let leases: Api<Lease> =
+                        Api::namespaced(self.shared.client.clone(), &key.namespace);
+                    call("reading a released lease", leases.get_opt(&key.name))
+                        .await?
+                        .is_none_or(|l| lock::lease::parse(&l).is_ok_and(|p| p.host.is_none()))
+                }
+            };
             if gone {
                 info!(namespace = %key.namespace, lock = %key.name, reclaimed_seconds_ago = age.as_secs(),
                       "awaiting the takeover of a lock reclaimed before this janitor started");
@@ -216,9 +233,13 @@ pub fn reclaim_marker(selector: &Selector) -> String {
 }
 
 fn lock_by_name(key: &LockKey) -> ObjectReference {
+    let api_version = match key.kind {
+        LockKind::ConfigMap => "v1",
+        LockKind::Lease => "coordination.k8s.io/v1",
+    };
     ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("ConfigMap".into()),
+        api_version: Some(api_version.into()),
+        kind: Some(key.kind.kind().into()),
         namespace: Some(key.namespace.clone()),
         name: Some(key.name.clone()),
         ..Default::default()
@@ -231,9 +252,91 @@ fn seconds_since(t: Timestamp) -> f64 {
         .as_secs_f64()
 }
 
-/// Follows one gone lock until a new holder creates it (a takeover), or
-/// for `FOLLOW_FOR`. Says `NoTakeover` once the timeout passes with the lock
-/// still absent.
+/// What a follower's look at a lock's name found.
+enum Look {
+    /// Not there (a ConfigMap), or nobody holds it (a Lease): still awaited.
+    Waiting,
+    /// Nothing more to await, and why.
+    Done(&'static str),
+    /// A new holder leads.
+    Taken(Box<TakenBy>),
+}
+
+/// Who took a lock over: since when, the lock as read, who.
+struct TakenBy {
+    at: Option<Timestamp>,
+    lock: ObjectReference,
+    holder: lock::Lock,
+    /// A new ConfigMap lock, to carry the opt-in label over to.
+    cm: Option<ConfigMap>,
+}
+
+/// One look at a gone ConfigMap lock's name.
+async fn look_configmap(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, crate::Error> {
+    let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
+    // The whole object: only a lock-shaped (empty) ConfigMap is a lock.
+    let read = call(
+        "reading the lock after it was deleted",
+        cms.get_opt(&key.name),
+    );
+    let Some(cm) = read.await? else {
+        return Ok(Look::Waiting);
+    };
+    let new = match lock::parse(&cm.metadata) {
+        // Same holder: the lock was not deleted but left the selector
+        // (someone removed the label). Nothing is awaited.
+        Ok(l) if l.holder.uid == old.uid => return Ok(Look::Done("opted out")),
+        Ok(l) if lock::lock_shaped(&cm) => l,
+        Ok(_) => return Ok(Look::Done("re-created with data: not a lock")),
+        Err(why) => {
+            info!(namespace = %key.namespace, lock = %key.name, why = %why,
+                  "the lock was re-created but is not a leader-for-life lock; not following it");
+            return Ok(Look::Done("not a lock"));
+        }
+    };
+    Ok(Look::Taken(Box::new(TakenBy {
+        // When the new lock was created, not when this follower looked.
+        at: cm.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        lock: events::lock_ref(&cm.metadata),
+        holder: new,
+        cm: Some(cm),
+    })))
+}
+
+/// One look at a released (or deleted) Lease: a new holder identity is a
+/// takeover.
+async fn look_lease(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, crate::Error> {
+    let leases: Api<Lease> = Api::namespaced(s.client.clone(), &key.namespace);
+    let read = call(
+        "reading the lease after it was released",
+        leases.get_opt(&key.name),
+    );
+    let Some(lease) = read.await? else {
+        return Ok(Look::Waiting);
+    };
+    let parsed = match lock::lease::parse(&lease) {
+        Ok(l) => l,
+        Err(_) => return Ok(Look::Done("not a lock")),
+    };
+    match parsed.host.as_deref() {
+        None => Ok(Look::Waiting),
+        // The same host as the released holder's (its pod name, or the
+        // hostname it was matched by): not a new holder.
+        Some(h) if h == old.name || lock::lease::host_of_name(&old.name) == h => {
+            Ok(Look::Done("held again under the same identity"))
+        }
+        Some(_) => Ok(Look::Taken(Box::new(TakenBy {
+            at: parsed.renewed,
+            lock: events::ref_of(LockKind::Lease, &lease.metadata),
+            holder: crate::observe::lease_lock(&parsed, None),
+            cm: None,
+        }))),
+    }
+}
+
+/// Follows one gone (or released) lock until a new holder takes it (a
+/// takeover), or for `FOLLOW_FOR`. Says `NoTakeover` once the timeout
+/// passes with nobody holding it.
 async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
     let labels = [key.namespace.as_str(), key.name.as_str()];
     s.metrics
@@ -243,7 +346,6 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
     let started = Instant::now();
     let (mut counted, mut said) = (false, false);
     let mut wait = FIRST_LOOK;
-    let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
     let outcome = loop {
         if started.elapsed() >= FOLLOW_FOR {
             break "given up";
@@ -251,15 +353,13 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(LONGEST_WAIT);
         s.limiter.until_ready().await;
-        // The whole object: only a lock-shaped (empty) ConfigMap is a lock.
-        let read = call(
-            "reading the lock after it was deleted",
-            cms.get_opt(&key.name),
-        );
-        let cm = match read.await {
-            Ok(Some(cm)) => cm,
-            Ok(None) => {
-                // Still absent: past the timeout, nobody took over.
+        let look = match key.kind {
+            LockKind::ConfigMap => look_configmap(&s, &key, &old).await,
+            LockKind::Lease => look_lease(&s, &key, &old).await,
+        };
+        let (at, lock_ref, new, cm) = match look {
+            Ok(Look::Waiting) => {
+                // Still nobody: past the timeout, nobody took over.
                 if !said && seconds_since(since) >= s.timeout.as_secs_f64() {
                     if !counted {
                         counted = true;
@@ -271,26 +371,17 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
                 }
                 continue;
             }
+            Ok(Look::Done(why)) => break why,
+            Ok(Look::Taken(t)) => {
+                let t = *t;
+                (t.at, t.lock, t.holder, t.cm)
+            }
             Err(e) => {
                 debug!(namespace = %key.namespace, lock = %key.name, error = %e, "waiting for the takeover");
                 continue;
             }
         };
-        let new = match lock::parse(&cm.metadata) {
-            // Same holder: the lock was not deleted but left the selector
-            // (someone removed the label). Nothing is awaited.
-            Ok(l) if l.holder.uid == old.uid => break "opted out",
-            Ok(l) if lock::lock_shaped(&cm) => l,
-            Ok(_) => break "re-created with data: not a lock",
-            Err(why) => {
-                info!(namespace = %key.namespace, lock = %key.name, why = %why,
-                      "the lock was re-created but is not a leader-for-life lock; not following it");
-                break "not a lock";
-            }
-        };
-        // When the new lock was created, not when this follower looked.
-        let created = cm.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        let after = created
+        let after = at
             .map(|c| {
                 Duration::try_from(c.duration_since(since))
                     .unwrap_or_default()
@@ -299,25 +390,28 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
             .unwrap_or_else(|| seconds_since(since));
         s.metrics.takeover.observe(after);
         let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
-        info!(namespace = %key.namespace, lock = %key.name, holder = %new.holder.name, after_seconds = after,
-              "takeover: a new holder leads");
+        info!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, holder = %new.holder.name,
+              after_seconds = after, "takeover: a new holder leads");
+        let freed = match key.kind {
+            LockKind::ConfigMap => "deleted",
+            LockKind::Lease => "released",
+        };
         let say = Say {
             type_: EventType::Normal,
             reason: events::REASON_TAKEN_OVER,
             action: "Takeover",
             note: format!(
-                "Pod {} took this lock over {:.1}s after the lock of {} was deleted.",
+                "Pod {} took this lock over {:.1}s after the lock of {} was {freed}.",
                 new.holder.name, after, old.name
             ),
         };
         s.events
-            .publish(
-                &events::lock_ref(&cm.metadata),
-                Some(events::holder_ref(&new)),
-                say,
-            )
+            .publish(&lock_ref, Some(events::holder_ref(&new)), say)
             .await;
-        carry_label_over(&s, &cms, &key, cm, &new.holder.name).await;
+        if let Some(cm) = cm {
+            let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
+            carry_label_over(&s, &cms, &key, cm, &new.holder.name).await;
+        }
         break "taken over";
     };
     let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
@@ -334,8 +428,12 @@ async fn no_takeover(s: &Shared, key: &LockKey, old: &Holder, since: Timestamp) 
     let waited = seconds_since(since);
     warn!(namespace = %key.namespace, lock = %key.name, holder = %old.name, waited_seconds = waited,
           "no takeover: nobody created the lock again; is a replica of the operator running, or did it give up?");
+    let (taken, freed) = match key.kind {
+        LockKind::ConfigMap => ("created lock", "deleted"),
+        LockKind::Lease => ("taken Lease", "released"),
+    };
     let note = format!(
-        "No pod has created lock {} again {:.0}s after the lock of the dead holder {} was deleted: \
+        "No pod has {taken} {} again {:.0}s after the lock of the dead holder {} was {freed}: \
          no replica of the operator runs, or it stopped trying. Restart a replica (kubectl rollout restart).",
         key.name, waited, old.name
     );

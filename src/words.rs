@@ -16,6 +16,12 @@ pub fn held_code(why: &HeldBecause) -> String {
         HeldBecause::Terminating => "Terminating".into(),
         HeldBecause::OwnerGoneGrace { .. } => "OwnerGoneGrace".into(),
         HeldBecause::ContainerRunning(_) => "ContainerRunning".into(),
+        HeldBecause::Released => "Released".into(),
+        HeldBecause::Expired => "Expired".into(),
+        HeldBecause::NoMatchingPod => "NoMatchingPod".into(),
+        HeldBecause::RenewedAfterDeath => "RenewedAfterDeath".into(),
+        HeldBecause::DeathTimeUnknown => "DeathTimeUnknown".into(),
+        HeldBecause::RenewalWindow { .. } => "RenewalWindow".into(),
     }
 }
 
@@ -24,7 +30,7 @@ pub fn verdict_code(v: &Verdict) -> String {
     match v {
         Verdict::Held(_) => "held".into(),
         Verdict::Stale { reason, .. } => format!("stale:{reason}"),
-        Verdict::Ambiguous { .. } => "ambiguous".into(),
+        Verdict::Ambiguous { .. } | Verdict::AmbiguousHolders(_) => "ambiguous".into(),
         Verdict::Unmanageable(why) => format!("unmanageable:{}", why.code()),
     }
 }
@@ -34,7 +40,7 @@ pub fn reason_code(v: &Verdict) -> Option<String> {
     match v {
         Verdict::Held(why) => Some(held_code(why)),
         Verdict::Stale { reason, .. } => Some(reason.as_str().to_owned()),
-        Verdict::Ambiguous { .. } => None,
+        Verdict::Ambiguous { .. } | Verdict::AmbiguousHolders(_) => None,
         Verdict::Unmanageable(why) => Some(why.code().to_owned()),
     }
 }
@@ -64,8 +70,13 @@ pub fn untouchable_note(v: &Verdict, holder: &str) -> Option<String> {
              A pod recreated under the same name believes it still leads; delete the lock by hand \
              only once you know which pod leads."
         )),
+        Verdict::AmbiguousHolders(pods) => Some(format!(
+            "Not released: pods {} all match the Lease's holder identity {holder}; which one leads \
+             is not known.",
+            pods.join(", ")
+        )),
         Verdict::Unmanageable(why) => Some(format!(
-            "Not a leader-for-life lock the janitor can judge: {why}. It will never be deleted by \
+            "Not a lock the janitor can judge: {why}. It will never be deleted by \
              lock-janitor; remove the opt-in label or fix the lock."
         )),
         _ => None,
@@ -88,6 +99,28 @@ pub fn explain(v: &Verdict, holder: &str, pod: Option<&Pod>, age: Option<Duratio
             "holder pod {holder} is {}, but its status still shows container {c} running; \
              nothing proves it stopped",
             status.and_then(|s| s.phase.as_deref()).unwrap_or("?")
+        ),
+        Verdict::Held(HeldBecause::Released) => {
+            "the Lease is released: a candidate takes it by itself".into()
+        }
+        Verdict::Held(HeldBecause::Expired) => {
+            format!("the Lease of {holder} expired: a candidate takes it by itself")
+        }
+        Verdict::Held(HeldBecause::NoMatchingPod) => format!(
+            "no pod matches the holder identity {holder}: a force-deleted pod may still run; \
+             the Lease expires by itself"
+        ),
+        Verdict::Held(HeldBecause::RenewedAfterDeath) => format!(
+            "the Lease was renewed after pod {holder} stopped: something under that identity \
+             still runs"
+        ),
+        Verdict::Held(HeldBecause::DeathTimeUnknown) => format!(
+            "pod {holder} is terminal but never says when its containers finished: whether the \
+             Lease was renewed since cannot be told; it expires by itself"
+        ),
+        Verdict::Held(HeldBecause::RenewalWindow { remaining }) => format!(
+            "pod {holder} died moments ago; released in {} unless something renews the Lease",
+            secs(*remaining)
         ),
         Verdict::Held(HeldBecause::OwnerGoneGrace { remaining }) => format!(
             "holder pod {holder} does not exist, but the lock is only {} old: stale once it is \
@@ -122,6 +155,10 @@ pub fn explain(v: &Verdict, holder: &str, pod: Option<&Pod>, age: Option<Duratio
         Verdict::Ambiguous { other_uid } => format!(
             "a pod named {holder} exists with uid {other_uid}, not the lock's holder uid: a pod \
              recreated under the same name believes it still leads; never reclaimed"
+        ),
+        Verdict::AmbiguousHolders(pods) => format!(
+            "pods {} all match the holder identity: which one leads is not known; never released",
+            pods.join(", ")
         ),
         Verdict::Unmanageable(why) => format!("{why}; never reclaimed"),
     }

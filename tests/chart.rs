@@ -371,6 +371,11 @@ fn granted(delete_pod: bool) -> BTreeSet<(String, String, String)> {
     if delete_pod {
         add("", "pods", &["delete"]);
     }
+    add(
+        "coordination.k8s.io",
+        "leases",
+        &["get", "list", "watch", "update"],
+    );
     add("events.k8s.io", "events", &["create", "patch", "list"]);
     g
 }
@@ -571,7 +576,7 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
         (
             "coordination.k8s.io",
             "leases",
-            &["get", "create", "update"],
+            &["create", "patch", "delete", "deletecollection"],
         ),
         ("apps", "deployments", &["get", "update"]),
     ];
@@ -583,18 +588,30 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
     if !opts.delete_pod {
         cases.push((here, "", "pods", "delete", false));
     }
-    // Leases in the release namespace: create, but no get or update of any
-    // Lease other than its own (SubjectAccessReview without a name).
+    // Leases in the release namespace: create for its own; get, update and
+    // list of Lease locks only where it watches (everywhere with a
+    // ClusterRole); never delete (SubjectAccessReview without a name).
     let release = Some(r.ns.as_str());
     cases.push((release, "coordination.k8s.io", "leases", "create", true));
-    for v in ["get", "update", "list", "delete"] {
-        cases.push((release, "coordination.k8s.io", "leases", v, false));
+    for v in ["get", "update", "list"] {
+        cases.push((
+            release,
+            "coordination.k8s.io",
+            "leases",
+            v,
+            !opts.namespaced,
+        ));
     }
+    cases.push((release, "coordination.k8s.io", "leases", "delete", false));
     // Cluster scope: list/watch of every namespace only for a ClusterRole;
     // never anything cluster-scoped.
-    for res in ["configmaps", "pods"] {
+    for (g, res) in [
+        ("", "configmaps"),
+        ("", "pods"),
+        ("coordination.k8s.io", "leases"),
+    ] {
         for v in ["list", "watch"] {
-            cases.push((None, "", res, v, !opts.namespaced));
+            cases.push((None, g, res, v, !opts.namespaced));
         }
     }
     for (g, res, verbs) in [
@@ -669,7 +686,12 @@ async fn chart_grants_nothing_outside_watched_namespaces() {
 
 /// Without `list` or `watch` the start-up check fails: exit code 1, naming RBAC.
 async fn exits_without(resource: &'static str, verb: &'static str, prefix: &str) {
-    let r = install(prefix, Opts::default(), Some(("", resource, verb))).await;
+    let group = if resource == "leases" {
+        "coordination.k8s.io"
+    } else {
+        ""
+    };
+    let r = install(prefix, Opts::default(), Some((group, resource, verb))).await;
     let mut j = r.spawn_janitor();
     let status = j
         .wait_exit(WAIT)
@@ -713,6 +735,16 @@ async fn needs_configmaps_watch() {
 #[tokio::test]
 async fn needs_pods_watch() {
     exits_without("pods", "watch", "no-pod-watch").await;
+}
+
+#[tokio::test]
+async fn needs_leases_list() {
+    exits_without("leases", "list", "no-lease-list").await;
+}
+
+#[tokio::test]
+async fn needs_leases_watch() {
+    exits_without("leases", "watch", "no-lease-watch").await;
 }
 
 /// Without `get` on configmaps or pods the janitor cannot make the live

@@ -85,6 +85,7 @@ impl Scenario {
             Client::try_from(config).unwrap(),
             state,
             lock_janitor::controller::Settings {
+                kinds: vec![lock_janitor::lock::LockKind::ConfigMap],
                 selector: lock_janitor::selector::Selector::parse(lock_janitor::DEFAULT_SELECTOR)
                     .unwrap(),
                 namespaces: vec![self.ns.clone()],
@@ -727,10 +728,7 @@ async fn lock_recreated_between_judgement_and_delete_survives() {
     let ctx = s
         .context_as(JANITOR_USER, lock_janitor::shared::Shared::new().unwrap())
         .await;
-    let key = LockKey {
-        namespace: s.ns.clone(),
-        name: "op-lock".into(),
-    };
+    let key = LockKey::configmap(s.ns.clone(), "op-lock");
     let judged = ctx.judge_live(&key).await.unwrap().expect("lock exists");
     assert_eq!(
         judged.verdict.state(),
@@ -972,10 +970,7 @@ async fn removing_the_label_opts_out() {
     let ctx = s
         .context_as(JANITOR_USER, lock_janitor::shared::Shared::new().unwrap())
         .await;
-    let key = LockKey {
-        namespace: s.ns.clone(),
-        name: "operator-lock".into(),
-    };
+    let key = LockKey::configmap(s.ns.clone(), "operator-lock");
     assert!(ctx.judge_live(&key).await.unwrap().is_some());
     let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.ns);
     cms.patch(

@@ -185,9 +185,9 @@ async fn reclaim_alert_fires_in_prometheus() {
     // series exists for a lock that was never reclaimed (no series per lock
     // "just in case"), and nothing fires.
     let counter = format!(
-        "lock_janitor_reclaims_total{{namespace=\"{ns}\",lock=\"op-lock\",reason=\"Evicted\"}}"
+        "lock_janitor_reclaims_total{{kind=\"configmap\",namespace=\"{ns}\",lock=\"op-lock\",reason=\"Evicted\"}}"
     );
-    let held = "lock_janitor_locks{state=\"held\"}";
+    let held = "lock_janitor_locks{kind=\"configmap\",state=\"held\"}";
     wait_for("Prometheus scraped the held lock", WAIT, || async {
         let r = prom.query(held).await;
         (r.len() == 1 && value_of(&r[0]) == Some(1.0)).then_some(())
@@ -215,6 +215,7 @@ async fn reclaim_alert_fires_in_prometheus() {
     assert_eq!(labels["namespace"], ns.as_str(), "{alert}");
     assert_eq!(labels["lock"], "op-lock", "{alert}");
     assert_eq!(labels["reason"], "Evicted", "{alert}");
+    assert_eq!(labels["kind"], "configmap", "{alert}");
     assert_eq!(labels["severity"], "info", "{alert}");
 
     // The alerts API carries the annotations people read.
@@ -231,7 +232,7 @@ async fn reclaim_alert_fires_in_prometheus() {
     assert_eq!(a["state"], "firing");
     assert_eq!(
         a["annotations"]["summary"],
-        format!("lock-janitor reclaimed the stale lock {ns}/op-lock (Evicted).").as_str()
+        format!("lock-janitor reclaimed the stale configmap lock {ns}/op-lock (Evicted).").as_str()
     );
     assert!(a["annotations"]["runbook_url"]
         .as_str()

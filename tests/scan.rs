@@ -675,6 +675,7 @@ async fn scan_json_carries_every_column() {
 
     let lock = &rows["redis-operator-lock"];
     let fields = [
+        "kind",
         "namespace",
         "name",
         "labeled",
@@ -700,6 +701,7 @@ async fn scan_json_carries_every_column() {
         assert!(obj.contains_key(f), "field {f} missing: {lock:#}");
     }
     assert_eq!(obj.len(), fields.len(), "unexpected fields: {lock:#}");
+    assert_eq!(lock["kind"], "configmap");
     assert_eq!(lock["namespace"], other.as_str());
     assert_eq!(lock["labeled"], true);
     assert_eq!(lock["holder"], "redis-operator-5c8d7f9b4-abcde");

@@ -5,20 +5,23 @@
 //! `metadata.resourceVersion` it read: a concurrent change makes the write fail
 //! with 409 instead of overwriting it. A ConfigMap whose key already has
 //! another value (e.g. `lock-janitor.io/watch=false`, a deliberate opt-out) is
-//! skipped, never overwritten.
+//! skipped, never overwritten. Lease locks whose holder identity names
+//! exactly one pod of their namespace are labeled the same way.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::anyhow;
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
 use super::{connect, explain, list_candidates, print_stdout, scope_text, CONCURRENCY};
 use crate::cli::LabelArgs;
-use crate::optin::{plan_label, write_label, Plan, Written};
+use crate::lock::LockKind as Kind;
+use crate::optin::{plan_for, plan_label, write_label, Plan, Written};
 use crate::ErrorKind;
 
 /// `--include` (any; empty: all) and `--exclude` (none) on the lock name.
@@ -45,18 +48,54 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     };
     let listing = list_candidates(&cluster, &args.scope, selector, needs).await?;
 
+    // Lease locks too: those whose holder identity names exactly one pod.
+    // A janitor installed for ConfigMaps only may not list Leases: said.
+    let observer = crate::observe::Observer::new(
+        cluster.client.clone(),
+        selector.clone(),
+        args.scope.namespaces.clone(),
+        crate::verdict::Policy {
+            owner_gone_grace: std::time::Duration::ZERO,
+        },
+    );
+    let leases = match super::leases::list_lease_candidates(
+        &cluster,
+        &observer,
+        &args.scope,
+        selector,
+    )
+    .await
+    {
+        Ok(found) => found.candidates,
+        Err(e) if e.kind() == ErrorKind::Forbidden => {
+            eprintln!(
+                "lock-janitor: Lease locks left out (list on leases and pods is not allowed): {e}"
+            );
+            Vec::new()
+        }
+        Err(e) => return Err(explain(e, &cluster, "list on leases and pods")),
+    };
+
     let mut excluded = 0;
-    let mut planned: Vec<(&ObjectMeta, Plan)> = Vec::new();
-    for c in &listing.candidates {
-        let Some(plan) = plan_label(&c.meta, key, value) else {
-            continue;
-        };
+    let mut planned: Vec<(Kind, &ObjectMeta, Plan)> = Vec::new();
+    let plans = listing
+        .candidates
+        .iter()
+        .filter_map(|c| Some((Kind::ConfigMap, &c.meta, plan_label(&c.meta, key, value)?)))
+        .chain(leases.iter().map(|c| {
+            (
+                Kind::Lease,
+                &c.lease.metadata,
+                plan_for(&c.lease.metadata, key, value),
+            )
+        }));
+    for (kind, meta, plan) in plans {
         if name_selected(
-            c.meta.name.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
             &args.include,
             &args.exclude,
         ) {
-            planned.push((&c.meta, plan));
+            planned.push((kind, meta, plan));
         } else {
             excluded += 1;
         }
@@ -65,18 +104,22 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     // Writes run CONCURRENCY at a time; lines are printed in order as their
     // results come in.
     let mut results = futures::stream::iter(&planned)
-        .map(|(meta, plan)| {
+        .map(|(kind, meta, plan)| {
             let cluster = &cluster;
             async move {
-                let written = match plan {
-                    Plan::Add if args.apply => {
-                        let ns = meta.namespace.as_deref().unwrap_or_default();
+                let ns = meta.namespace.as_deref().unwrap_or_default();
+                let written = match (plan, kind) {
+                    (Plan::Add, Kind::ConfigMap) if args.apply => {
                         let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), ns);
+                        Some(write_label(&api, meta, key, value).await)
+                    }
+                    (Plan::Add, Kind::Lease) if args.apply => {
+                        let api: Api<Lease> = Api::namespaced(cluster.client.clone(), ns);
                         Some(write_label(&api, meta, key, value).await)
                     }
                     _ => None,
                 };
-                (*meta, plan, written)
+                (*kind, *meta, plan, written)
             }
         })
         .buffered(CONCURRENCY);
@@ -85,18 +128,29 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     let (mut added, mut unchanged, mut skipped, mut gone, mut conflicts, mut failed) =
         (0, 0, 0, 0, 0, 0);
     let mut fatal = None;
-    while let Some((meta, plan, written)) = results.next().await {
+    while let Some((kind, meta, plan, written)) = results.next().await {
         let id = format!(
-            "{}/{}",
+            "{}{}/{}",
+            if kind == Kind::Lease { "lease " } else { "" },
             meta.namespace.as_deref().unwrap_or_default(),
             meta.name.as_deref().unwrap_or_default()
         );
-        let holder = meta
-            .owner_references
-            .as_deref()
-            .and_then(|o| o.first())
-            .map(|o| o.name.as_str())
-            .unwrap_or_default();
+        let holder = match kind {
+            Kind::ConfigMap => meta
+                .owner_references
+                .as_deref()
+                .and_then(|o| o.first())
+                .map(|o| o.name.clone())
+                .unwrap_or_default(),
+            Kind::Lease => leases
+                .iter()
+                .find(|c| {
+                    c.lease.metadata.name == meta.name
+                        && c.lease.metadata.namespace == meta.namespace
+                })
+                .and_then(|c| crate::lock::lease::parse(&c.lease).ok()?.host)
+                .unwrap_or_default(),
+        };
         let line = match (plan, written) {
             (Plan::Unchanged, _) => {
                 unchanged += 1;
@@ -127,7 +181,10 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
             (Plan::Add, Some(Written::Failed(e))) => {
                 failed += 1;
                 let forbidden = e.kind() == ErrorKind::Forbidden;
-                let error = format!("{:#}", explain(e, &cluster, "list and patch on configmaps"));
+                let error = format!(
+                    "{:#}",
+                    explain(e, &cluster, "list and patch on configmaps and leases")
+                );
                 if forbidden {
                     // Every other write would be refused the same way.
                     fatal = Some(error);

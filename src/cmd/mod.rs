@@ -3,6 +3,7 @@
 //! printing.
 
 pub mod label;
+pub mod leases;
 pub mod report;
 pub mod scan;
 pub mod table;

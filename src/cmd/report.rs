@@ -16,6 +16,8 @@ use crate::words;
 /// One line of the report. Field names are a stable interface (`-o json`).
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Row {
+    /// `configmap` or `lease`.
+    pub kind: String,
     pub namespace: String,
     pub name: String,
     /// Matches `--selector` (watched by the controller).
@@ -66,6 +68,8 @@ pub struct Summary {
     pub unmanageable: usize,
     /// ConfigMaps read to find the candidates.
     pub configmaps_scanned: usize,
+    /// Leases read to find the candidates (0 when leases may not be listed).
+    pub leases_scanned: usize,
     /// Unlabeled ConfigMaps owned by one Pod but holding data: not lock-shaped, left out.
     pub skipped_with_data: usize,
     /// The namespaces in scope; empty means all.
@@ -122,6 +126,7 @@ pub fn build_row(
     };
     let holder_name = holder.clone().unwrap_or_default();
     Row {
+        kind: "configmap".into(),
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
         labeled: c.labeled,

@@ -125,10 +125,10 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
                 Some(Found::Pod(pod)) => Some(pod.as_ref().clone()),
                 _ => None,
             };
-            let key = LockKey {
-                namespace: c.meta.namespace.clone().unwrap_or_default(),
-                name: c.meta.name.clone().unwrap_or_default(),
-            };
+            let key = LockKey::configmap(
+                c.meta.namespace.clone().unwrap_or_default(),
+                c.meta.name.clone().unwrap_or_default(),
+            );
             let observer = &observer;
             async move {
                 observer
@@ -149,16 +149,38 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
         .await
         .map_err(|e| explain(e, cluster, needs))?;
 
-    let locks: Vec<Row> = listing
+    let mut locks: Vec<Row> = listing
         .candidates
         .iter()
         .zip(&parsed)
         .zip(&verdicts)
         .map(|((c, p), v)| build_row(c, p, found_for(p), v, now))
         .collect();
+    let mut verdicts = verdicts;
+    // The Lease locks, judged the same way. A janitor installed for
+    // ConfigMaps only may not list Leases: said, and left out.
+    let lease_needs = "list on leases and list on pods";
+    let mut leases_scanned = 0;
+    match super::leases::list_lease_candidates(cluster, &observer, &args.scope, selector).await {
+        Ok(found) => {
+            leases_scanned = found.scanned;
+            let judged = super::leases::judge_all(&observer, &found)
+                .await
+                .map_err(|e| explain(e, cluster, lease_needs))?;
+            for (c, j) in found.candidates.iter().zip(judged) {
+                locks.push(super::leases::lease_row(c, &j, now));
+                verdicts.push(j.verdict);
+            }
+        }
+        Err(e) if e.kind() == crate::ErrorKind::Forbidden => {
+            eprintln!("lock-janitor: Lease locks left out ({lease_needs} is not allowed): {e}");
+        }
+        Err(e) => return Err(explain(e, cluster, lease_needs)),
+    }
     let mut summary = Summary {
         total: locks.len(),
         configmaps_scanned: listing.scanned,
+        leases_scanned,
         skipped_with_data: listing.skipped_with_data,
         namespaces: args.scope.namespaces.clone(),
         selector: args.scope.selector.to_string(),

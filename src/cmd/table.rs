@@ -211,7 +211,12 @@ pub fn render_report(report: &Report, scope: &Scope) -> String {
         .map(|r| {
             vec![
                 r.namespace.clone(),
-                r.name.clone(),
+                // A Lease lock says so; a ConfigMap lock is the default.
+                if r.kind == "lease" {
+                    format!("lease/{}", r.name)
+                } else {
+                    r.name.clone()
+                },
                 if r.labeled { "yes" } else { "no" }.into(),
                 r.holder.clone().unwrap_or_else(|| "-".into()),
                 r.phase_cell(),

@@ -5,34 +5,32 @@
 //! acts on the verdict (`reclaim`), remembering what it needs (`memory`)
 //! and following deleted locks for a takeover (`takeover`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{future, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use futures::future;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher::{self, watcher};
-use kube::runtime::WatchStreamExt;
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
+use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::election::Gate;
 use crate::events::Events;
-use crate::index::HolderIndex;
-use crate::lock::{self, LockKey};
+use crate::lock::{self, Holder, LockKey, LockKind};
 use crate::memory::Memory;
 use crate::observe::{Judgement, Observer};
 use crate::reclaim::{self, Mode, Reclaimer};
 use crate::selector::Selector;
 use crate::shared::Shared;
-use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
 use crate::takeover::Takeovers;
 use crate::verdict::{self, Policy, Verdict};
-use crate::{scoped, sweep, Error, TERMINAL_PODS};
+use crate::Error;
 
 /// How soon a standby judges a stale lock again; taking the lead triggers a
 /// judgement of every lock at once anyway.
@@ -72,6 +70,8 @@ pub struct Settings {
     pub policy: Policy,
     pub resync: Duration,
     pub takeover_timeout: Duration,
+    /// Which kinds of lock are watched (`--lock-kinds`).
+    pub kinds: Vec<LockKind>,
 }
 
 /// Per-reconcile context: who reads, who remembers, who writes.
@@ -161,10 +161,11 @@ impl Context {
         }
     }
 
-    /// After a re-list: forgets locks of this scope that are no longer there.
-    fn forget_missing(&self, namespace: Option<&str>, store: &Store<LockMeta>) {
-        let present: HashSet<LockKey> = store.state().iter().map(|m| key_of(m)).collect();
-        for k in self.memory.keys_in(namespace) {
+    /// After a re-list: forgets locks of this kind and scope that are no
+    /// longer there.
+    fn forget_missing<K: Watched>(&self, namespace: Option<&str>, store: &Store<K>) {
+        let present: HashSet<LockKey> = store.state().iter().map(|m| key_of(&**m)).collect();
+        for k in self.memory.keys_in(namespace, K::KIND) {
             if !present.contains(&k) {
                 self.forget(&k);
             }
@@ -172,23 +173,81 @@ impl Context {
     }
 }
 
-pub fn key_of(m: &LockMeta) -> LockKey {
+/// What the controller watches as locks, one impl per kind.
+pub trait Watched:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    const KIND: LockKind;
+    /// What a settled judgement depends on: when it changes, the lock is
+    /// judged again (`memory::needs_judging`).
+    fn version(&self) -> String;
+    /// The holder the cached copy names, when it can tell.
+    fn cached_holder(&self) -> Option<Holder>;
+}
+
+impl Watched for LockMeta {
+    const KIND: LockKind = LockKind::ConfigMap;
+    fn version(&self) -> String {
+        self.metadata.resource_version.clone().unwrap_or_default()
+    }
+    fn cached_holder(&self) -> Option<Holder> {
+        lock::parse(&self.metadata).ok().map(|l| l.holder)
+    }
+}
+
+impl Watched for Lease {
+    const KIND: LockKind = LockKind::Lease;
+    /// Its uid and holder identity, not its resourceVersion: a holder
+    /// renews every few seconds, and a renewal changes nothing the verdict
+    /// depends on (a holder's death comes from the terminal-pod watch).
+    fn version(&self) -> String {
+        lease_version(self)
+    }
+    fn cached_holder(&self) -> Option<Holder> {
+        let host = lock::lease::parse(self).ok()?.host?;
+        Some(Holder {
+            name: host,
+            uid: String::new(),
+        })
+    }
+}
+
+/// See `Watched::version` for Leases.
+pub fn lease_version(l: &Lease) -> String {
+    let identity = l
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .unwrap_or_default();
+    format!(
+        "{}/{identity}",
+        l.metadata.uid.as_deref().unwrap_or_default()
+    )
+}
+
+pub fn key_of<K: Watched>(o: &K) -> LockKey {
     LockKey {
-        namespace: m.namespace().unwrap_or_default(),
-        name: m.name_any(),
+        namespace: o.namespace().unwrap_or_default(),
+        name: o.name_any(),
+        kind: K::KIND,
     }
 }
 
 /// Judges one lock from live reads and acts on the verdict, unless its last
 /// judgement still stands (nothing changed since: see `memory`).
-pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
     if !ctx.shared.readiness.is_synced() {
         // Safety rule 4: nothing happens before every watch has synced.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let key = key_of(&obj);
-    let cached_rv = obj.metadata.resource_version.as_deref().unwrap_or_default();
-    if !ctx.memory.needs_judging(&key, cached_rv) {
+    let key = key_of(&*obj);
+    if !ctx.memory.needs_judging(&key, &obj.version()) {
         // Its judgement stands until the lock or its holder changes: the
         // lock watch, the terminal-pod watch and each sweep say so. No
         // timer is kept per settled lock (memory at 10,000 locks).
@@ -196,30 +255,38 @@ pub async fn reconcile(obj: Arc<LockMeta>, ctx: Arc<Context>) -> Result<Action, 
     }
     let _timer = ctx.shared.metrics.reconcile_duration.start_timer();
     ctx.memory.take_suspect(&key);
-    if let Ok(cached) = lock::parse(&obj.metadata) {
+    if let Some(holder) = obj.cached_holder() {
         // Known before any read can fail: whose lock to follow if it goes.
-        ctx.memory.set_holder(&key, &cached.holder);
+        ctx.memory.set_holder(&key, &holder);
     }
     let Some(judgement) = ctx.judge_live(&key).await? else {
-        debug!(namespace = %key.namespace, lock = %key.name, "lock is gone");
+        debug!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, "lock is gone");
         ctx.forget(&key);
         return Ok(Action::await_change());
     };
-    let judged_rv = judgement.meta.resource_version.clone().unwrap_or_default();
+    let judged = match &judgement.lease {
+        Some(l) => lease_version(l),
+        None => judgement.meta.resource_version.clone().unwrap_or_default(),
+    };
     let untouchable = match &judgement.verdict {
-        Verdict::Ambiguous { .. } => Some(crate::events::REASON_AMBIGUOUS),
+        Verdict::Ambiguous { .. } | Verdict::AmbiguousHolders(_) => {
+            Some(crate::events::REASON_AMBIGUOUS)
+        }
         Verdict::Unmanageable(_) => Some(crate::events::REASON_UNMANAGEABLE),
         _ => None,
     };
-    let mut settles = settles(&judgement.verdict);
+    // A Lease whose holder matched by spec.hostname only: no terminal-pod
+    // event names it (they name pods), so it is judged again each resync.
+    let mut settles = settles(&judgement.verdict) && !judgement.matched_by_hostname_only();
+    let reported_rv = judgement.meta.resource_version.clone().unwrap_or_default();
     let action = act(&ctx, judgement).await?;
     if let Some(reason) = untouchable {
         // Settled only once its Event is written (a standby writes none).
-        settles &= ctx.memory.was_reported(&key, &judged_rv, reason);
+        settles &= ctx.memory.was_reported(&key, &reported_rv, reason);
     }
-    ctx.memory.judged(&key, &judged_rv, settles);
+    ctx.memory.judged(&key, &judged, settles);
     ctx.memory.succeeded(&key);
-    if settles && !ctx.memory.needs_judging(&key, &judged_rv) {
+    if settles && !ctx.memory.needs_judging(&key, &judged) {
         // Settled and not suspected while it was judged: no timer.
         return Ok(Action::await_change());
     }
@@ -234,6 +301,8 @@ fn settles(v: &Verdict) -> bool {
         v,
         Verdict::Stale { .. }
             | Verdict::Held(verdict::HeldBecause::OwnerGoneGrace { .. })
+            | Verdict::Held(verdict::HeldBecause::RenewalWindow { .. })
+            | Verdict::Held(verdict::HeldBecause::Expired)
             | Verdict::Unmanageable(lock::Unmanageable::OwnerInOtherNamespace(_))
     )
 }
@@ -254,9 +323,15 @@ pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
                 let wait = remaining.saturating_add(Duration::from_millis(100));
                 return Ok(Action::requeue(wait.min(ctx.settings.resync)));
             }
+            if let verdict::HeldBecause::RenewalWindow { remaining } = why {
+                debug!(namespace = %j.key.namespace, lock = %j.key.name, remaining_seconds = remaining.as_secs_f64(),
+                       "Lease holder died moments ago; releasing once nothing renewed it");
+                let wait = remaining.saturating_add(Duration::from_millis(100));
+                return Ok(Action::requeue(wait.min(ctx.settings.resync)));
+            }
             Ok(resync)
         }
-        Verdict::Ambiguous { .. } | Verdict::Unmanageable(_) => {
+        Verdict::Ambiguous { .. } | Verdict::AmbiguousHolders(_) | Verdict::Unmanageable(_) => {
             ctx.reclaimer.report_untouchable(&j).await;
             Ok(resync)
         }
@@ -274,13 +349,13 @@ pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
 }
 
 /// The one place where failures are counted; each lock backs off on its own.
-pub fn error_policy(obj: Arc<LockMeta>, err: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy<K: Watched>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.shared
         .metrics
         .reconcile_errors
         .with_label_values(&[err.kind().as_str()])
         .inc();
-    let key = key_of(&obj);
+    let key = key_of(&*obj);
     // Judged again from live reads after the backoff, whatever the memory says.
     ctx.memory.suspect(&key);
     let failures = ctx.memory.failed(&key);
@@ -291,284 +366,47 @@ pub fn error_policy(obj: Arc<LockMeta>, err: &Error, ctx: Arc<Context>) -> Actio
     Action::requeue(retry)
 }
 
-/// Runs the controller for one scope (a namespace, or all) until `shutdown`.
-async fn run_scope(ctx: Arc<Context>, namespace: Option<String>, shutdown: CancellationToken) {
-    let scope = namespace.as_deref().unwrap_or("all namespaces").to_owned();
-    // Api<PartialObjectMeta<_>> makes metadata-only requests.
-    let shared = ctx.shared.clone();
-    let cms: Api<LockMeta> = scoped(&ctx.client, namespace.as_deref());
-    let pods: Api<PartialObjectMeta<Pod>> = scoped(&ctx.client, namespace.as_deref());
-    let (reader, writer) = reflector::store::<LockMeta>();
-    let holders = Arc::new(HolderIndex::default());
-    let readiness = ctx.shared.readiness.clone();
-    // How many of this scope's two watches have listed once.
-    let (listed_tx, listed_rx) = tokio::sync::watch::channel(0u8);
-    let listed_tx = Arc::new(listed_tx);
-
-    let locks = {
-        let ctx = ctx.clone();
-        let reader = reader.clone();
-        let readiness = readiness.clone();
-        let ns = namespace.clone();
-        let index = holders.clone();
-        let config = watcher::Config::default()
-            .labels(ctx.settings.selector.as_str())
-            .any_semantic();
-        let stream = watcher(cms, config)
-            .backoff(watch_backoff())
-            // Keep only what the cache is used for (identity, version, owner
-            // references): every judgement re-reads the lock whole.
-            .modify(|m: &mut LockMeta| {
-                let meta = &mut m.metadata;
-                meta.managed_fields = None;
-                meta.annotations = None;
-                meta.labels = None;
-                meta.finalizers = None;
-                meta.creation_timestamp = None;
-                meta.generate_name = None;
-                meta.generation = None;
-                m.types = None;
-            })
-            .reflect(writer)
-            .inspect(move |ev| match ev {
-                Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => index.apply(m),
-                Ok(watcher::Event::Delete(m)) => {
-                    let key = key_of(m);
-                    index.delete(&key);
-                    if let Ok(last) = lock::parse(&m.metadata) {
-                        // Whose lock it was, as it was last seen.
-                        ctx.memory.set_holder(&key, &last.holder);
-                    }
-                    ctx.forget(&key);
-                }
-                Ok(watcher::Event::Init) => index.relist_started(),
-                Ok(watcher::Event::InitDone) => {
-                    index.relist_done();
-                    ctx.forget_missing(ns.as_deref(), &reader);
-                }
-                Err(_) => {}
-            });
-        let listed = listed_tx.clone();
-        let stream = watch_health(stream, shared.clone(), "configmaps", &scope);
-        let synced = on_first_sync(stream, move || {
-            readiness.synced();
-            listed.send_modify(|n| *n += 1);
-        });
-        objects_only(synced.touched_objects())
-    };
-
-    let terminal_pods = {
-        let readiness = readiness.clone();
-        let listed = listed_tx.clone();
-        let stream = watcher(pods, watcher::Config::default().fields(TERMINAL_PODS))
-            .backoff(watch_backoff());
-        let stream = watch_health(stream, shared.clone(), "pods", &scope);
-        let synced = on_first_sync(stream, move || {
-            readiness.synced();
-            listed.send_modify(|n| *n += 1);
-        });
-        objects_only(synced.touched_objects())
-    };
-    // A terminal pod finds its locks in the index: the cost of an event
-    // does not grow with the number of locks.
-    let held_by = {
-        let (ctx, holders) = (ctx.clone(), holders.clone());
-        move |pod: PartialObjectMeta<Pod>| {
-            let ns = pod.namespace().unwrap_or_default();
-            let uid = pod.metadata.uid.unwrap_or_default();
-            holders
-                .locks_of(&ns, &uid)
-                .into_iter()
-                .map(|k| {
-                    ctx.memory.suspect(&k);
-                    ObjectRef::new(&k.name).within(&k.namespace)
-                })
-                .collect::<Vec<_>>()
-        }
-    };
-
-    // The sweeper: once both watches have listed, and every --resync, two
-    // metadata-only pod lists name the suspects (see `sweep`). The first
-    // sweep settles every lock it finds nothing against, so that start-up
-    // does not read each lock and holder one by one; it is the last thing
-    // readiness waits for. It also prunes ghosts: a lock deleted while its
-    // reconcile was in flight may be remembered after the watch said it
-    // was gone.
-    let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<LockMeta>>();
-    let suspects_tx_lead = suspects_tx.clone();
-    let sweeper = {
-        let (ctx, reader, ns, shutdown, index) = (
-            ctx.clone(),
-            reader.clone(),
-            namespace.clone(),
-            shutdown.clone(),
-            holders.clone(),
-        );
-        let mut listed = listed_rx;
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = listed.wait_for(|n| *n >= 2) => {}
-            }
-            let mut first = true;
-            let mut failures = 0;
-            let health = format!(
-                "pods sweep in {}",
-                ns.as_deref().unwrap_or("all namespaces")
-            );
-            loop {
-                // Locks as they were before the sweep: only these, unchanged
-                // since, may be settled by the first one.
-                let before: HashMap<LockKey, String> = reader
-                    .state()
-                    .iter()
-                    .map(|m| {
-                        (
-                            key_of(m),
-                            m.metadata.resource_version.clone().unwrap_or_default(),
-                        )
-                    })
-                    .collect();
-                match sweep::sweep(&ctx.client, ns.as_deref(), &index).await {
-                    Ok(found) => {
-                        failures = 0;
-                        if ctx.shared.readiness.watch_ok(&health) {
-                            info!(sweep = %health, "resync sweep recovered");
-                        }
-                        debug!(
-                            scope = ns.as_deref().unwrap_or("all namespaces"),
-                            pods = found.pods,
-                            requests = found.requests,
-                            suspects = found.suspects.len(),
-                            "resync sweep done"
-                        );
-                        // Suspects first, so that seeding leaves them alone.
-                        for key in &found.suspects {
-                            ctx.memory.suspect(key);
-                        }
-                        if first {
-                            for m in reader.state() {
-                                let key = key_of(&m);
-                                let Ok(lock) = lock::parse(&m.metadata) else {
-                                    continue;
-                                };
-                                if before.get(&key) == Some(&lock.resource_version) {
-                                    ctx.memory.seed_held(
-                                        &key,
-                                        &lock.resource_version,
-                                        &lock.holder,
-                                    );
-                                }
-                            }
-                            // What was awaited before a restart or a failover.
-                            match ctx.takeovers.restore(ns.as_deref()).await {
-                                Ok(n) if n > 0 => {
-                                    info!(awaited = n, "takeovers awaited again after a restart")
-                                }
-                                Ok(_) => {}
-                                Err(e) => warn!(error = %e,
-                                    "could not read the janitor's reclaim Events; takeovers awaited before a restart are not followed"),
-                            }
-                            ctx.shared.readiness.synced();
-                            first = false;
-                        } else {
-                            ctx.forget_missing(ns.as_deref(), &reader);
-                            ctx.shared
-                                .metrics
-                                .prune_reclaims(crate::metrics::RECLAIM_SERIES_TTL);
-                        }
-                        for key in found.suspects {
-                            let _ = suspects_tx
-                                .unbounded_send(ObjectRef::new(&key.name).within(&key.namespace));
-                        }
-                    }
-                    Err(e) => {
-                        failures += 1;
-                        ctx.shared
-                            .metrics
-                            .watch_errors
-                            .with_label_values(&["pods"])
-                            .inc();
-                        if let crate::readiness::Report::Warn {
-                            errors,
-                            failing_for,
-                        } = ctx.shared.readiness.watch_failed(&health)
-                        {
-                            warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
-                                  "resync sweep failed; retrying (not ready after a minute of this)");
-                        }
-                    }
-                }
-                // A failing sweep retries at least every 30 s, so readiness
-                // sees it failing rather than recovered.
-                let wait = if failures > 0 {
-                    error_backoff(failures).min(Duration::from_secs(30))
-                } else {
-                    resync_after(ctx.settings.resync)
-                };
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(wait) => {}
-                }
-            }
-        })
-    };
-
-    // On taking the lead, look at every lock at once: a standby judged
-    // stale locks without writing; the settled ones cost nothing.
-    let on_lead = ctx.gate.changes().map(|mut changes| {
-        let (reader, tx) = (reader.clone(), suspects_tx_lead.clone());
-        tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                if *changes.borrow_and_update() {
-                    for m in reader.state() {
-                        let _ = tx.unbounded_send(ObjectRef::from_obj(&*m));
-                    }
-                }
-            }
-        })
-    });
-
-    info!(scope = %scope, selector = %ctx.settings.selector, "watching locks");
-    Controller::for_stream(locks, reader)
-        .watches_stream(terminal_pods, held_by)
-        .reconcile_on(suspects_rx)
-        .with_config(ControllerConfig::default().concurrency(4))
-        .graceful_shutdown_on(shutdown.cancelled_owned())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| {
-            match res {
-                Ok((obj, _)) => debug!(lock = %obj, "reconciled"),
-                Err(e) => debug!(error = %e, "controller event"),
-            }
-            future::ready(())
-        })
-        .await;
-    sweeper.abort();
-    if let Some(t) = on_lead {
-        t.abort();
-    }
-    info!(scope = %scope, "stopped watching");
-}
-
-/// Runs one controller per scope until `shutdown` is cancelled and every
-/// in-flight reconcile has finished.
+/// Runs one controller per scope and lock kind until `shutdown` is
+/// cancelled and every in-flight reconcile has finished.
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     let scopes: Vec<Option<String>> = if ctx.settings.namespaces.is_empty() {
         vec![None]
     } else {
         ctx.settings.namespaces.iter().cloned().map(Some).collect()
     };
-    // Per scope, two watches (locks, terminal pods) and the first sweep
-    // must list before anything is judged.
-    ctx.shared.readiness.expect(3 * scopes.len());
-    future::join_all(
-        scopes
-            .into_iter()
-            .map(|ns| run_scope(ctx.clone(), ns, shutdown.clone())),
-    )
-    .await;
+    let kinds = &ctx.settings.kinds;
+    // Per scope: for ConfigMaps two watches (locks, terminal pods) and the
+    // first sweep, for Leases two watches, must list before anything is
+    // judged.
+    let per_scope = kinds
+        .iter()
+        .map(|k| match k {
+            LockKind::ConfigMap => 3,
+            LockKind::Lease => 2,
+        })
+        .sum::<usize>();
+    ctx.shared.readiness.expect(per_scope * scopes.len());
+    let mut runs: Vec<future::BoxFuture<'static, ()>> = Vec::new();
+    for ns in scopes {
+        if kinds.contains(&LockKind::ConfigMap) {
+            runs.push(Box::pin(scope::run_scope(
+                ctx.clone(),
+                ns.clone(),
+                shutdown.clone(),
+            )));
+        }
+        if kinds.contains(&LockKind::Lease) {
+            runs.push(Box::pin(leases::run_scope(
+                ctx.clone(),
+                ns.clone(),
+                shutdown.clone(),
+            )));
+        }
+    }
+    future::join_all(runs).await;
 }
 
+mod leases;
+mod scope;
 #[cfg(test)]
 mod tests;

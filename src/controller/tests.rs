@@ -35,6 +35,7 @@ async fn nothing_happens_before_the_watches_sync() {
         client,
         shared.clone(),
         Settings {
+            kinds: vec![crate::lock::LockKind::ConfigMap],
             selector: Selector::parse(crate::DEFAULT_SELECTOR).unwrap(),
             namespaces: vec![],
             dry_run: false,

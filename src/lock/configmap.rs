@@ -5,11 +5,7 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{Holder, Lock, Unmanageable};
-
-fn non_empty(s: &Option<String>) -> Option<&str> {
-    s.as_deref().filter(|s| !s.is_empty())
-}
+use super::{non_empty, Holder, Lock, Unmanageable};
 
 /// Reads a ConfigMap's metadata as a lock.
 pub fn parse(meta: &ObjectMeta) -> Result<Lock, Unmanageable> {

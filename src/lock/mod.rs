@@ -1,8 +1,10 @@
 //! What a lock is: the holder it names, its identity down to the
 //! resourceVersion, or exactly why the janitor will not manage it. One file
-//! per lock kind parses it (`configmap`: operator-lib's leader-for-life).
+//! per lock kind parses it (`configmap`: operator-lib's leader-for-life;
+//! `lease`: client-go's leader election).
 
 pub mod configmap;
+pub mod lease;
 
 pub use configmap::{holds_data, lock_shaped, looks_like_lock, parse, parse_shaped};
 
@@ -10,11 +12,72 @@ use std::fmt;
 
 use k8s_openapi::jiff::Timestamp;
 
-/// A lock by namespace and name: how the controller and its memory know it.
+/// The kinds of lock; `as_str` is the `kind` label of the metrics and the
+/// value of `--lock-kinds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LockKind {
+    ConfigMap,
+    Lease,
+}
+
+impl LockKind {
+    pub const ALL: [LockKind; 2] = [LockKind::ConfigMap, LockKind::Lease];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockKind::ConfigMap => "configmap",
+            LockKind::Lease => "lease",
+        }
+    }
+
+    /// The Kubernetes kind, for Events and messages.
+    pub fn kind(self) -> &'static str {
+        match self {
+            LockKind::ConfigMap => "ConfigMap",
+            LockKind::Lease => "Lease",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<LockKind> {
+        LockKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl fmt::Display for LockKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A lock by kind, namespace and name: how the controller and its memory
+/// know it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LockKey {
     pub namespace: String,
     pub name: String,
+    pub kind: LockKind,
+}
+
+impl LockKey {
+    pub fn configmap(namespace: impl Into<String>, name: impl Into<String>) -> LockKey {
+        LockKey {
+            namespace: namespace.into(),
+            name: name.into(),
+            kind: LockKind::ConfigMap,
+        }
+    }
+
+    pub fn lease(namespace: impl Into<String>, name: impl Into<String>) -> LockKey {
+        LockKey {
+            namespace: namespace.into(),
+            name: name.into(),
+            kind: LockKind::Lease,
+        }
+    }
+}
+
+pub(crate) fn non_empty(s: &Option<String>) -> Option<&str> {
+    s.as_deref().filter(|s| !s.is_empty())
 }
 
 impl fmt::Display for LockKey {
@@ -67,6 +130,9 @@ pub enum Unmanageable {
     /// The ConfigMap holds `data` or `binaryData`: not lock-shaped
     /// (operator-lib's locks are empty). Deleting it would lose that data.
     HoldsData,
+    /// A Lease's holder identity cannot name a pod (neither a pod name nor
+    /// controller-runtime's `<hostname>_<uuid>`).
+    IdentityNotAPod(String),
 }
 
 impl Unmanageable {
@@ -81,6 +147,7 @@ impl Unmanageable {
             Unmanageable::EmptyOwnerUid => "EmptyOwnerUid",
             Unmanageable::OwnerInOtherNamespace(_) => "OwnerInOtherNamespace",
             Unmanageable::HoldsData => "HoldsData",
+            Unmanageable::IdentityNotAPod(_) => "IdentityNotAPod",
         }
     }
 }
@@ -105,6 +172,10 @@ impl fmt::Display for Unmanageable {
             Unmanageable::HoldsData => write!(
                 f,
                 "it holds data, and a leader-for-life lock is empty; deleting it would lose that data"
+            ),
+            Unmanageable::IdentityNotAPod(id) => write!(
+                f,
+                "its holder identity {id:?} names no pod (neither a pod name nor <hostname>_<uuid>)"
             ),
             Unmanageable::OwnerInOtherNamespace(ns) => write!(
                 f,

@@ -3,6 +3,12 @@
 //	peers become LOCK   operator-lib's leader.Become (leader for life, a
 //	                    ConfigMap lock owned by the pod named by $POD_NAME, in
 //	                    the namespace read from the service-account file)
+//	peers elect LEASE DURATION
+//	                    controller-runtime's Lease lock (identity
+//	                    <hostname>_<uuid>, the hostname being $POD_NAME as in a
+//	                    pod) driven by client-go's leader elector, with a
+//	                    lease of DURATION (e.g. 60s), renew deadline 2/3 of
+//	                    it, retry period 2s, as a manager would run it
 //
 // It prints "LEADING <pod>" once it leads and then holds the lead until it
 // is killed. Logs go to stderr.
@@ -13,31 +19,99 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/operator-framework/operator-lib/leader"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
+	crleader "sigs.k8s.io/controller-runtime/pkg/leaderelection"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
 )
+
+// noEvents: the candidate records no Events (the janitor's are checked).
+type noEvents struct{}
+
+func (noEvents) GetEventRecorderFor(string) record.EventRecorder { return &record.FakeRecorder{} }
+func (noEvents) GetEventRecorder(string) recorder.EventRecorder  { return silent{} }
+
+type silent struct{}
+
+func (silent) Eventf(runtime.Object, runtime.Object, string, string, string, string, ...interface{}) {
+}
+func (silent) AnnotatedEventf(runtime.Object, runtime.Object, map[string]string, string, string, string, string, ...interface{}) {
+}
+
+func die(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "peers: "+format+"\n", a...)
+	os.Exit(1)
+}
 
 func main() {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.WriteTo(os.Stderr)))
 	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: peers become LOCK")
+		fmt.Fprintln(os.Stderr, "usage: peers become LOCK | peers elect LEASE DURATION")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	pod := os.Getenv("POD_NAME")
 	switch os.Args[1] {
 	case "become":
 		if err := leader.Become(ctx, os.Args[2]); err != nil {
-			fmt.Fprintf(os.Stderr, "peers: leader.Become: %v\n", err)
-			os.Exit(1)
+			die("leader.Become: %v", err)
 		}
-		fmt.Printf("LEADING %s\n", os.Getenv("POD_NAME"))
+		fmt.Printf("LEADING %s\n", pod)
+		<-ctx.Done()
+	case "elect":
+		if len(os.Args) < 4 {
+			die("elect needs LEASE DURATION")
+		}
+		elect(ctx, pod, os.Args[2], os.Args[3])
 	default:
 		fmt.Fprintf(os.Stderr, "peers: unknown command %q\n", os.Args[1])
 		os.Exit(2)
 	}
-	<-ctx.Done()
+}
+
+func elect(ctx context.Context, pod, lease, duration string) {
+	d, err := time.ParseDuration(duration)
+	if err != nil {
+		die("duration %q: %v", duration, err)
+	}
+	// In a pod the hostname is the pod name; this runs in its own UTS
+	// namespace (unshare --uts), so setting it touches nothing else.
+	if err := syscall.Sethostname([]byte(pod)); err != nil {
+		die("setting the hostname to %s (run under unshare --uts): %v", pod, err)
+	}
+	ns, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	if err != nil {
+		die("reading the namespace: %v", err)
+	}
+	cfg := ctrl.GetConfigOrDie()
+	renew := d * 2 / 3
+	lock, err := crleader.NewResourceLock(cfg, noEvents{}, crleader.Options{
+		LeaderElection:          true,
+		LeaderElectionID:        lease,
+		LeaderElectionNamespace: strings.TrimSpace(string(ns)),
+		RenewDeadline:           renew,
+	})
+	if err != nil {
+		die("resource lock: %v", err)
+	}
+	fmt.Fprintf(os.Stderr, "peers: candidate %s for lease %s\n", lock.Identity(), lease)
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock:          lock,
+		LeaseDuration: d,
+		RenewDeadline: renew,
+		RetryPeriod:   2 * time.Second,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(context.Context) { fmt.Printf("LEADING %s\n", pod) },
+			OnStoppedLeading: func() { fmt.Fprintln(os.Stderr, "peers: stopped leading") },
+		},
+	})
 }

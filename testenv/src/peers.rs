@@ -1,13 +1,15 @@
 //! Real leader-election peers, built from `testenv/peers` (Go) by
-//! `testenv/build.sh`: operator-lib's `leader.Become`, run as a pod would run
-//! it.
+//! `testenv/build.sh`: operator-lib's `leader.Become`, and controller-runtime's
+//! Lease lock driven by client-go's elector, run as a pod would run them.
 //!
-//! A pod's operator finds its name in `$POD_NAME` (downward API) and its
+//! A pod's operator finds its name in `$POD_NAME` (downward API), its
 //! namespace in the service-account file the kubelet mounts,
-//! `/var/run/secrets/kubernetes.io/serviceaccount/namespace`. Each peer runs
-//! in its own mount namespace (`unshare --mount`, which needs root or
-//! CAP_SYS_ADMIN) with a tmpfs over `/run` holding that file, so peers of
-//! different namespaces run side by side and the host is left alone.
+//! `/var/run/secrets/kubernetes.io/serviceaccount/namespace`, and its
+//! hostname (controller-runtime's identity) is the pod name. Each peer runs
+//! in its own mount and UTS namespaces (`unshare --mount --uts`, which needs
+//! root or CAP_SYS_ADMIN) with a tmpfs over `/run` holding that file and
+//! the pod name as hostname, so peers run side by side and the host is left
+//! alone.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -42,6 +44,21 @@ impl Peer {
         lock: &str,
     ) -> Result<Peer, Error> {
         Self::start(kubeconfig, dir, namespace, pod, &["become", lock])
+    }
+
+    /// Starts a controller-runtime Lease candidate for `lease` (identity
+    /// `<pod>_<uuid>`), with a lease of `duration` (renew deadline two
+    /// thirds of it, retry period 2 s).
+    pub fn elect(
+        kubeconfig: &Path,
+        dir: &Path,
+        namespace: &str,
+        pod: &str,
+        lease: &str,
+        duration: Duration,
+    ) -> Result<Peer, Error> {
+        let d = format!("{}s", duration.as_secs());
+        Self::start(kubeconfig, dir, namespace, pod, &["elect", lease, &d])
     }
 
     fn start(

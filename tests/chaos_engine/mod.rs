@@ -829,7 +829,7 @@ async fn judge(run: &Run, plan: &Plan, all: &[(usize, Fate)]) -> Report {
                 .filter(|e| mine(e, ADMIN_USER, "patch", "pods", Some("status")))
                 .filter(|e| e.name.as_deref() == Some(&name) && e.code == Some(200))
                 .map(ts)
-                .last()
+                .next_back()
         } else {
             None
         };

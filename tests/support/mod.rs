@@ -127,6 +127,11 @@ pub async fn grant_janitor(client: &Client) {
             ),
             rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
             rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "list", "watch", "update"],
+            ),
+            rule(
                 &["events.k8s.io"],
                 &["events"],
                 &["create", "patch", "list"],

@@ -73,9 +73,18 @@ Rules shared by the ClusterRole and the per-namespace Roles: exactly what
 # preconditions); after a takeover, patch the opt-in label onto the lock the
 # new leader created (operator-lib creates it without labels; the merge patch
 # carries the resourceVersion it read, so it never overwrites a change).
+{{- if has "configmap" .Values.lockKinds }}
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "delete", "patch"]
+{{- end }}
+{{- if has "lease" .Values.lockKinds }}
+# Watch the opted-in Lease locks; release a stale one with an update guarded
+# by its resourceVersion (as client-go releases its own). Never deleted.
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "list", "watch", "update"]
+{{- end }}
 # Read the holder pods; delete a dead holder only when deletePod is set.
 - apiGroups: [""]
   resources: ["pods"]

@@ -11,6 +11,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::lock::{Lock, Unmanageable};
 
+mod lease;
+pub use lease::judge_lease;
+
 /// Why a stale lock's holder can no longer run. `as_str` is the `reason`
 /// label of the metrics and appears in Events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -68,6 +71,24 @@ pub enum HeldBecause {
     /// The holder pod is gone, but only for `since`; wait out the grace
     /// (a force-deleted pod's containers may still be stopping).
     OwnerGoneGrace { remaining: Duration },
+    /// A Lease nobody holds (released): candidates take it at once.
+    Released,
+    /// A Lease whose holder did not renew in time: candidates take it.
+    Expired,
+    /// No pod in the Lease's namespace matches its holder identity: a
+    /// force-deleted pod may still run; the Lease expires by itself.
+    NoMatchingPod,
+    /// The Lease was renewed after its matching pod's containers finished:
+    /// something under that identity still runs.
+    RenewedAfterDeath,
+    /// The matching pod is terminal but says nothing of when its
+    /// containers finished: whether the Lease was renewed since cannot be
+    /// told. The Lease expires by itself.
+    DeathTimeUnknown,
+    /// The matching pod died moments ago: released once `remaining` has
+    /// passed without a renewal (anything renewing under the identity
+    /// shows within one retry period).
+    RenewalWindow { remaining: Duration },
 }
 
 /// What the janitor concludes about a lock.
@@ -84,6 +105,9 @@ pub enum Verdict {
     Ambiguous {
         other_uid: String,
     },
+    /// Several pods match a Lease's holder identity: which one leads is not
+    /// known. Never released.
+    AmbiguousHolders(Vec<String>),
     Unmanageable(Unmanageable),
 }
 
@@ -119,7 +143,7 @@ impl Verdict {
         match self {
             Verdict::Held(_) => LockState::Held,
             Verdict::Stale { .. } => LockState::Stale,
-            Verdict::Ambiguous { .. } => LockState::Ambiguous,
+            Verdict::Ambiguous { .. } | Verdict::AmbiguousHolders(_) => LockState::Ambiguous,
             Verdict::Unmanageable(_) => LockState::Unmanageable,
         }
     }
@@ -173,6 +197,11 @@ pub fn judge(lock: &Lock, holder: HolderSeen<'_>, policy: &Policy) -> Verdict {
             other_uid: uid.to_owned(),
         };
     }
+    judge_holder_pod(pod)
+}
+
+/// Judges the one pod a lock names, known to be its holder.
+pub(crate) fn judge_holder_pod(pod: &Pod) -> Verdict {
     let Some(status) = pod.status.as_ref() else {
         return Verdict::Held(HeldBecause::NoStatus);
     };

@@ -1,0 +1,185 @@
+//! The wiring of one scope (a namespace, or all) for Lease locks: a watch
+//! of the opted-in Leases (whole: the holder identity is in the spec), a
+//! watch of terminal pods that finds the Leases each may hold by name (the
+//! Lease index), a resync sweep, and the trigger on taking the lead.
+
+use std::sync::Arc;
+
+use futures::{future, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, ResourceExt};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{error_backoff, error_policy, key_of, reconcile, resync_after, Context};
+use crate::index::LeaseIndex;
+use crate::lock;
+use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
+use crate::{scoped, sweep, TERMINAL_PODS};
+
+/// Runs the Lease controller for one scope until `shutdown`.
+pub(super) async fn run_scope(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    shutdown: CancellationToken,
+) {
+    // Its watches' health is its own (a healthy ConfigMap pod watch must
+    // not cover for a failing one here).
+    let scope = format!(
+        "{} (Lease locks)",
+        namespace.as_deref().unwrap_or("all namespaces")
+    );
+    let shared = ctx.shared.clone();
+    let leases: Api<Lease> = scoped(&ctx.client, namespace.as_deref());
+    let pods: Api<PartialObjectMeta<Pod>> = scoped(&ctx.client, namespace.as_deref());
+    let (reader, writer) = reflector::store::<Lease>();
+    let index = Arc::new(LeaseIndex::default());
+    let readiness = shared.readiness.clone();
+
+    let locks = {
+        let (ctx, index, reader, ns, readiness) = (
+            ctx.clone(),
+            index.clone(),
+            reader.clone(),
+            namespace.clone(),
+            readiness.clone(),
+        );
+        let config = watcher::Config::default()
+            .labels(ctx.settings.selector.as_str())
+            .any_semantic();
+        let stream = watcher(leases, config)
+            .backoff(watch_backoff())
+            .modify(|l: &mut Lease| {
+                l.metadata.managed_fields = None;
+                l.metadata.annotations = None;
+            })
+            .reflect(writer)
+            .inspect(move |ev| match ev {
+                Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => {
+                    let host = lock::lease::parse(l).ok().and_then(|p| p.host);
+                    index.apply(key_of(l), host);
+                }
+                Ok(watcher::Event::Delete(l)) => {
+                    let key = key_of(l);
+                    index.delete(&key);
+                    ctx.forget(&key);
+                }
+                Ok(watcher::Event::InitDone) => ctx.forget_missing(ns.as_deref(), &reader),
+                _ => {}
+            });
+        let stream = watch_health(stream, shared.clone(), "leases", &scope);
+        let synced = on_first_sync(stream, move || readiness.synced());
+        objects_only(synced.touched_objects())
+    };
+
+    let terminal_pods = {
+        let readiness = readiness.clone();
+        let stream = watcher(pods, watcher::Config::default().fields(TERMINAL_PODS))
+            .backoff(watch_backoff());
+        let stream = watch_health(stream, shared.clone(), "pods", &scope);
+        let synced = on_first_sync(stream, move || readiness.synced());
+        objects_only(synced.touched_objects())
+    };
+    // A terminal pod finds the Leases that may name it.
+    let held_by = {
+        let (ctx, index) = (ctx.clone(), index.clone());
+        move |pod: PartialObjectMeta<Pod>| {
+            let ns = pod.namespace().unwrap_or_default();
+            index
+                .leases_of(&ns, &pod.name_any())
+                .into_iter()
+                .map(|k| {
+                    ctx.memory.suspect(&k);
+                    ObjectRef::new(&k.name).within(&k.namespace)
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+
+    // Each --resync, one list of terminal pods names the suspects.
+    let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<Lease>>();
+    let sweeper = {
+        let (ctx, ns, shutdown, index, tx) = (
+            ctx.clone(),
+            namespace.clone(),
+            shutdown.clone(),
+            index.clone(),
+            suspects_tx.clone(),
+        );
+        tokio::spawn(async move {
+            let mut failures = 0;
+            loop {
+                let wait = if failures > 0 {
+                    error_backoff(failures).min(std::time::Duration::from_secs(30))
+                } else {
+                    resync_after(ctx.settings.resync)
+                };
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                match sweep::sweep_leases(&ctx.client, ns.as_deref(), &index).await {
+                    Ok(found) => {
+                        failures = 0;
+                        debug!(
+                            scope = ns.as_deref().unwrap_or("all namespaces"),
+                            pods = found.pods,
+                            suspects = found.suspects.len(),
+                            "lease sweep done"
+                        );
+                        for key in found.suspects {
+                            ctx.memory.suspect(&key);
+                            let _ =
+                                tx.unbounded_send(ObjectRef::new(&key.name).within(&key.namespace));
+                        }
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        warn!(error = %e, "lease sweep failed; retrying");
+                    }
+                }
+            }
+        })
+    };
+
+    // On taking the lead, look at every Lease at once.
+    let on_lead = ctx.gate.changes().map(|mut changes| {
+        let (reader, tx) = (reader.clone(), suspects_tx.clone());
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                if *changes.borrow_and_update() {
+                    for l in reader.state() {
+                        let _ = tx.unbounded_send(ObjectRef::from_obj(&*l));
+                    }
+                }
+            }
+        })
+    });
+
+    info!(scope = %scope, selector = %ctx.settings.selector, "watching Lease locks");
+    Controller::for_stream(locks, reader)
+        .watches_stream(terminal_pods, held_by)
+        .reconcile_on(suspects_rx)
+        .with_config(ControllerConfig::default().concurrency(2))
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile::<Lease>, error_policy::<Lease>, ctx)
+        .for_each(|res| {
+            match res {
+                Ok((obj, _)) => debug!(lease = %obj, "reconciled"),
+                Err(e) => debug!(error = %e, "controller event"),
+            }
+            future::ready(())
+        })
+        .await;
+    sweeper.abort();
+    if let Some(t) = on_lead {
+        t.abort();
+    }
+    info!(scope = %scope, "stopped watching Lease locks");
+}

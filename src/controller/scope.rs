@@ -1,0 +1,289 @@
+//! The wiring of one scope (a namespace, or all) for ConfigMap locks: a
+//! metadata-only watch of the opted-in locks, a watch of terminal pods that
+//! finds the locks each holds (the holder index), the resync sweeper, and
+//! the trigger on taking the lead.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{future, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, ResourceExt};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{error_backoff, error_policy, key_of, reconcile, resync_after, Context, LockMeta};
+use crate::index::HolderIndex;
+use crate::lock::{self, LockKey};
+use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
+use crate::{scoped, sweep, TERMINAL_PODS};
+
+/// Runs the controller for one scope (a namespace, or all) until `shutdown`.
+pub(super) async fn run_scope(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    shutdown: CancellationToken,
+) {
+    let scope = namespace.as_deref().unwrap_or("all namespaces").to_owned();
+    // Api<PartialObjectMeta<_>> makes metadata-only requests.
+    let shared = ctx.shared.clone();
+    let cms: Api<LockMeta> = scoped(&ctx.client, namespace.as_deref());
+    let pods: Api<PartialObjectMeta<Pod>> = scoped(&ctx.client, namespace.as_deref());
+    let (reader, writer) = reflector::store::<LockMeta>();
+    let holders = Arc::new(HolderIndex::default());
+    let readiness = ctx.shared.readiness.clone();
+    // How many of this scope's two watches have listed once.
+    let (listed_tx, listed_rx) = tokio::sync::watch::channel(0u8);
+    let listed_tx = Arc::new(listed_tx);
+
+    let locks = {
+        let ctx = ctx.clone();
+        let reader = reader.clone();
+        let readiness = readiness.clone();
+        let ns = namespace.clone();
+        let index = holders.clone();
+        let config = watcher::Config::default()
+            .labels(ctx.settings.selector.as_str())
+            .any_semantic();
+        let stream = watcher(cms, config)
+            .backoff(watch_backoff())
+            // Keep only what the cache is used for (identity, version, owner
+            // references): every judgement re-reads the lock whole.
+            .modify(|m: &mut LockMeta| {
+                let meta = &mut m.metadata;
+                meta.managed_fields = None;
+                meta.annotations = None;
+                meta.labels = None;
+                meta.finalizers = None;
+                meta.creation_timestamp = None;
+                meta.generate_name = None;
+                meta.generation = None;
+                m.types = None;
+            })
+            .reflect(writer)
+            .inspect(move |ev| match ev {
+                Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => index.apply(m),
+                Ok(watcher::Event::Delete(m)) => {
+                    let key = key_of(m);
+                    index.delete(&key);
+                    if let Ok(last) = lock::parse(&m.metadata) {
+                        // Whose lock it was, as it was last seen.
+                        ctx.memory.set_holder(&key, &last.holder);
+                    }
+                    ctx.forget(&key);
+                }
+                Ok(watcher::Event::Init) => index.relist_started(),
+                Ok(watcher::Event::InitDone) => {
+                    index.relist_done();
+                    ctx.forget_missing(ns.as_deref(), &reader);
+                }
+                Err(_) => {}
+            });
+        let listed = listed_tx.clone();
+        let stream = watch_health(stream, shared.clone(), "configmaps", &scope);
+        let synced = on_first_sync(stream, move || {
+            readiness.synced();
+            listed.send_modify(|n| *n += 1);
+        });
+        objects_only(synced.touched_objects())
+    };
+
+    let terminal_pods = {
+        let readiness = readiness.clone();
+        let listed = listed_tx.clone();
+        let stream = watcher(pods, watcher::Config::default().fields(TERMINAL_PODS))
+            .backoff(watch_backoff());
+        let stream = watch_health(stream, shared.clone(), "pods", &scope);
+        let synced = on_first_sync(stream, move || {
+            readiness.synced();
+            listed.send_modify(|n| *n += 1);
+        });
+        objects_only(synced.touched_objects())
+    };
+    // A terminal pod finds its locks in the index: the cost of an event
+    // does not grow with the number of locks.
+    let held_by = {
+        let (ctx, holders) = (ctx.clone(), holders.clone());
+        move |pod: PartialObjectMeta<Pod>| {
+            let ns = pod.namespace().unwrap_or_default();
+            let uid = pod.metadata.uid.unwrap_or_default();
+            holders
+                .locks_of(&ns, &uid)
+                .into_iter()
+                .map(|k| {
+                    ctx.memory.suspect(&k);
+                    ObjectRef::new(&k.name).within(&k.namespace)
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+
+    // The sweeper: once both watches have listed, and every --resync, two
+    // metadata-only pod lists name the suspects (see `sweep`). The first
+    // sweep settles every lock it finds nothing against, so that start-up
+    // does not read each lock and holder one by one; it is the last thing
+    // readiness waits for. It also prunes ghosts: a lock deleted while its
+    // reconcile was in flight may be remembered after the watch said it
+    // was gone.
+    let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<LockMeta>>();
+    let suspects_tx_lead = suspects_tx.clone();
+    let sweeper = {
+        let (ctx, reader, ns, shutdown, index) = (
+            ctx.clone(),
+            reader.clone(),
+            namespace.clone(),
+            shutdown.clone(),
+            holders.clone(),
+        );
+        let mut listed = listed_rx;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = listed.wait_for(|n| *n >= 2) => {}
+            }
+            let mut first = true;
+            let mut failures = 0;
+            let health = format!(
+                "pods sweep in {}",
+                ns.as_deref().unwrap_or("all namespaces")
+            );
+            loop {
+                // Locks as they were before the sweep: only these, unchanged
+                // since, may be settled by the first one.
+                let before: HashMap<LockKey, String> = reader
+                    .state()
+                    .iter()
+                    .map(|m| {
+                        (
+                            key_of(&**m),
+                            m.metadata.resource_version.clone().unwrap_or_default(),
+                        )
+                    })
+                    .collect();
+                match sweep::sweep(&ctx.client, ns.as_deref(), &index).await {
+                    Ok(found) => {
+                        failures = 0;
+                        if ctx.shared.readiness.watch_ok(&health) {
+                            info!(sweep = %health, "resync sweep recovered");
+                        }
+                        debug!(
+                            scope = ns.as_deref().unwrap_or("all namespaces"),
+                            pods = found.pods,
+                            requests = found.requests,
+                            suspects = found.suspects.len(),
+                            "resync sweep done"
+                        );
+                        // Suspects first, so that seeding leaves them alone.
+                        for key in &found.suspects {
+                            ctx.memory.suspect(key);
+                        }
+                        if first {
+                            for m in reader.state() {
+                                let key = key_of(&*m);
+                                let Ok(lock) = lock::parse(&m.metadata) else {
+                                    continue;
+                                };
+                                if before.get(&key) == Some(&lock.resource_version) {
+                                    ctx.memory.seed_held(
+                                        &key,
+                                        &lock.resource_version,
+                                        &lock.holder,
+                                    );
+                                }
+                            }
+                            // What was awaited before a restart or a failover.
+                            match ctx.takeovers.restore(ns.as_deref()).await {
+                                Ok(n) if n > 0 => {
+                                    info!(awaited = n, "takeovers awaited again after a restart")
+                                }
+                                Ok(_) => {}
+                                Err(e) => warn!(error = %e,
+                                    "could not read the janitor's reclaim Events; takeovers awaited before a restart are not followed"),
+                            }
+                            ctx.shared.readiness.synced();
+                            first = false;
+                        } else {
+                            ctx.forget_missing(ns.as_deref(), &reader);
+                            ctx.shared
+                                .metrics
+                                .prune_reclaims(crate::metrics::RECLAIM_SERIES_TTL);
+                        }
+                        for key in found.suspects {
+                            let _ = suspects_tx
+                                .unbounded_send(ObjectRef::new(&key.name).within(&key.namespace));
+                        }
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        ctx.shared
+                            .metrics
+                            .watch_errors
+                            .with_label_values(&["pods"])
+                            .inc();
+                        if let crate::readiness::Report::Warn {
+                            errors,
+                            failing_for,
+                        } = ctx.shared.readiness.watch_failed(&health)
+                        {
+                            warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
+                                  "resync sweep failed; retrying (not ready after a minute of this)");
+                        }
+                    }
+                }
+                // A failing sweep retries at least every 30 s, so readiness
+                // sees it failing rather than recovered.
+                let wait = if failures > 0 {
+                    error_backoff(failures).min(Duration::from_secs(30))
+                } else {
+                    resync_after(ctx.settings.resync)
+                };
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        })
+    };
+
+    // On taking the lead, look at every lock at once: a standby judged
+    // stale locks without writing; the settled ones cost nothing.
+    let on_lead = ctx.gate.changes().map(|mut changes| {
+        let (reader, tx) = (reader.clone(), suspects_tx_lead.clone());
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                if *changes.borrow_and_update() {
+                    for m in reader.state() {
+                        let _ = tx.unbounded_send(ObjectRef::from_obj(&*m));
+                    }
+                }
+            }
+        })
+    });
+
+    info!(scope = %scope, selector = %ctx.settings.selector, "watching locks");
+    Controller::for_stream(locks, reader)
+        .watches_stream(terminal_pods, held_by)
+        .reconcile_on(suspects_rx)
+        .with_config(ControllerConfig::default().concurrency(4))
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| {
+            match res {
+                Ok((obj, _)) => debug!(lock = %obj, "reconciled"),
+                Err(e) => debug!(error = %e, "controller event"),
+            }
+            future::ready(())
+        })
+        .await;
+    sweeper.abort();
+    if let Some(t) = on_lead {
+        t.abort();
+    }
+    info!(scope = %scope, "stopped watching");
+}

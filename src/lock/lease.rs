@@ -1,0 +1,232 @@
+//! The second lock kind: a `coordination.k8s.io/v1` Lease, as client-go's
+//! leader election writes it. The holder is named by `spec.holderIdentity`:
+//! controller-runtime writes `<hostname>_<uuid>`, many client-go users the
+//! pod name. A pod's hostname is `spec.hostname`, else its name cut at 63
+//! characters (trailing `-` and `.` dropped, as the kubelet does).
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+
+use super::{non_empty, Unmanageable};
+use crate::{dns_label, dns_subdomain};
+
+/// How far the janitor's clock may run ahead of a holder's before a Lease
+/// it renews looks expired.
+const CLOCK_SKEW: SignedDuration = SignedDuration::from_secs(10);
+
+/// The longest hostname (a DNS label).
+const HOSTNAME_MAX: usize = 63;
+
+/// A Lease lock as it was read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseLock {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub created: Option<Timestamp>,
+    /// `spec.holderIdentity`; `None` when released (empty or absent).
+    pub identity: Option<String>,
+    /// The hostname or pod name the identity names.
+    pub host: Option<String>,
+    /// When the holder last renewed, and for how long a renewal holds.
+    pub renewed: Option<Timestamp>,
+    pub duration: Option<SignedDuration>,
+}
+
+impl LeaseLock {
+    /// Whether the Lease has run out: its holder did not renew within
+    /// `leaseDurationSeconds`, so any candidate may take it now.
+    pub fn expired(&self, now: Timestamp) -> bool {
+        match (self.renewed, self.duration) {
+            // With a margin for the holder's clock running behind the
+            // janitor's; a renew time that overflows never expires.
+            (Some(renewed), Some(d)) => renewed
+                .checked_add(d)
+                .and_then(|t| t.checked_add(CLOCK_SKEW))
+                .is_ok_and(|until| now > until),
+            // client-go treats a Lease without a renew time as expired.
+            (None, _) => true,
+            (Some(_), None) => false,
+        }
+    }
+}
+
+/// A UUID as `uuid.NewUUID()` prints it: 8-4-4-4-12 hex digits.
+fn uuid(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('-').collect();
+    parts.len() == 5
+        && parts
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The hostname or pod name a holder identity names, or why it names none.
+pub fn host_of(identity: &str) -> Result<String, Unmanageable> {
+    // controller-runtime: <hostname>_<uuid>.
+    if let Some((host, id)) = identity.rsplit_once('_') {
+        if uuid(id) && dns_label(host) {
+            return Ok(host.to_owned());
+        }
+    }
+    // client-go with the pod name as identity.
+    if dns_subdomain(identity) {
+        return Ok(identity.to_owned());
+    }
+    Err(Unmanageable::IdentityNotAPod(truncate_for_message(
+        identity,
+    )))
+}
+
+fn truncate_for_message(s: &str) -> String {
+    let mut out: String = s.chars().take(80).collect();
+    if s.chars().count() > 80 {
+        out.push('…');
+    }
+    out
+}
+
+/// A pod's hostname, as the kubelet sets it.
+pub fn hostname(pod: &Pod) -> String {
+    let spec = pod.spec.as_ref();
+    if spec.is_some_and(|s| s.host_network == Some(true)) {
+        // A host-network pod has its node's hostname (taken as the node's
+        // name): every such pod of the node matches it, so a Lease held
+        // under it is ambiguous, never released.
+        return spec.and_then(|s| s.node_name.clone()).unwrap_or_default();
+    }
+    if let Some(h) = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.hostname.as_deref())
+        .filter(|h| !h.is_empty())
+    {
+        return h.to_owned();
+    }
+    host_of_name(&pod.name_any())
+}
+
+/// The hostname of a pod without `spec.hostname`: its name, cut at 63
+/// characters, without trailing `-` or `.`.
+pub fn host_of_name(name: &str) -> String {
+    match name.get(..HOSTNAME_MAX) {
+        Some(cut) if name.len() > HOSTNAME_MAX => cut.trim_end_matches(['-', '.']).to_owned(),
+        _ => name.to_owned(),
+    }
+}
+
+/// Whether `pod` is a pod the identity's `host` can name: by its name or by
+/// its hostname.
+pub fn names(host: &str, pod: &Pod) -> bool {
+    pod.name_any() == host || hostname(pod) == host
+}
+
+/// Reads a Lease as a lock.
+pub fn parse(lease: &Lease) -> Result<LeaseLock, Unmanageable> {
+    let meta = &lease.metadata;
+    let (Some(namespace), Some(name), Some(uid), Some(resource_version)) = (
+        non_empty(&meta.namespace),
+        non_empty(&meta.name),
+        non_empty(&meta.uid),
+        non_empty(&meta.resource_version),
+    ) else {
+        return Err(Unmanageable::IncompleteMetadata);
+    };
+    let spec = lease.spec.as_ref();
+    let identity = spec
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|i| !i.is_empty())
+        .map(str::to_owned);
+    let host = identity.as_deref().map(host_of).transpose()?;
+    Ok(LeaseLock {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+        resource_version: resource_version.to_owned(),
+        created: meta.creation_timestamp.as_ref().map(|t| t.0),
+        identity,
+        host,
+        renewed: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
+        duration: spec
+            .and_then(|s| s.lease_duration_seconds)
+            .map(|s| SignedDuration::from_secs(i64::from(s))),
+    })
+}
+
+/// The release client-go makes of its own Lease on a clean shutdown
+/// (`ReleaseOnCancel`): no holder, a one-second duration, renew and acquire
+/// times now, the transitions kept. Applied to the Lease exactly as judged,
+/// so that the update carries its resourceVersion (a change means 409).
+pub fn released(mut lease: Lease, now: Timestamp) -> Lease {
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    let t = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now);
+    spec.holder_identity = Some(String::new());
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(t.clone());
+    spec.acquire_time = Some(t);
+    lease
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities() {
+        let cr = "operator-7d9c-x2x_0c3e5a12-4b1f-4a2e-9d7c-1f2e3d4c5b6a";
+        assert_eq!(host_of(cr).unwrap(), "operator-7d9c-x2x");
+        assert_eq!(host_of("operator-7d9c-x2x").unwrap(), "operator-7d9c-x2x");
+        assert_eq!(host_of("web-0.web.ns").unwrap(), "web-0.web.ns");
+        // An underscore without a UUID after it is not controller-runtime's.
+        assert!(host_of("my_operator").is_err());
+        for bad in [
+            "10.0.0.1:8080",
+            "Operator-A",
+            "ns/pod",
+            "-x",
+            "a_b_c",
+            &"x".repeat(254),
+        ] {
+            assert!(
+                matches!(host_of(bad), Err(Unmanageable::IdentityNotAPod(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn hostnames_are_cut_at_63() {
+        let long = format!("{}-{}", "a".repeat(62), "b".repeat(10));
+        assert_eq!(host_of_name(&long), "a".repeat(62));
+        assert_eq!(host_of_name("short"), "short");
+    }
+
+    #[test]
+    fn expiry() {
+        let now: Timestamp = "2026-12-01T10:00:00Z".parse().unwrap();
+        let mut l = LeaseLock {
+            namespace: "ns".into(),
+            name: "l".into(),
+            uid: "u".into(),
+            resource_version: "1".into(),
+            created: None,
+            identity: Some("p".into()),
+            host: Some("p".into()),
+            renewed: Some(now - SignedDuration::from_secs(10)),
+            duration: Some(SignedDuration::from_secs(15)),
+        };
+        assert!(!l.expired(now));
+        l.duration = Some(SignedDuration::from_secs(5));
+        // 10 s ago + 5 s, within the 10 s margin for clock skew.
+        assert!(!l.expired(now));
+        l.renewed = Some(now - SignedDuration::from_secs(16));
+        assert!(l.expired(now));
+        l.renewed = Some(Timestamp::MAX);
+        assert!(!l.expired(now), "an overflowing renew time never expires");
+        l.renewed = None;
+        assert!(l.expired(now));
+    }
+}
