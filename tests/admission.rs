@@ -1,0 +1,308 @@
+//! The chart's delete guard (a ValidatingAdmissionPolicy) on the real API
+//! server 1.37, rendered from the chart as a cluster that serves
+//! `admissionregistration.k8s.io/v1` ValidatingAdmissionPolicy renders it:
+//! the janitor's ServiceAccount is refused, naming the policy, what RBAC
+//! allows but DESIGN.md does not (deleting an unlabeled ConfigMap, a labeled
+//! one with data, one in kube-system; changing a ConfigMap beyond the opt-in
+//! label; updating a Lease beyond its release), other users are unaffected,
+//! and a real janitor run under the guard reclaims a stale ConfigMap lock,
+//! carries the label over to the new leader's lock, and releases a stale
+//! Lease, as without it.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
+use serde_json::{json, Value};
+use support::chart::{apply_rbac, kind_of, render, sa_kubeconfig};
+use support::*;
+
+const VAP: &str = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
+
+async fn client_for(kubeconfig: &std::path::Path) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// The denial, if the write was refused by the guard.
+fn denied(r: kube::Result<impl std::fmt::Debug>) -> Option<String> {
+    match r {
+        Err(kube::Error::Api(s)) if s.message.contains("ValidatingAdmissionPolicy") => {
+            Some(s.message)
+        }
+        _ => None,
+    }
+}
+
+fn configmap(
+    name: &str,
+    labels: &[(&str, &str)],
+    owner: Option<&k8s_openapi::api::core::v1::Pod>,
+    data: bool,
+) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            owner_references: owner.map(|p| vec![pod_owner(p)]),
+            ..Default::default()
+        },
+        data: data.then(|| BTreeMap::from([("k".to_string(), "v".to_string())])),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
+    let cp = shared().await;
+    let admin = cp.client().await.unwrap();
+    let rel = fresh_namespace(&admin, "guard-rel").await;
+    let ns = fresh_namespace(&admin, "guard-locks").await;
+    let node = format!("node-{ns}");
+    kubelet::create_node(&admin, &node).await.unwrap();
+    // This release watches its own selector, so that the cluster-wide
+    // janitors of other tests never touch its locks.
+    let selector = format!("lock-janitor.io/watch={ns}");
+    let docs = render(
+        &rel,
+        &rel,
+        &[
+            "--api-versions".into(),
+            VAP.into(),
+            "--set".into(),
+            format!("selector={selector}"),
+            "--set".into(),
+            "replicas=1".into(),
+        ],
+    );
+    apply_rbac(&admin, &docs).await;
+    let policy = docs
+        .iter()
+        .find(|d| kind_of(d) == "ValidatingAdmissionPolicy")
+        .expect("the guard is rendered where the API server serves VAP v1");
+    let binding = docs
+        .iter()
+        .find(|d| kind_of(d) == "ValidatingAdmissionPolicyBinding")
+        .expect("its binding");
+    let policy_name = policy["metadata"]["name"].as_str().unwrap().to_owned();
+    let p: ValidatingAdmissionPolicy = serde_json::from_value(policy.clone()).unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .create(&PostParams::default(), &p)
+        .await
+        .expect("the API server accepts the policy (its CEL compiles)");
+    let b: ValidatingAdmissionPolicyBinding = serde_json::from_value(binding.clone()).unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .create(&PostParams::default(), &b)
+        .await
+        .unwrap();
+    let deployment = docs.iter().find(|d| kind_of(d) == "Deployment").unwrap();
+    let spec = &deployment["spec"]["template"]["spec"];
+    let sa = spec["serviceAccountName"].as_str().unwrap();
+    let args: Vec<String> = spec["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|a| !a.starts_with("--metrics-bind-address") && !a.starts_with("--log-format"))
+        .map(str::to_owned)
+        .collect();
+    let kc = sa_kubeconfig(cp, &rel, sa);
+    let janitor_client = client_for(&kc).await;
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+    let as_janitor: Api<ConfigMap> = Api::namespaced(janitor_client.clone(), &ns);
+    let label_value = ns.as_str();
+    let opt_in = ("lock-janitor.io/watch", label_value);
+
+    // An unlabeled lock-shaped ConfigMap: RBAC allows the delete, the
+    // guard refuses it (once the API server has loaded the policy).
+    let holder = running_pod(&admin, &ns, "holder", &node).await;
+    let mut attempt = 0;
+    let message = loop {
+        attempt += 1;
+        assert!(attempt < 100, "the guard never took effect");
+        // A fresh one each time: before the API server has loaded the
+        // policy, the delete goes through.
+        let name = format!("unlabeled-{attempt}");
+        let cm = configmap(&name, &[], Some(&holder), false);
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+        match as_janitor.delete(&name, &DeleteParams::default()).await {
+            Err(kube::Error::Api(s)) if s.message.contains("ValidatingAdmissionPolicy") => {
+                let cm = configmap("unlabeled", &[], Some(&holder), false);
+                cms.create(&PostParams::default(), &cm).await.unwrap();
+                cms.delete(&name, &DeleteParams::default()).await.unwrap();
+                break s.message;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+            Err(e) => panic!("unexpected answer: {e}"),
+        }
+    };
+    assert!(message.contains(&policy_name), "{message}");
+    // Labeled but holding data: not lock-shaped.
+    cms.create(
+        &PostParams::default(),
+        &configmap("with-data", &[opt_in], Some(&holder), true),
+    )
+    .await
+    .unwrap();
+    assert!(denied(
+        as_janitor
+            .delete("with-data", &DeleteParams::default())
+            .await
+    )
+    .is_some());
+    // In kube-system.
+    let system: Api<ConfigMap> = Api::namespaced(admin.clone(), "kube-system");
+    let victim = format!("guard-victim-{ns}");
+    system
+        .create(
+            &PostParams::default(),
+            &configmap(&victim, &[], None, false),
+        )
+        .await
+        .unwrap();
+    let system_as_janitor: Api<ConfigMap> = Api::namespaced(janitor_client.clone(), "kube-system");
+    assert!(denied(
+        system_as_janitor
+            .delete(&victim, &DeleteParams::default())
+            .await
+    )
+    .is_some());
+    // A patch beyond the opt-in label.
+    let other = json!({"metadata": {"labels": {"team": "payments"}}});
+    assert!(denied(
+        as_janitor
+            .patch("unlabeled", &PatchParams::default(), &Patch::Merge(&other))
+            .await
+    )
+    .is_some());
+    // A Lease update that is not a release.
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), &ns);
+    let now = MicroTime(Timestamp::now());
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("some-lease".into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("holder".into()),
+            lease_duration_seconds: Some(3600),
+            renew_time: Some(now.clone()),
+            acquire_time: Some(now),
+            ..Default::default()
+        }),
+    };
+    let mut l = leases.create(&PostParams::default(), &lease).await.unwrap();
+    l.spec.as_mut().unwrap().holder_identity = Some(String::new());
+    l.spec.as_mut().unwrap().lease_duration_seconds = Some(1);
+    let as_janitor_leases: Api<Lease> = Api::namespaced(janitor_client.clone(), &ns);
+    let m = denied(
+        as_janitor_leases
+            .replace("some-lease", &PostParams::default(), &l)
+            .await,
+    )
+    .expect("the release of a Lease that is not opted in is refused");
+    assert!(m.contains("release an opted-in one"), "{m}");
+    // Other users are unaffected.
+    cms.delete("unlabeled", &DeleteParams::default())
+        .await
+        .unwrap();
+    system
+        .delete(&victim, &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // A real janitor under the guard does its job: a stale ConfigMap lock
+    // reclaimed, the label carried over to the new leader's lock, a stale
+    // Lease released.
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let j = Janitor::start(&kc, &refs).await;
+    let leader = running_pod(&admin, &ns, "leader", &node).await;
+    cms.create(
+        &PostParams::default(),
+        &configmap("op-lock", &[opt_in], Some(&leader), false),
+    )
+    .await
+    .unwrap();
+    let dead = running_pod(&admin, &ns, "lease-holder", &node).await;
+    let mut opted = lease.clone();
+    opted.metadata.name = Some("op-lease".into());
+    opted.metadata.labels = Some(BTreeMap::from([(opt_in.0.into(), opt_in.1.into())]));
+    opted.spec.as_mut().unwrap().holder_identity = dead.metadata.name.clone();
+    leases.create(&PostParams::default(), &opted).await.unwrap();
+
+    kubelet::set_failed(&admin, &ns, "leader", "Evicted", "test")
+        .await
+        .unwrap();
+    kubelet::set_failed(&admin, &ns, "lease-holder", "Evicted", "test")
+        .await
+        .unwrap();
+    wait_for(
+        "the stale lock reclaimed",
+        Duration::from_secs(30),
+        || async { (!lock_exists(&admin, &ns, "op-lock").await).then_some(()) },
+    )
+    .await;
+    // operator-lib's replica creates the lock again, unlabeled.
+    let heir = running_pod(&admin, &ns, "heir", &node).await;
+    cms.create(
+        &PostParams::default(),
+        &configmap("op-lock", &[], Some(&heir), false),
+    )
+    .await
+    .unwrap();
+    wait_for(
+        "the label carried over",
+        Duration::from_secs(30),
+        || async {
+            let cm = cms.get("op-lock").await.ok()?;
+            (cm.metadata.labels?.get(opt_in.0).map(String::as_str) == Some(opt_in.1)).then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        "the stale Lease released",
+        Duration::from_secs(30),
+        || async {
+            let l = leases.get("op-lease").await.ok()?;
+            (l.spec?.holder_identity.as_deref() == Some("")).then_some(())
+        },
+    )
+    .await;
+    // Nothing of the janitor's was refused by the guard.
+    assert!(
+        !j.logs().contains("ValidatingAdmissionPolicy"),
+        "{}",
+        j.logs()
+    );
+    let m = j.metrics().await;
+    for kind in ["configmap", "lease"] {
+        assert_eq!(
+            sample(
+                &m,
+                "lock_janitor_reclaims_total",
+                &[("kind", kind), ("namespace", ns.as_str())]
+            ),
+            Some(1.0),
+            "{m}"
+        );
+    }
+}
