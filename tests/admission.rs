@@ -306,3 +306,181 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         );
     }
 }
+
+/// Creates a rendered object for real, whatever its kind (the v1
+/// MutatingAdmissionPolicy is newer than the typed API this crate builds
+/// with).
+async fn create_dynamic(client: &Client, doc: &Value) {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let (group, version) = doc["apiVersion"].as_str().unwrap().split_once('/').unwrap();
+    let gvk = GroupVersionKind::gvk(group, version, kind_of(doc));
+    let ar = ApiResource::from_gvk(&gvk);
+    let obj: DynamicObject = serde_json::from_value(doc.clone()).unwrap();
+    Api::<DynamicObject>::all_with(client.clone(), &ar)
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("creating {}: {e}", kind_of(doc)));
+}
+
+/// Auto opt-in: the real operator-lib creates its lock in a selected
+/// namespace and it carries the label; in another namespace it does not; a
+/// ConfigMap with data or two owners is never labeled. Then an eviction is
+/// reclaimed and the next leader's lock is labeled with no `label` step
+/// and no carry-over patch by the janitor.
+#[tokio::test]
+async fn auto_opt_in_labels_operator_lib_locks_at_creation() {
+    use lock_janitor_testenv::peers::Peer;
+    let cp = shared().await;
+    let admin = cp.client().await.unwrap();
+    let rel = fresh_namespace(&admin, "auto-rel").await;
+    let picked = fresh_namespace(&admin, "auto-in").await;
+    let other = fresh_namespace(&admin, "auto-out").await;
+    let node = format!("node-{picked}");
+    kubelet::create_node(&admin, &node).await.unwrap();
+    let selector_key = "lock-janitor.io/auto-opt-in-test";
+    let ns_api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    let mark = json!({"metadata": {"labels": {selector_key: picked.as_str()}}});
+    ns_api
+        .patch(&picked, &PatchParams::default(), &Patch::Merge(&mark))
+        .await
+        .unwrap();
+    let opt_in = ("lock-janitor.io/watch", picked.as_str());
+    let docs = render(
+        &rel,
+        &rel,
+        &[
+            "--api-versions".into(),
+            "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy".into(),
+            "--set".into(),
+            format!("selector={}={}", opt_in.0, opt_in.1),
+            "--set".into(),
+            "replicas=1".into(),
+            "--set".into(),
+            "admissionPolicies.autoOptIn.enabled=true".into(),
+            "--set-json".into(),
+            format!(
+                "admissionPolicies.autoOptIn.namespaceSelector={{\"matchLabels\":{{\"{selector_key}\":\"{picked}\"}}}}"
+            ),
+        ],
+    );
+    apply_rbac(&admin, &docs).await;
+    for kind in ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"] {
+        let doc = docs
+            .iter()
+            .find(|d| kind_of(d) == kind)
+            .unwrap_or_else(|| panic!("{kind} rendered"));
+        create_dynamic(&admin, doc).await;
+    }
+    let labeled = |cm: &ConfigMap| {
+        cm.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(opt_in.0))
+            .map(String::as_str)
+            == Some(opt_in.1)
+    };
+    // In effect once a lock-shaped ConfigMap comes back labeled.
+    let probe = running_pod(&admin, &picked, "probe", &node).await;
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), &picked);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        assert!(attempt < 100, "the auto opt-in never took effect");
+        let cm = configmap(&format!("probe-{attempt}"), &[], Some(&probe), false);
+        if labeled(&cms.create(&PostParams::default(), &cm).await.unwrap()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Not lock-shaped: never labeled.
+    let with_data = cms
+        .create(
+            &PostParams::default(),
+            &configmap("with-data", &[], Some(&probe), true),
+        )
+        .await
+        .unwrap();
+    assert!(!labeled(&with_data));
+    let mut two = configmap("two-owners", &[], Some(&probe), false);
+    let mut second = pod_owner(&probe);
+    second.name = "another".into();
+    second.uid = "another-uid".into();
+    two.metadata.owner_references.as_mut().unwrap().push(second);
+    assert!(!labeled(
+        &cms.create(&PostParams::default(), &two).await.unwrap()
+    ));
+
+    // The real operator-lib, in the selected namespace and in another one.
+    const LOCK: &str = "auto-operator-lock";
+    let kc = cp.kubeconfig_path();
+    running_pod(&admin, &picked, "op-a", &node).await;
+    running_pod(&admin, &other, "op-x", &node).await;
+    let mut a = Peer::become_leader(kc, cp.dir(), &picked, "op-a", LOCK).unwrap();
+    let mut x = Peer::become_leader(kc, cp.dir(), &other, "op-x", LOCK).unwrap();
+    a.wait_leading(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    x.wait_leading(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        labeled(&cms.get(LOCK).await.unwrap()),
+        "the selected namespace's lock is opted in"
+    );
+    let elsewhere: Api<ConfigMap> = Api::namespaced(admin.clone(), &other);
+    assert!(
+        !labeled(&elsewhere.get(LOCK).await.unwrap()),
+        "another namespace's lock is not"
+    );
+
+    // A janitor of this release; the leader dies, the replica takes over,
+    // and its new lock is opted in by the policy, not by the janitor.
+    let deployment = docs.iter().find(|d| kind_of(d) == "Deployment").unwrap();
+    let spec = &deployment["spec"]["template"]["spec"];
+    let sa = spec["serviceAccountName"].as_str().unwrap();
+    let args: Vec<String> = spec["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|a| !a.starts_with("--metrics-bind-address") && !a.starts_with("--log-format"))
+        .map(str::to_owned)
+        .chain(["--namespace".to_owned(), picked.clone()])
+        .collect();
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let jkc = sa_kubeconfig(cp, &rel, sa);
+    let j = Janitor::start(&jkc, &refs).await;
+    running_pod(&admin, &picked, "op-b", &node).await;
+    let mut b = Peer::become_leader(kc, cp.dir(), &picked, "op-b", LOCK).unwrap();
+    wait_for("the replica waiting", Duration::from_secs(30), || async {
+        b.logs().contains("Not the leader. Waiting.").then_some(())
+    })
+    .await;
+    a.kill();
+    kubelet::set_failed(&admin, &picked, "op-a", "Terminated", "node shutdown")
+        .await
+        .unwrap();
+    b.wait_leading(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\njanitor:\n{}", j.logs()));
+    let new_lock = cms.get(LOCK).await.unwrap();
+    assert_eq!(new_lock.metadata.owner_references.unwrap()[0].name, "op-b");
+    assert!(new_lock
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.get(opt_in.0).map(String::as_str) == Some(opt_in.1)));
+    wait_event(&admin, &picked, "LockTakenOver", LOCK).await;
+    let user = format!("system:serviceaccount:{rel}:{sa}");
+    let writes = writes_by(cp, &user, &picked);
+    assert_eq!(
+        writes.iter().filter(|e| e.verb == "delete").count(),
+        1,
+        "one reclaim: {writes:#?}"
+    );
+    assert!(
+        writes.iter().all(|e| e.verb != "patch"),
+        "no carry-over patch where the policy labels: {writes:#?}"
+    );
+    drop(x);
+}
