@@ -52,6 +52,31 @@ pub enum Command {
     Scan(ScanArgs),
     /// Add the opt-in label to unlabeled lock candidates (dry run unless --apply).
     Label(LabelArgs),
+    /// Print the version.
+    Version,
+}
+
+/// The name the binary answers to as a kubectl plugin (`kubectl
+/// lock-janitor ...`): kubectl runs `kubectl-lock_janitor` from PATH.
+pub const PLUGIN_NAME: &str = "kubectl-lock_janitor";
+
+/// Whether the binary was invoked as the kubectl plugin (by its file name).
+pub fn invoked_as_plugin(argv0: &std::ffi::OsStr) -> bool {
+    std::path::Path::new(argv0)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n == PLUGIN_NAME || n.starts_with("kubectl-lock_janitor."))
+}
+
+/// Where the admin commands find the cluster, with kubectl's flags.
+#[derive(Clone, Debug, Default, Args)]
+pub struct Cluster {
+    /// Path of the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long)]
+    pub context: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -69,6 +94,18 @@ pub struct Scope {
     /// Namespace to watch; repeat for several (or comma-separate in the env var). Default: all namespaces.
     #[arg(long = "namespace", short = 'n', env = "LOCK_JANITOR_NAMESPACE", value_delimiter = ',', value_parser = parse_namespace)]
     pub namespaces: Vec<String>,
+}
+
+/// The scope of an admin command, with kubectl's `-A`.
+#[derive(Clone, Debug, Args)]
+pub struct AdminScope {
+    #[command(flatten)]
+    pub scope: Scope,
+    /// All namespaces (the default without --namespace; as kubectl's -A).
+    #[arg(long = "all-namespaces", short = 'A', conflicts_with = "namespaces")]
+    pub all_namespaces: bool,
+    #[command(flatten)]
+    pub cluster: Cluster,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -136,7 +173,7 @@ pub enum Output {
 #[derive(Clone, Debug, Args)]
 pub struct ScanArgs {
     #[command(flatten)]
-    pub scope: Scope,
+    pub admin: AdminScope,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -148,7 +185,7 @@ pub struct ScanArgs {
 #[derive(Clone, Debug, Args)]
 pub struct LabelArgs {
     #[command(flatten)]
-    pub scope: Scope,
+    pub admin: AdminScope,
     /// Write the labels (without it, only print what would change).
     #[arg(long)]
     pub apply: bool,

@@ -38,7 +38,16 @@ fn init_logs(format: LogFormat) {
 #[tokio::main]
 async fn main() -> ExitCode {
     // Usage errors print a message and exit 2.
-    let cli = Cli::try_parse_checked(std::env::args_os()).unwrap_or_else(|e| e.exit());
+    // Installed (or linked) as kubectl-lock_janitor, it answers
+    // `kubectl lock-janitor scan|label|version`, and says so in its usage.
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv
+        .first()
+        .is_some_and(|a| lock_janitor::cli::invoked_as_plugin(a))
+    {
+        argv[0] = "kubectl lock-janitor".into();
+    }
+    let cli = Cli::try_parse_checked(argv).unwrap_or_else(|e| e.exit());
     let is_run = matches!(cli.command, Command::Run(_));
     let result = match cli.command {
         Command::Run(args) => {
@@ -52,6 +61,10 @@ async fn main() -> ExitCode {
         Command::Label(args) => {
             init_logs(LogFormat::Plain);
             lock_janitor::cmd::label::label_command(args).await
+        }
+        Command::Version => {
+            println!("lock-janitor {}", env!("CARGO_PKG_VERSION"));
+            Ok(ExitCode::SUCCESS)
         }
     };
     match result {

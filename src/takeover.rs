@@ -40,6 +40,8 @@ const FOLLOWER_BURST: u32 = 5;
 /// A follower's first look, and its longest wait between looks.
 const FIRST_LOOK: Duration = Duration::from_secs(2);
 const LONGEST_WAIT: Duration = Duration::from_secs(30);
+/// The longest wait once --takeover-timeout has passed.
+const LONGEST_WAIT_LATE: Duration = Duration::from_secs(300);
 /// How long a follower that does not lead waits for the lead before it
 /// leaves the label carry-over to the leader.
 const GATE_WAIT: Duration = Duration::from_secs(30);
@@ -351,7 +353,15 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
             break "given up";
         }
         tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(LONGEST_WAIT);
+        // Past the timeout (NoTakeover said), a follower looks only every
+        // few minutes: the young ones, whose takeover is due any second,
+        // must not queue behind it for the followers' budget.
+        let longest = if seconds_since(since) >= s.timeout.as_secs_f64() {
+            LONGEST_WAIT_LATE
+        } else {
+            LONGEST_WAIT
+        };
+        wait = (wait * 2).min(longest);
         s.limiter.until_ready().await;
         let look = match key.kind {
             LockKind::ConfigMap => look_configmap(&s, &key, &old).await,

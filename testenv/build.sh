@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager and helm from the Go
+# Builds etcd, kube-apiserver, kube-controller-manager, kubectl and helm from the Go
 # module proxy into a cache outside the repository, keyed by the pinned
 # versions. Reuses the cache when the binaries are already there.
 #
@@ -15,7 +15,7 @@ cache="${LOCK_JANITOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lock-janitor}/teste
 bin="$cache/bin"
 if [ "${1:-}" = "--print" ]; then echo "$bin"; exit 0; fi
 
-want=(etcd kube-apiserver kube-controller-manager helm)
+want=(etcd kube-apiserver kube-controller-manager kubectl helm)
 missing=()
 for b in "${want[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
 # The real leader-election peers (peers/): rebuilt whenever their sources change.
@@ -66,7 +66,7 @@ if [ ! -x "$bin/etcd" ]; then
   run etcd "$here/k8s" "$cache/log/etcd.log" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
   mv "$tmp/etcd" "$bin/etcd"
 fi
-for c in kube-apiserver kube-controller-manager; do
+for c in kube-apiserver kube-controller-manager kubectl; do
   if [ ! -x "$bin/$c" ]; then
     run "$c" "$here/k8s" "$cache/log/$c.log" -ldflags "$ld" -o "$tmp/$c" "k8s.io/kubernetes/cmd/$c"
     mv "$tmp/$c" "$bin/$c"

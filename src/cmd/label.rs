@@ -32,28 +32,28 @@ pub fn name_selected(name: &str, include: &[glob::Pattern], exclude: &[glob::Pat
 
 /// `lock-janitor label`: adds the opt-in label to unlabeled lock candidates.
 pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
-    let Some((key, value)) = args.scope.selector.opt_in_label() else {
+    let Some((key, value)) = args.admin.scope.selector.opt_in_label() else {
         anyhow::bail!(
             "--selector {:?} has no single key=value term to write; label needs a selector like \
              lock-janitor.io/watch=true (the one `lock-janitor run` is given)",
-            args.scope.selector
+            args.admin.scope.selector
         );
     };
-    let selector = &args.scope.selector;
-    let cluster = connect().await?;
+    let selector = &args.admin.scope.selector;
+    let cluster = connect(&args.admin.cluster).await?;
     let needs = if args.apply {
         "list, get and patch on configmaps"
     } else {
         "list and get on configmaps"
     };
-    let listing = list_candidates(&cluster, &args.scope, selector, needs).await?;
+    let listing = list_candidates(&cluster, &args.admin.scope, selector, needs).await?;
 
     // Lease locks too: those whose holder identity names exactly one pod.
     // A janitor installed for ConfigMaps only may not list Leases: said.
     let observer = crate::observe::Observer::new(
         cluster.client.clone(),
         selector.clone(),
-        args.scope.namespaces.clone(),
+        args.admin.scope.namespaces.clone(),
         crate::verdict::Policy {
             owner_gone_grace: std::time::Duration::ZERO,
         },
@@ -61,7 +61,7 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     let leases = match super::leases::list_lease_candidates(
         &cluster,
         &observer,
-        &args.scope,
+        &args.admin.scope,
         selector,
     )
     .await
@@ -223,7 +223,7 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
         } else {
             "s"
         },
-        scope_text(&args.scope)
+        scope_text(&args.admin.scope)
     );
     if excluded > 0 {
         let _ = write!(summary, ", {excluded} left out by --include/--exclude");

@@ -33,13 +33,31 @@ pub struct Cluster {
     pub url: String,
 }
 
-pub async fn connect() -> anyhow::Result<Cluster> {
-    let config = kube::Config::infer().await.map_err(|e| {
-        anyhow!(
-            "no Kubernetes cluster configured: set KUBECONFIG, create ~/.kube/config, or run in a pod \
-             with a service account ({e})"
-        )
-    })?;
+/// Connects as kubectl would: `--kubeconfig` (else $KUBECONFIG, then
+/// ~/.kube/config, then the in-cluster service account) and `--context`.
+pub async fn connect(flags: &crate::cli::Cluster) -> anyhow::Result<Cluster> {
+    let options = kube::config::KubeConfigOptions {
+        context: flags.context.clone(),
+        ..Default::default()
+    };
+    let config = match (&flags.kubeconfig, &flags.context) {
+        (Some(path), _) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &options).await.map_err(|e| {
+                anyhow!("cannot use the kubeconfig {}: {e}", path.display())
+            })?
+        }
+        (None, Some(_)) => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| anyhow!("cannot use the kubeconfig with that context: {e}"))?,
+        (None, None) => kube::Config::infer().await.map_err(|e| {
+            anyhow!(
+                "no Kubernetes cluster configured: set KUBECONFIG, create ~/.kube/config, or run in a pod \
+                 with a service account ({e})"
+            )
+        })?,
+    };
     let url = config.cluster_url.to_string();
     let client = Client::try_from(config)
         .with_context(|| format!("cannot build a client for the cluster at {url}"))?;

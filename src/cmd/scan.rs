@@ -87,8 +87,8 @@ async fn fetch_holders(
 async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Report> {
     let started = Instant::now();
     let needs = "list and get on configmaps and get and list on pods";
-    let selector = &args.scope.selector;
-    let listing = list_candidates(cluster, &args.scope, selector, needs).await?;
+    let selector = &args.admin.scope.selector;
+    let listing = list_candidates(cluster, &args.admin.scope, selector, needs).await?;
 
     let parsed: Vec<Result<Lock, Unmanageable>> = listing
         .candidates
@@ -111,7 +111,7 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
     let observer = Observer::new(
         cluster.client.clone(),
         selector.clone(),
-        args.scope.namespaces.clone(),
+        args.admin.scope.namespaces.clone(),
         Policy {
             owner_gone_grace: args.owner_gone_grace,
         },
@@ -161,7 +161,9 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
     // ConfigMaps only may not list Leases: said, and left out.
     let lease_needs = "list on leases and list on pods";
     let mut leases_scanned = 0;
-    match super::leases::list_lease_candidates(cluster, &observer, &args.scope, selector).await {
+    match super::leases::list_lease_candidates(cluster, &observer, &args.admin.scope, selector)
+        .await
+    {
         Ok(found) => {
             leases_scanned = found.scanned;
             let judged = super::leases::judge_all(&observer, &found)
@@ -182,8 +184,8 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
         configmaps_scanned: listing.scanned,
         leases_scanned,
         skipped_with_data: listing.skipped_with_data,
-        namespaces: args.scope.namespaces.clone(),
-        selector: args.scope.selector.to_string(),
+        namespaces: args.admin.scope.namespaces.clone(),
+        selector: args.admin.scope.selector.to_string(),
         owner_gone_grace_seconds: args.owner_gone_grace.as_secs_f64(),
         ..Default::default()
     };
@@ -206,7 +208,7 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
 
 /// `lock-janitor scan`: exit 0 when no lock is stale, 3 when one is.
 pub async fn scan_command(args: ScanArgs) -> anyhow::Result<ExitCode> {
-    let cluster = connect().await?;
+    let cluster = connect(&args.admin.cluster).await?;
     let report = build_report(&cluster, &args).await?;
     let out = match args.output {
         Output::Json => {
@@ -214,7 +216,7 @@ pub async fn scan_command(args: ScanArgs) -> anyhow::Result<ExitCode> {
             s.push('\n');
             s
         }
-        Output::Table => render_report(&report, &args.scope),
+        Output::Table => render_report(&report, &args.admin.scope),
     };
     print_stdout(&out)?;
     Ok(if report.summary.stale > 0 {
