@@ -502,15 +502,35 @@ async fn carry_label_over(
                 return;
             }
         }
-        // Only the leader writes, never before sync. A standby waits a
-        // lease's worth for the lead (a failover right after the takeover),
-        // then leaves the label to the leader.
-        let waiting = Instant::now();
+        // Only the leader writes, never before sync. A standby waits for
+        // the lead, looking again now and then: done once the leader has
+        // labeled the lock (or it is gone). It does not leave it to the
+        // leader blindly: the leader may die before its own follower looks
+        // (found by the chaos suite), and a janitor that starts later sees
+        // a lock that is present again as taken over, not as awaited.
+        let (waiting, mut looked) = (Instant::now(), Instant::now());
+        let mut settled = false;
         while !s.readiness.is_synced() || !s.gate.may_write() {
-            if waiting.elapsed() > GATE_WAIT {
-                debug!(namespace = %key.namespace, lock = %key.name,
-                       "not leading: the leader carries the label over");
+            if waiting.elapsed() > FOLLOW_FOR {
                 return;
+            }
+            if looked.elapsed() >= GATE_WAIT {
+                looked = Instant::now();
+                s.limiter.until_ready().await;
+                match call("reading the new lock", cms.get_opt(&key.name)).await {
+                    Ok(Some(again)) => {
+                        settled = !lock::lock_shaped(&again)
+                            || optin::plan_label(&again.metadata, k, v) != Some(Plan::Add);
+                        cm = again;
+                    }
+                    Ok(None) => return,
+                    Err(_) => {}
+                }
+                if settled {
+                    debug!(namespace = %key.namespace, lock = %key.name,
+                           "the leader carried the label over");
+                    return;
+                }
             }
             tokio::time::sleep(FIRST_LOOK).await;
         }

@@ -221,4 +221,62 @@ proptest! {
             Err(e) => prop_assert_eq!(e.exit_code(), 2),
         }
     }
+
+    /// Any holder identity: a host that is a pod name (a DNS subdomain, a
+    /// DNS label when it came from `<hostname>_<uuid>`), or unmanageable;
+    /// never a panic. A Lease whose identity names no pod is never stale.
+    #[test]
+    fn lease_identities_name_a_pod_or_nothing(
+        id in prop_oneof![
+            "\\PC{0,80}",
+            "[a-z0-9.-]{1,70}(_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})?",
+        ],
+        phase in prop_oneof![Just("Failed"), Just("Running"), Just("Succeeded")],
+    ) {
+        use lock_janitor::lock::lease;
+        match lease::host_of(&id) {
+            Ok(host) => {
+                prop_assert!(lock_janitor::dns_subdomain(&host), "{host:?}");
+                prop_assert!(id == host || (id.starts_with(&host) && id.len() == host.len() + 37));
+            }
+            Err(why) => prop_assert!(matches!(why, Unmanageable::IdentityNotAPod(_))),
+        }
+        let l = k8s_openapi::api::coordination::v1::Lease {
+            metadata: ObjectMeta {
+                name: Some("l".into()),
+                namespace: Some("ns".into()),
+                uid: Some("u".into()),
+                resource_version: Some("1".into()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some(id.clone()),
+                lease_duration_seconds: Some(3600),
+                renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                    k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60),
+                )),
+                ..Default::default()
+            }),
+        };
+        if let Ok(parsed) = lease::parse(&l) {
+            // A dead pod whose name is not the identity's host never
+            // makes the Lease stale.
+            let mut p = Pod {
+                metadata: ObjectMeta {
+                    name: Some("zz-not-it".into()),
+                    ..Default::default()
+                },
+                status: Some(PodStatus {
+                    phase: Some(phase.to_string()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            if parsed.host.as_deref() == Some("zz-not-it") {
+                p.metadata.name = Some("zz-other".into());
+            }
+            let v = verdict::judge_lease(&parsed, &[p], k8s_openapi::jiff::Timestamp::now());
+            prop_assert!(!matches!(v, Verdict::Stale { .. }), "{v:?}");
+        }
+    }
 }

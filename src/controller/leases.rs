@@ -5,19 +5,18 @@
 
 use std::sync::Arc;
 
-use futures::{future, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
-use super::{error_backoff, error_policy, key_of, reconcile, resync_after, Context};
+use super::{drive, error_backoff, key_of, resync_after, Context, Wiring};
 use crate::index::LeaseIndex;
 use crate::lock;
 use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
@@ -148,38 +147,15 @@ pub(super) async fn run_scope(
         })
     };
 
-    // On taking the lead, look at every Lease at once.
-    let on_lead = ctx.gate.changes().map(|mut changes| {
-        let (reader, tx) = (reader.clone(), suspects_tx.clone());
-        tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                if *changes.borrow_and_update() {
-                    for l in reader.state() {
-                        let _ = tx.unbounded_send(ObjectRef::from_obj(&*l));
-                    }
-                }
-            }
-        })
-    });
-
-    info!(scope = %scope, selector = %ctx.settings.selector, "watching Lease locks");
-    Controller::for_stream(locks, reader)
-        .watches_stream(terminal_pods, held_by)
-        .reconcile_on(suspects_rx)
-        .with_config(ControllerConfig::default().concurrency(2))
-        .graceful_shutdown_on(shutdown.cancelled_owned())
-        .run(reconcile::<Lease>, error_policy::<Lease>, ctx)
-        .for_each(|res| {
-            match res {
-                Ok((obj, _)) => debug!(lease = %obj, "reconciled"),
-                Err(e) => debug!(error = %e, "controller event"),
-            }
-            future::ready(())
-        })
-        .await;
-    sweeper.abort();
-    if let Some(t) = on_lead {
-        t.abort();
-    }
-    info!(scope = %scope, "stopped watching Lease locks");
+    let wiring = Wiring {
+        locks,
+        reader,
+        terminal_pods,
+        held_by,
+        suspects: suspects_rx,
+        suspects_tx,
+        sweeper,
+        concurrency: 2,
+    };
+    drive(ctx, wiring, &scope, shutdown).await;
 }

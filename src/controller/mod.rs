@@ -366,6 +366,88 @@ pub fn error_policy<K: Watched>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> 
     Action::requeue(retry)
 }
 
+/// On taking the lead, every lock of `reader` is judged at once: a standby
+/// judged stale locks without writing; the settled ones cost nothing.
+fn on_lead<K: Watched>(
+    ctx: &Context,
+    reader: Store<K>,
+    tx: futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<K>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    ctx.gate.changes().map(|mut changes| {
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                if *changes.borrow_and_update() {
+                    for m in reader.state() {
+                        let _ =
+                            tx.unbounded_send(kube::runtime::reflector::ObjectRef::from_obj(&*m));
+                    }
+                }
+            }
+        })
+    })
+}
+
+/// One kind's wiring of a scope, ready to run.
+struct Wiring<K: Watched, L, P, M> {
+    /// The lock watch (reflected into `reader`) and the terminal-pod watch
+    /// with its mapping to locks.
+    locks: L,
+    reader: Store<K>,
+    terminal_pods: P,
+    held_by: M,
+    /// Suspects from the sweeper and the lead trigger.
+    suspects: futures::channel::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<K>>,
+    suspects_tx: futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<K>>,
+    sweeper: tokio::task::JoinHandle<()>,
+    concurrency: u16,
+}
+
+/// Runs a scope's Controller for one kind until `shutdown`, then stops its
+/// sweeper and lead trigger.
+async fn drive<K, L, P, M, I>(
+    ctx: Arc<Context>,
+    w: Wiring<K, L, P, M>,
+    scope: &str,
+    shutdown: CancellationToken,
+) where
+    K: Watched,
+    L: futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static,
+    P: futures::Stream<
+            Item = Result<
+                PartialObjectMeta<k8s_openapi::api::core::v1::Pod>,
+                kube::runtime::watcher::Error,
+            >,
+        > + Send
+        + 'static,
+    M: Fn(PartialObjectMeta<k8s_openapi::api::core::v1::Pod>) -> I + Sync + Send + 'static,
+    I: IntoIterator<Item = kube::runtime::reflector::ObjectRef<K>> + 'static,
+    I::IntoIter: Send,
+{
+    use futures::StreamExt;
+    use kube::runtime::controller::{Config as ControllerConfig, Controller};
+    let lead = on_lead(&ctx, w.reader.clone(), w.suspects_tx);
+    info!(scope = %scope, kind = %K::KIND, selector = %ctx.settings.selector, "watching locks");
+    Controller::for_stream(w.locks, w.reader)
+        .watches_stream(w.terminal_pods, w.held_by)
+        .reconcile_on(w.suspects)
+        .with_config(ControllerConfig::default().concurrency(w.concurrency))
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile::<K>, error_policy::<K>, ctx)
+        .for_each(|res| {
+            match res {
+                Ok((obj, _)) => debug!(lock = %obj, "reconciled"),
+                Err(e) => debug!(error = %e, "controller event"),
+            }
+            future::ready(())
+        })
+        .await;
+    w.sweeper.abort();
+    if let Some(t) = lead {
+        t.abort();
+    }
+    info!(scope = %scope, kind = %K::KIND, "stopped watching");
+}
+
 /// Runs one controller per scope and lock kind until `shutdown` is
 /// cancelled and every in-flight reconcile has finished.
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {

@@ -7,10 +7,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{future, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
@@ -18,7 +17,7 @@ use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{error_backoff, error_policy, key_of, reconcile, resync_after, Context, LockMeta};
+use super::{drive, error_backoff, key_of, resync_after, Context, LockMeta, Wiring};
 use crate::index::HolderIndex;
 use crate::lock::{self, LockKey};
 use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
@@ -251,39 +250,15 @@ pub(super) async fn run_scope(
         })
     };
 
-    // On taking the lead, look at every lock at once: a standby judged
-    // stale locks without writing; the settled ones cost nothing.
-    let on_lead = ctx.gate.changes().map(|mut changes| {
-        let (reader, tx) = (reader.clone(), suspects_tx_lead.clone());
-        tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                if *changes.borrow_and_update() {
-                    for m in reader.state() {
-                        let _ = tx.unbounded_send(ObjectRef::from_obj(&*m));
-                    }
-                }
-            }
-        })
-    });
-
-    info!(scope = %scope, selector = %ctx.settings.selector, "watching locks");
-    Controller::for_stream(locks, reader)
-        .watches_stream(terminal_pods, held_by)
-        .reconcile_on(suspects_rx)
-        .with_config(ControllerConfig::default().concurrency(4))
-        .graceful_shutdown_on(shutdown.cancelled_owned())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| {
-            match res {
-                Ok((obj, _)) => debug!(lock = %obj, "reconciled"),
-                Err(e) => debug!(error = %e, "controller event"),
-            }
-            future::ready(())
-        })
-        .await;
-    sweeper.abort();
-    if let Some(t) = on_lead {
-        t.abort();
-    }
-    info!(scope = %scope, "stopped watching");
+    let wiring = Wiring {
+        locks,
+        reader,
+        terminal_pods,
+        held_by,
+        suspects: suspects_rx,
+        suspects_tx: suspects_tx_lead,
+        sweeper,
+        concurrency: 4,
+    };
+    drive(ctx, wiring, &scope, shutdown).await;
 }
