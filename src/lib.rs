@@ -178,3 +178,25 @@ pub fn dns_subdomain(s: &str) -> bool {
         && s.split('.')
             .all(|l| !l.is_empty() && l.len() <= 63 && dns_label(l))
 }
+
+/// Every object `api` lists, whole, in pages of 500 (`what` names the list
+/// in errors).
+pub async fn list_all<K>(api: &kube::Api<K>, what: &str) -> Result<Vec<K>, Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut lp = kube::api::ListParams::default().limit(500);
+        if let Some(t) = &token {
+            lp = lp.continue_token(t);
+        }
+        let page = call(what.to_owned(), api.list(&lp)).await?;
+        out.extend(page.items);
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            return Ok(out);
+        }
+    }
+}

@@ -339,20 +339,7 @@ impl Observer {
     /// `spec.hostname`), in pages.
     pub async fn pods_in(&self, namespace: &str) -> Result<Vec<Pod>, Error> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut lp = ListParams::default().limit(500);
-            if let Some(t) = &token {
-                lp = lp.continue_token(t);
-            }
-            let page = call(format!("listing pods in {namespace}"), api.list(&lp)).await?;
-            out.extend(page.items);
-            token = page.metadata.continue_.filter(|t| !t.is_empty());
-            if token.is_none() {
-                return Ok(out);
-            }
-        }
+        crate::list_all(&api, &format!("listing pods in {namespace}")).await
     }
 }
 

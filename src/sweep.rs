@@ -73,6 +73,19 @@ where
     }
 }
 
+/// One page of the scope's terminal pods (metadata only), per call.
+fn terminal(
+    api: &Api<Pod>,
+) -> impl Fn(
+    ListParams,
+) -> futures::future::BoxFuture<'static, Result<ObjectList<PartialObjectMeta<Pod>>, Error>> {
+    let api = api.clone();
+    move |lp: ListParams| {
+        let (api, lp) = (api.clone(), lp.fields(TERMINAL_PODS));
+        Box::pin(async move { call("sweeping terminal pods", api.list_metadata(&lp)).await })
+    }
+}
+
 /// Sweeps one scope (a namespace, or all) against its holder index.
 pub async fn sweep(
     client: &Client,
@@ -83,12 +96,7 @@ pub async fn sweep(
     let mut out = Sweep::default();
 
     // Terminal pods that hold a lock.
-    let list = |lp: ListParams| {
-        let lp = lp.fields(TERMINAL_PODS);
-        let api = api.clone();
-        async move { call("sweeping terminal pods", api.list_metadata(&lp)).await }
-    };
-    out.requests += pages(list, |p| {
+    out.requests += pages(terminal(&api), |p| {
         out.pods += 1;
         let ns = p.namespace().unwrap_or_default();
         let uid = p.metadata.uid.unwrap_or_default();
@@ -133,12 +141,7 @@ pub async fn sweep_leases(
 ) -> Result<Sweep, Error> {
     let api: Api<Pod> = scoped(client, namespace);
     let mut out = Sweep::default();
-    let list = |lp: ListParams| {
-        let lp = lp.fields(TERMINAL_PODS);
-        let api = api.clone();
-        async move { call("sweeping terminal pods", api.list_metadata(&lp)).await }
-    };
-    out.requests += pages(list, |p| {
+    out.requests += pages(terminal(&api), |p| {
         out.pods += 1;
         let ns = p.namespace().unwrap_or_default();
         out.suspects.extend(index.leases_of(&ns, &p.name_any()));

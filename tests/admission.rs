@@ -38,6 +38,23 @@ async fn client_for(kubeconfig: &std::path::Path) -> Client {
     Client::try_from(config).unwrap()
 }
 
+/// The rendered Deployment's ServiceAccount and container args (without
+/// the metrics address and log format, which tests set).
+fn deployment_of(docs: &[Value]) -> (String, Vec<String>) {
+    let deployment = docs.iter().find(|d| kind_of(d) == "Deployment").unwrap();
+    let spec = &deployment["spec"]["template"]["spec"];
+    let sa = spec["serviceAccountName"].as_str().unwrap().to_owned();
+    let args = spec["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|a| !a.starts_with("--metrics-bind-address") && !a.starts_with("--log-format"))
+        .map(str::to_owned)
+        .collect();
+    (sa, args)
+}
+
 /// The denial, if the write was refused by the guard.
 fn denied(r: kube::Result<impl std::fmt::Debug>) -> Option<String> {
     match r {
@@ -114,17 +131,8 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         .create(&PostParams::default(), &b)
         .await
         .unwrap();
-    let deployment = docs.iter().find(|d| kind_of(d) == "Deployment").unwrap();
-    let spec = &deployment["spec"]["template"]["spec"];
-    let sa = spec["serviceAccountName"].as_str().unwrap();
-    let args: Vec<String> = spec["containers"][0]["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .filter(|a| !a.starts_with("--metrics-bind-address") && !a.starts_with("--log-format"))
-        .map(str::to_owned)
-        .collect();
+    let (sa, args) = deployment_of(&docs);
+    let sa = sa.as_str();
     let kc = sa_kubeconfig(cp, &rel, sa);
     let janitor_client = client_for(&kc).await;
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
@@ -435,18 +443,9 @@ async fn auto_opt_in_labels_operator_lib_locks_at_creation() {
 
     // A janitor of this release; the leader dies, the replica takes over,
     // and its new lock is opted in by the policy, not by the janitor.
-    let deployment = docs.iter().find(|d| kind_of(d) == "Deployment").unwrap();
-    let spec = &deployment["spec"]["template"]["spec"];
-    let sa = spec["serviceAccountName"].as_str().unwrap();
-    let args: Vec<String> = spec["containers"][0]["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .filter(|a| !a.starts_with("--metrics-bind-address") && !a.starts_with("--log-format"))
-        .map(str::to_owned)
-        .chain(["--namespace".to_owned(), picked.clone()])
-        .collect();
+    let (sa, mut args) = deployment_of(&docs);
+    let sa = sa.as_str();
+    args.extend(["--namespace".to_owned(), picked.clone()]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let jkc = sa_kubeconfig(cp, &rel, sa);
     let j = Janitor::start(&jkc, &refs).await;

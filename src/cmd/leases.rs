@@ -11,16 +11,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::ListParams;
 use kube::Api;
 
-use super::report::Row;
+use super::report::{row, Identity, Row};
 use super::Cluster;
 use crate::cli::Scope;
 use crate::lock::{self, LockKey};
 use crate::observe::{Judgement, Observer};
 use crate::selector::Selector;
-use crate::{call, words, Error};
+use crate::Error;
 
 /// One Lease that `scan` reports and `label` may opt in.
 pub struct LeaseCandidate {
@@ -39,21 +38,8 @@ pub struct LeaseListing {
 
 async fn list_leases(cluster: &Cluster, ns: Option<&str>) -> Result<Vec<Lease>, Error> {
     let api: Api<Lease> = crate::scoped(&cluster.client, ns);
-    let mut out = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
-        let mut lp = ListParams::default().limit(500);
-        if let Some(t) = &token {
-            lp = lp.continue_token(t);
-        }
-        let what = format!("listing leases in {}", ns.unwrap_or("all namespaces"));
-        let page = call(what, api.list(&lp)).await?;
-        out.extend(page.items);
-        token = page.metadata.continue_.filter(|t| !t.is_empty());
-        if token.is_none() {
-            return Ok(out);
-        }
-    }
+    let what = format!("listing leases in {}", ns.unwrap_or("all namespaces"));
+    crate::list_all(&api, &what).await
 }
 
 /// Lists the Leases in scope and the pods their identities may name.
@@ -134,41 +120,14 @@ pub async fn judge_all(
 
 /// A report row for a Lease (the holder is the identity's host).
 pub fn lease_row(c: &LeaseCandidate, j: &Judgement, now: Timestamp) -> Row {
-    let meta = &c.lease.metadata;
-    let parsed = lock::lease::parse(&c.lease).ok();
-    let holder = parsed.as_ref().and_then(|p| p.host.clone());
-    let pod = j.holder.as_ref();
-    let status = pod.and_then(|p| p.status.as_ref());
-    let created = meta.creation_timestamp.as_ref().map(|t| t.0);
-    let age =
-        created.map(|c| std::time::Duration::try_from(now.duration_since(c)).unwrap_or_default());
-    let verdict = &j.verdict;
-    let died_at = match verdict {
-        crate::verdict::Verdict::Stale { died_at, .. } => died_at.map(|t| t.to_string()),
-        _ => None,
-    };
-    Row {
-        kind: "lease".into(),
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
+    let holder = lock::lease::parse(&c.lease).ok().and_then(|p| p.host);
+    let lock = Identity {
+        kind: "lease",
+        meta: &c.lease.metadata,
         labeled: c.labeled,
-        holder_found: holder.as_ref().map(|_| pod.is_some()),
-        holder: holder.clone(),
+        holder_found: holder.as_ref().map(|_| j.holder.is_some()),
+        holder,
         holder_uid: None,
-        holder_pod_uid: pod.and_then(|p| p.metadata.uid.clone()),
-        phase: status.and_then(|s| s.phase.clone()),
-        phase_reason: status.and_then(|s| s.reason.clone()),
-        phase_message: status.and_then(|s| s.message.clone()),
-        holder_deleting: pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
-        node: pod
-            .and_then(|p| p.spec.as_ref())
-            .and_then(|s| s.node_name.clone()),
-        created_at: created.map(|t| t.to_string()),
-        age_seconds: age.map(|a| a.as_secs()),
-        verdict: words::verdict_code(verdict),
-        state: verdict.state().as_str().to_owned(),
-        reason: words::reason_code(verdict),
-        died_at,
-        message: words::explain(verdict, holder.as_deref().unwrap_or_default(), pod, age),
-    }
+    };
+    row(lock, j.holder.as_ref(), &j.verdict, now)
 }

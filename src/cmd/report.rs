@@ -116,25 +116,49 @@ pub fn build_row(
         Some(Found::Pod(p)) => Some(p.as_ref()),
         _ => None,
     };
+    let holder_found = found
+        .map(|f| matches!(f, Found::Pod(_)))
+        .filter(|_| parsed.is_ok());
+    let lock = Identity {
+        kind: "configmap",
+        meta,
+        labeled: c.labeled,
+        holder,
+        holder_uid,
+        holder_found,
+    };
+    row(lock, pod, verdict, now)
+}
+
+/// What a row says of the lock itself, whatever its kind.
+pub struct Identity<'a> {
+    pub kind: &'static str,
+    pub meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    pub labeled: bool,
+    pub holder: Option<String>,
+    pub holder_uid: Option<String>,
+    pub holder_found: Option<bool>,
+}
+
+/// A row: the lock, the holder pod found (if any) and the verdict.
+pub fn row(lock: Identity<'_>, pod: Option<&Pod>, verdict: &Verdict, now: Timestamp) -> Row {
+    let meta = lock.meta;
     let status = pod.and_then(|p| p.status.as_ref());
     let created = meta.creation_timestamp.as_ref().map(|t| t.0);
     let age = age_of(created, now);
-    let reason = words::reason_code(verdict);
     let died_at = match verdict {
         Verdict::Stale { died_at, .. } => died_at.map(|t| t.to_string()),
         _ => None,
     };
-    let holder_name = holder.clone().unwrap_or_default();
+    let holder_name = lock.holder.clone().unwrap_or_default();
     Row {
-        kind: "configmap".into(),
+        kind: lock.kind.into(),
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
-        labeled: c.labeled,
-        holder,
-        holder_uid,
-        holder_found: found
-            .map(|f| matches!(f, Found::Pod(_)))
-            .filter(|_| parsed.is_ok()),
+        labeled: lock.labeled,
+        holder: lock.holder,
+        holder_uid: lock.holder_uid,
+        holder_found: lock.holder_found,
         holder_pod_uid: pod.and_then(|p| p.metadata.uid.clone()),
         phase: status.and_then(|s| s.phase.clone()),
         phase_reason: status.and_then(|s| s.reason.clone()),
@@ -147,7 +171,7 @@ pub fn build_row(
         age_seconds: age.map(|a| a.as_secs()),
         verdict: words::verdict_code(verdict),
         state: verdict.state().as_str().to_owned(),
-        reason,
+        reason: words::reason_code(verdict),
         died_at,
         message: words::explain(verdict, &holder_name, pod, age),
     }

@@ -16,11 +16,11 @@ use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::{drive, error_backoff, key_of, resync_after, Context, Wiring};
+use super::{drive, error_backoff, key_of, resync_after, suspects, terminal_pods, Context, Wiring};
 use crate::index::LeaseIndex;
 use crate::lock;
 use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
-use crate::{scoped, sweep, TERMINAL_PODS};
+use crate::{scoped, sweep};
 
 /// Runs the Lease controller for one scope until `shutdown`.
 pub(super) async fn run_scope(
@@ -36,7 +36,6 @@ pub(super) async fn run_scope(
     );
     let shared = ctx.shared.clone();
     let leases: Api<Lease> = scoped(&ctx.client, namespace.as_deref());
-    let pods: Api<PartialObjectMeta<Pod>> = scoped(&ctx.client, namespace.as_deref());
     let (reader, writer) = reflector::store::<Lease>();
     let index = Arc::new(LeaseIndex::default());
     let readiness = shared.readiness.clone();
@@ -79,25 +78,16 @@ pub(super) async fn run_scope(
 
     let terminal_pods = {
         let readiness = readiness.clone();
-        let stream = watcher(pods, watcher::Config::default().fields(TERMINAL_PODS))
-            .backoff(watch_backoff());
-        let stream = watch_health(stream, shared.clone(), "pods", &scope);
-        let synced = on_first_sync(stream, move || readiness.synced());
-        objects_only(synced.touched_objects())
+        terminal_pods(&ctx, namespace.as_deref(), &scope, move || {
+            readiness.synced()
+        })
     };
     // A terminal pod finds the Leases that may name it.
     let held_by = {
         let (ctx, index) = (ctx.clone(), index.clone());
         move |pod: PartialObjectMeta<Pod>| {
             let ns = pod.namespace().unwrap_or_default();
-            index
-                .leases_of(&ns, &pod.name_any())
-                .into_iter()
-                .map(|k| {
-                    ctx.memory.suspect(&k);
-                    ObjectRef::new(&k.name).within(&k.namespace)
-                })
-                .collect::<Vec<_>>()
+            suspects::<Lease>(&ctx, index.leases_of(&ns, &pod.name_any()))
         }
     };
 
@@ -132,10 +122,8 @@ pub(super) async fn run_scope(
                             suspects = found.suspects.len(),
                             "lease sweep done"
                         );
-                        for key in found.suspects {
-                            ctx.memory.suspect(&key);
-                            let _ =
-                                tx.unbounded_send(ObjectRef::new(&key.name).within(&key.namespace));
+                        for r in suspects::<Lease>(&ctx, found.suspects) {
+                            let _ = tx.unbounded_send(r);
                         }
                     }
                     Err(e) => {

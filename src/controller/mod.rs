@@ -366,6 +366,48 @@ pub fn error_policy<K: Watched>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> 
     Action::requeue(retry)
 }
 
+/// The terminal-pod watch of a scope: health counted under `scope`, and
+/// `on_sync` once it has listed.
+fn terminal_pods(
+    ctx: &Context,
+    namespace: Option<&str>,
+    scope: &str,
+    on_sync: impl FnMut() + Send + 'static,
+) -> impl futures::Stream<
+    Item = Result<
+        PartialObjectMeta<k8s_openapi::api::core::v1::Pod>,
+        kube::runtime::watcher::Error,
+    >,
+> + Send
+       + 'static {
+    use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
+    use kube::runtime::watcher::{self, watcher};
+    use kube::runtime::WatchStreamExt;
+    let pods: kube::Api<PartialObjectMeta<k8s_openapi::api::core::v1::Pod>> =
+        crate::scoped(&ctx.client, namespace);
+    let stream = watcher(
+        pods,
+        watcher::Config::default().fields(crate::TERMINAL_PODS),
+    )
+    .backoff(watch_backoff());
+    let stream = watch_health(stream, ctx.shared.clone(), "pods", scope);
+    objects_only(on_first_sync(stream, on_sync).touched_objects())
+}
+
+/// Marks these locks suspect (judged from live reads at their next
+/// reconcile) and names them for the Controller.
+fn suspects<K: Watched>(
+    ctx: &Context,
+    keys: impl IntoIterator<Item = LockKey>,
+) -> Vec<kube::runtime::reflector::ObjectRef<K>> {
+    keys.into_iter()
+        .map(|k| {
+            ctx.memory.suspect(&k);
+            kube::runtime::reflector::ObjectRef::new(&k.name).within(&k.namespace)
+        })
+        .collect()
+}
+
 /// On taking the lead, every lock of `reader` is judged at once: a standby
 /// judged stale locks without writing; the settled ones cost nothing.
 fn on_lead<K: Watched>(

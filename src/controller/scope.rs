@@ -17,11 +17,13 @@ use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{drive, error_backoff, key_of, resync_after, Context, LockMeta, Wiring};
+use super::{
+    drive, error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta, Wiring,
+};
 use crate::index::HolderIndex;
 use crate::lock::{self, LockKey};
 use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
-use crate::{scoped, sweep, TERMINAL_PODS};
+use crate::{scoped, sweep};
 
 /// Runs the controller for one scope (a namespace, or all) until `shutdown`.
 pub(super) async fn run_scope(
@@ -33,7 +35,6 @@ pub(super) async fn run_scope(
     // Api<PartialObjectMeta<_>> makes metadata-only requests.
     let shared = ctx.shared.clone();
     let cms: Api<LockMeta> = scoped(&ctx.client, namespace.as_deref());
-    let pods: Api<PartialObjectMeta<Pod>> = scoped(&ctx.client, namespace.as_deref());
     let (reader, writer) = reflector::store::<LockMeta>();
     let holders = Arc::new(HolderIndex::default());
     let readiness = ctx.shared.readiness.clone();
@@ -94,16 +95,11 @@ pub(super) async fn run_scope(
     };
 
     let terminal_pods = {
-        let readiness = readiness.clone();
-        let listed = listed_tx.clone();
-        let stream = watcher(pods, watcher::Config::default().fields(TERMINAL_PODS))
-            .backoff(watch_backoff());
-        let stream = watch_health(stream, shared.clone(), "pods", &scope);
-        let synced = on_first_sync(stream, move || {
+        let (readiness, listed) = (readiness.clone(), listed_tx.clone());
+        terminal_pods(&ctx, namespace.as_deref(), &scope, move || {
             readiness.synced();
             listed.send_modify(|n| *n += 1);
-        });
-        objects_only(synced.touched_objects())
+        })
     };
     // A terminal pod finds its locks in the index: the cost of an event
     // does not grow with the number of locks.
@@ -112,14 +108,7 @@ pub(super) async fn run_scope(
         move |pod: PartialObjectMeta<Pod>| {
             let ns = pod.namespace().unwrap_or_default();
             let uid = pod.metadata.uid.unwrap_or_default();
-            holders
-                .locks_of(&ns, &uid)
-                .into_iter()
-                .map(|k| {
-                    ctx.memory.suspect(&k);
-                    ObjectRef::new(&k.name).within(&k.namespace)
-                })
-                .collect::<Vec<_>>()
+            suspects::<LockMeta>(&ctx, holders.locks_of(&ns, &uid))
         }
     };
 
