@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo chaos bench bench-scale bench-takeover bench-scan bench-janitor
+.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor
 
 all: build
 
@@ -61,12 +61,16 @@ chaos: testenv-build
 	LOCK_JANITOR_BIN=$(CURDIR)/target/release/lock-janitor target/release/examples/chaos $(CHAOS_ARGS)
 
 ## Benchmarks: they report numbers (not part of make test).
-## make bench: memory, idle API load and reclaim latency at 0, 1,000 and 10,000 locks;
-## takeover time with the real operator-lib, alone and with the janitor.
-bench: bench-scale bench-takeover
+## make bench: memory, idle API load and reclaim latency at 0, 1,000 and 10,000 locks
+## (the image's musl build); heap per lock by part; takeover time with the real
+## operator-lib, alone and with the janitor.
+bench: bench-scale bench-memory bench-takeover
 
-bench-scale: testenv-build
+bench-scale: setup testenv-build
 	hack/bench-scale.sh
+
+bench-memory:
+	$(CARGO) run --locked -q --release --example bench_memory
 
 bench-takeover: testenv-build
 	hack/bench-takeover.sh

@@ -1,6 +1,8 @@
 //! What the janitor costs at scale, in one run on a local control plane:
-//! resident memory watching 0, 1,000 and 10,000 locks (steady, and the peak
-//! that includes its initial list and a scrape), the API requests it makes
+//! resident memory watching 0, 1,000 and 10,000 locks (steady; the peak
+//! that includes its initial list and a scrape; and the peak after the API
+//! server restarts and the lock watch lists every lock again), the API
+//! requests it makes
 //! while idle (from the API server's own `apiserver_request_total`, with and
 //! without the janitor), and reclaim latency, sequential and in a burst,
 //! beside a floor measured in the same run: a bare watcher of terminal pods
@@ -163,6 +165,9 @@ struct Level {
     locks: usize,
     steady: Mem,
     peak: Mem,
+    /// After the API server was restarted and the lock watch listed again
+    /// (None: no re-list was seen).
+    relist: Option<Mem>,
     baseline_rps: f64,
     with_rps: f64,
     per_sweep: f64,
@@ -170,6 +175,7 @@ struct Level {
 }
 
 async fn measure_level(
+    cp: &lock_janitor_testenv::ControlPlane,
     client: &Client,
     kubeconfig: &std::path::Path,
     locks: usize,
@@ -216,15 +222,74 @@ async fn measure_level(
         "    {with_rps:.2} requests/s with the janitor; {} sweeps of {per_sweep:.1} requests",
         sweeps.len()
     );
+    let relist = if locks > 0 {
+        Some(relisted(cp, &j, locks).await).flatten()
+    } else {
+        None
+    };
     Level {
         locks,
         steady,
         peak,
+        relist,
         baseline_rps,
         with_rps,
         per_sweep,
         sweeps: sweeps.len(),
     }
+}
+
+/// Restarts the API server, whose fresh watch cache no longer serves the
+/// janitor's resourceVersion: the lock watch lists every lock again. Once
+/// it has, and every lock is held again after a scrape, the janitor's
+/// memory (its peak now includes the re-list). None if no re-list was seen.
+async fn relisted(
+    cp: &lock_janitor_testenv::ControlPlane,
+    j: &Janitor,
+    locks: usize,
+) -> Option<Mem> {
+    step(&format!(
+        "{locks} locks: API server restarted, the lock watch lists again"
+    ));
+    let before = j.logs().len();
+    let t = Instant::now();
+    cp.restart_apiserver()
+        .await
+        .unwrap_or_else(|e| die(&format!("restarting the API server: {e}")));
+    let seen = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let log = j.logs();
+            let new = &log[before.min(log.len())..];
+            if new
+                .lines()
+                .any(|l| l.contains("watch re-listed") && l.contains("configmaps in"))
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    if seen.is_err() {
+        println!("    no re-list of the locks within 120 s (the janitor resumed its watch)");
+        return None;
+    }
+    wait_for(
+        "every lock held after the re-list",
+        Duration::from_secs(600),
+        || async {
+            let m = j.metrics().await;
+            let held = sample(&m, "lock_janitor_locks", &[("state", "held")]).unwrap_or(0.0);
+            (held as usize == locks).then_some(())
+        },
+    )
+    .await;
+    let _ = j.metrics().await;
+    println!(
+        "    re-listed and every lock held {} after the restart",
+        secs(t.elapsed())
+    );
+    Some(mem(j.pid()))
 }
 
 async fn evict(client: &Client, m: &Made) -> Instant {
@@ -333,7 +398,7 @@ async fn main() {
     step("Control plane");
     let (cp, client, kubeconfig, lock_ns) = bench_plane("scale", LOCK_NAMESPACES).await;
 
-    let mut levels = vec![measure_level(&client, &kubeconfig, 0, &args).await];
+    let mut levels = vec![measure_level(&cp, &client, &kubeconfig, 0, &args).await];
     let mut made: Vec<Made> = Vec::new();
     for &n in &args.levels {
         step(&format!("Creating holders and locks up to {n}"));
@@ -345,7 +410,7 @@ async fn main() {
             .await;
         made.extend(more);
         println!("    {} created in {}", made.len(), secs(t.elapsed()));
-        levels.push(measure_level(&client, &kubeconfig, n, &args).await);
+        levels.push(measure_level(&cp, &client, &kubeconfig, n, &args).await);
     }
 
     let top = made.len();
@@ -379,10 +444,11 @@ async fn main() {
     println!();
     println!("janitor at scale (release build; idle load at --resync {}; default-flag load = that x {}/300)", secs(args.resync), args.resync.as_secs());
     println!(
-        "{:>7} | {:>12} | {:>10} | {:>9} | {:>14} | {:>13} | {:>15} | {:>20}",
+        "{:>7} | {:>12} | {:>10} | {:>16} | {:>9} | {:>14} | {:>13} | {:>15} | {:>20}",
         "locks",
         "VmRSS MiB",
         "VmHWM MiB",
+        "HWM re-list MiB",
         "KiB/lock",
         "req/s without",
         "req/s with",
@@ -404,10 +470,14 @@ async fn main() {
             at_default
         };
         println!(
-            "{:>7} | {:>12} | {:>10} | {:>9.2} | {:>14.2} | {:>13.2} | {:>15.1} | {:>20.4}",
+            "{:>7} | {:>12} | {:>10} | {:>16} | {:>9.2} | {:>14.2} | {:>13.2} | {:>15.1} | {:>20.4}",
             l.locks,
             mib(l.steady.rss),
             mib(l.peak.hwm),
+            l.relist
+                .as_ref()
+                .map(|m| format!("{} ({:.2}x)", mib(m.hwm), m.hwm as f64 / l.steady.rss as f64))
+                .unwrap_or_else(|| "-".into()),
             per_lock / 1.0,
             l.baseline_rps,
             l.with_rps,

@@ -6,11 +6,18 @@
 #
 #   hack/bench-scale.sh [--levels 1000,10000] [--sequential 20] [--evict 100]
 #       [--idle-secs 60] [--resync-secs 20]
+#
+# It measures the image's binary (the static musl build of the Dockerfile);
+# LOCK_JANITOR_BIN=<path> measures another (for example target/release/lock-janitor,
+# the glibc build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 testenv/build.sh >/dev/null
-cargo build --locked --release --bin lock-janitor --example bench_scale
+cargo build --locked --release --example bench_scale
+if [ -z "${LOCK_JANITOR_BIN:-}" ]; then
+  cargo build --locked --release --target x86_64-unknown-linux-musl --bin lock-janitor
+  LOCK_JANITOR_BIN="$PWD/target/x86_64-unknown-linux-musl/release/lock-janitor"
+fi
 start=$(date +%s)
-LOCK_JANITOR_BIN="${LOCK_JANITOR_BIN:-$PWD/target/release/lock-janitor}" \
-  target/release/examples/bench_scale "$@"
+LOCK_JANITOR_BIN="$LOCK_JANITOR_BIN" target/release/examples/bench_scale "$@"
 echo "bench-scale: $(($(date +%s) - start))s in all (after the build)"

@@ -1,27 +1,40 @@
 //! Which watched locks name which holder pod, kept from the lock watch's
 //! events, so that a terminal pod finds its locks without walking them all.
 
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
 
 use crate::lock::LockKey;
 
-/// (namespace, pod uid): how a pod event names its holder.
-type HolderId = (String, String);
+/// The pods one lock names, as (name, uid): usually one.
+type Holders = Box<[(Box<str>, Box<str>)]>;
 
-/// A pod a lock names: (name, uid), in the lock's namespace.
-pub type Named = (String, String);
-
+/// Kept for every watched lock, so it is compact (10,000 locks in the memory
+/// budget): each lock's key is stored once and shared, and the reverse maps
+/// are keyed by a hash of (namespace, uid) and (namespace, name). A hash
+/// that collides only brings more candidates, which `locks_of` checks
+/// against the lock's own holders; `names_a_holder` may say yes for a pod
+/// that holds nothing, which costs a sweep one more map entry.
 #[derive(Default)]
 struct Inner {
-    by_holder: HashMap<HolderId, HashSet<LockKey>>,
-    by_lock: HashMap<LockKey, Vec<Named>>,
-    /// (namespace, pod name) of every holder, with how many locks name it.
-    names: HashMap<(String, String), usize>,
+    hasher: RandomState,
+    by_lock: HashMap<Arc<LockKey>, Holders>,
+    /// hash(namespace, holder uid) -> the locks that may name it.
+    by_holder: HashMap<u64, Vec<Arc<LockKey>>>,
+    /// hash(namespace, holder name) -> how many (lock, holder) pairs.
+    names: HashMap<u64, u32>,
     /// During a re-list: the locks seen since it started.
-    relisting: Option<HashSet<LockKey>>,
+    relisting: Option<HashSet<Arc<LockKey>>>,
+}
+
+impl Inner {
+    fn hash(&self, namespace: &str, s: &str) -> u64 {
+        self.hasher.hash_one((namespace, s))
+    }
 }
 
 /// The holder index of one scope.
@@ -38,23 +51,33 @@ impl HolderIndex {
     /// A lock was listed, created or changed: index every Pod it names.
     pub fn apply<K: kube::Resource>(&self, lock: &K) {
         let key = LockKey::configmap(lock.namespace().unwrap_or_default(), lock.name_any());
-        let holders: Vec<Named> = lock
+        let holders: Holders = lock
             .owner_references()
             .iter()
             .filter(|o| o.kind == "Pod" && !o.uid.is_empty())
-            .map(|o| (o.name.clone(), o.uid.clone()))
+            .map(|o| (o.name.as_str().into(), o.uid.as_str().into()))
             .collect();
         self.with(|i| {
+            // The key already stored, if any, is kept and shared.
+            let key = match i.by_lock.get_key_value(&key) {
+                Some((k, _)) => k.clone(),
+                None => Arc::new(key),
+            };
             if let Some(seen) = i.relisting.as_mut() {
                 seen.insert(key.clone());
             }
+            if i.by_lock.get(&key) == Some(&holders) {
+                return;
+            }
             unindex(i, &key);
-            for (name, uid) in &holders {
-                let id = (key.namespace.clone(), uid.clone());
-                i.by_holder.entry(id).or_default().insert(key.clone());
-                *i.names
-                    .entry((key.namespace.clone(), name.clone()))
-                    .or_default() += 1;
+            for (name, uid) in holders.iter() {
+                let h = i.hash(&key.namespace, uid);
+                let keys = i.by_holder.entry(h).or_default();
+                if !keys.iter().any(|k| Arc::ptr_eq(k, &key)) {
+                    keys.push(key.clone());
+                }
+                let n = i.hash(&key.namespace, name);
+                *i.names.entry(n).or_default() += 1;
             }
             i.by_lock.insert(key, holders);
         });
@@ -74,7 +97,7 @@ impl HolderIndex {
             let Some(seen) = i.relisting.take() else {
                 return;
             };
-            let gone: Vec<LockKey> = i
+            let gone: Vec<Arc<LockKey>> = i
                 .by_lock
                 .keys()
                 .filter(|k| !seen.contains(*k))
@@ -89,27 +112,41 @@ impl HolderIndex {
     /// The locks that name the pod with this uid in this namespace.
     pub fn locks_of(&self, namespace: &str, uid: &str) -> Vec<LockKey> {
         self.with(|i| {
-            i.by_holder
-                .get(&(namespace.to_owned(), uid.to_owned()))
-                .map(|s| s.iter().cloned().collect())
-                .unwrap_or_default()
+            let Some(keys) = i.by_holder.get(&i.hash(namespace, uid)) else {
+                return Vec::new();
+            };
+            keys.iter()
+                .filter(|k| {
+                    k.namespace == namespace
+                        && i.by_lock
+                            .get(*k)
+                            .is_some_and(|hs| hs.iter().any(|(_, u)| &**u == uid))
+                })
+                .map(|k| LockKey::clone(k))
+                .collect()
         })
     }
 
-    /// Whether some lock names a pod of this name in this namespace.
+    /// Whether some lock names a pod of this name in this namespace (or,
+    /// rarely, a pod whose hash collides with one's).
     pub fn names_a_holder(&self, namespace: &str, name: &str) -> bool {
-        self.with(|i| {
-            i.names
-                .contains_key(&(namespace.to_owned(), name.to_owned()))
-        })
+        self.with(|i| i.names.contains_key(&i.hash(namespace, name)))
     }
 
-    /// Every indexed lock and the pods it names.
-    pub fn snapshot(&self) -> Vec<(LockKey, Vec<Named>)> {
+    /// The locks for which `holder_is_there(namespace, name, uid)` is false
+    /// for some pod they name.
+    pub fn missing_holders(
+        &self,
+        mut holder_is_there: impl FnMut(&str, &str, &str) -> bool,
+    ) -> Vec<LockKey> {
         self.with(|i| {
             i.by_lock
                 .iter()
-                .map(|(k, h)| (k.clone(), h.clone()))
+                .filter(|(k, hs)| {
+                    !hs.iter()
+                        .all(|(name, uid)| holder_is_there(&k.namespace, name, uid))
+                })
+                .map(|(k, _)| LockKey::clone(k))
                 .collect()
         })
     }
@@ -124,15 +161,18 @@ impl HolderIndex {
 }
 
 fn unindex(i: &mut Inner, key: &LockKey) {
-    for (name, uid) in i.by_lock.remove(key).unwrap_or_default() {
-        let id = (key.namespace.clone(), uid);
-        if let Some(set) = i.by_holder.get_mut(&id) {
-            set.remove(key);
-            if set.is_empty() {
-                i.by_holder.remove(&id);
+    let Some(holders) = i.by_lock.remove(key) else {
+        return;
+    };
+    for (name, uid) in holders.iter() {
+        let h = i.hash(&key.namespace, uid);
+        if let Some(keys) = i.by_holder.get_mut(&h) {
+            keys.retain(|k| **k != *key);
+            if keys.is_empty() {
+                i.by_holder.remove(&h);
             }
         }
-        let n = (key.namespace.clone(), name);
+        let n = i.hash(&key.namespace, name);
         if let Some(count) = i.names.get_mut(&n) {
             *count -= 1;
             if *count == 0 {

@@ -15,13 +15,33 @@ use crate::metrics::Metrics;
 use crate::observe::HolderClock;
 use crate::verdict::{LockState, StaleReason};
 
+/// Kept for each watched lock, so it is small (10,000 locks in the
+/// memory budget): what most locks never need is in `Rare`.
 #[derive(Debug, Default)]
 struct Memo {
     /// The state of the last verdict, counted in `lock_janitor_locks`.
     last_state: Option<LockState>,
+    /// That judgement holds until something changes: the lock (a new
+    /// resourceVersion), or its holder (a suspect from the pod watch or a
+    /// sweep). Stale locks, a running owner-gone grace and an owner in
+    /// another namespace are never settled.
+    settled: bool,
+    /// The pod watch or a sweep says the holder changed.
+    suspect: bool,
+    /// Reconciles that failed in a row (for the per-lock backoff).
+    failures: u32,
     /// The holder last judged, so that the takeover follower knows whose
     /// lock it was.
     holder: Option<Holder>,
+    /// The resourceVersion of the lock last judged (live, or by a sweep).
+    judged_rv: Option<Box<str>>,
+    rare: Option<Box<Rare>>,
+}
+
+/// What only a lock whose holder went missing or died, or that was
+/// reported, needs remembered.
+#[derive(Debug, Default)]
+struct Rare {
     /// (holder uid, first seen missing, wall time then): the start of the
     /// owner-gone grace, on the monotonic clock so that a clock step never
     /// shortens it.
@@ -32,17 +52,21 @@ struct Memo {
     /// (resourceVersion, Event reason) last reported, so that a condition is
     /// announced once per version of the lock, not once per resync.
     reported: Option<(String, &'static str)>,
-    /// Reconciles that failed in a row (for the per-lock backoff).
-    failures: u32,
-    /// The resourceVersion of the lock last judged (live, or by a sweep).
-    judged_rv: Option<String>,
-    /// That judgement holds until something changes: the lock (a new
-    /// resourceVersion), or its holder (a suspect from the pod watch or a
-    /// sweep). Stale locks, a running owner-gone grace and an owner in
-    /// another namespace are never settled.
-    settled: bool,
-    /// The pod watch or a sweep says the holder changed.
-    suspect: bool,
+}
+
+impl Memo {
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    /// Frees `rare` once it holds nothing.
+    fn tidy(&mut self) {
+        if self.rare.as_ref().is_some_and(|r| {
+            r.missing_since.is_none() && r.stale_since.is_none() && r.reported.is_none()
+        }) {
+            self.rare = None;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -72,7 +96,18 @@ impl Memory {
     }
 
     fn with_memo<T>(&self, key: &LockKey, f: impl FnOnce(&mut Memo) -> T) -> T {
-        self.with(|i| f(i.memos.entry(key.clone()).or_default()))
+        self.with(|i| {
+            // Found without cloning the key, which most calls need not.
+            if let Some(memo) = i.memos.get_mut(key) {
+                let out = f(memo);
+                memo.tidy();
+                return out;
+            }
+            let memo = i.memos.entry(key.clone()).or_default();
+            let out = f(memo);
+            memo.tidy();
+            out
+        })
     }
 
     /// The owner-gone and stale clocks of one lock.
@@ -82,7 +117,11 @@ impl Memory {
 
     /// Remembers whose lock this is (for the takeover follower).
     pub fn set_holder(&self, key: &LockKey, holder: &Holder) {
-        self.with_memo(key, |m| m.holder = Some(holder.clone()));
+        self.with_memo(key, |m| {
+            if m.holder.as_ref() != Some(holder) {
+                m.holder = Some(holder.clone());
+            }
+        });
     }
 
     /// Records the state of a lock's verdict and updates `lock_janitor_locks`.
@@ -119,15 +158,16 @@ impl Memory {
     /// Whether `reason` was already reported for this version of the lock.
     pub fn was_reported(&self, key: &LockKey, resource_version: &str, reason: &str) -> bool {
         self.with_memo(key, |m| {
-            m.reported
+            m.rare
                 .as_ref()
+                .and_then(|r| r.reported.as_ref())
                 .is_some_and(|(rv, r)| rv == resource_version && *r == reason)
         })
     }
 
     pub fn set_reported(&self, key: &LockKey, resource_version: &str, reason: &'static str) {
         self.with_memo(key, |m| {
-            m.reported = Some((resource_version.to_owned(), reason))
+            m.rare().reported = Some((resource_version.to_owned(), reason))
         });
     }
 
@@ -147,7 +187,9 @@ impl Memory {
     pub fn judged(&self, key: &LockKey, resource_version: &str, settled: bool) {
         self.with(|i| {
             if let Some(m) = i.memos.get_mut(key) {
-                m.judged_rv = Some(resource_version.to_owned());
+                if m.judged_rv.as_deref() != Some(resource_version) {
+                    m.judged_rv = Some(resource_version.into());
+                }
                 m.settled = settled;
             }
         });
@@ -235,16 +277,21 @@ pub struct MemoryClock<'a> {
 
 impl HolderClock for MemoryClock<'_> {
     fn holder_present(&self, _lock: &Lock) {
-        self.memory.with_memo(self.key, |m| m.missing_since = None);
+        self.memory.with_memo(self.key, |m| {
+            if let Some(r) = m.rare.as_mut() {
+                r.missing_since = None;
+            }
+        });
     }
 
     fn holder_missing(&self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration) {
         self.memory.with_memo(self.key, |m| {
-            let (since, at) = match &m.missing_since {
+            let r = m.rare();
+            let (since, at) = match &r.missing_since {
                 Some((u, since, at)) if *u == lock.holder.uid => (*since, *at),
                 _ => {
                     let first = (Instant::now(), now);
-                    m.missing_since = Some((lock.holder.uid.clone(), first.0, first.1));
+                    r.missing_since = Some((lock.holder.uid.clone(), first.0, first.1));
                     first
                 }
             };
@@ -253,11 +300,14 @@ impl HolderClock for MemoryClock<'_> {
     }
 
     fn stale_since(&self, lock: &Lock, now: Timestamp) -> Timestamp {
-        self.memory.with_memo(self.key, |m| match &m.stale_since {
-            Some((u, t)) if *u == lock.holder.uid => *t,
-            _ => {
-                m.stale_since = Some((lock.holder.uid.clone(), now));
-                now
+        self.memory.with_memo(self.key, |m| {
+            let r = m.rare();
+            match &r.stale_since {
+                Some((u, t)) if *u == lock.holder.uid => *t,
+                _ => {
+                    r.stale_since = Some((lock.holder.uid.clone(), now));
+                    now
+                }
             }
         })
     }

@@ -35,6 +35,7 @@ pub fn watch_health<K>(
     scope: &str,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> {
     let name = format!("{resource} in {scope}");
+    let mut listed = false;
     stream.inspect(move |ev| match ev {
         Err(e) => {
             shared
@@ -51,9 +52,19 @@ pub fn watch_health<K>(
                       "watch failing; retrying with backoff (not ready after a minute of this)");
             }
         }
-        Ok(_) => {
+        Ok(ev) => {
             if shared.readiness.watch_ok(&name) {
                 info!(watch = %name, "watch recovered");
+            }
+            // The first list is expected; a later one (the API server no
+            // longer had the watch's resourceVersion) is worth a line.
+            match ev {
+                watcher::Event::Init if listed => {
+                    info!(watch = %name, "watch listing again (its resourceVersion expired)")
+                }
+                watcher::Event::InitDone if listed => info!(watch = %name, "watch re-listed"),
+                watcher::Event::InitDone => listed = true,
+                _ => {}
             }
         }
     })

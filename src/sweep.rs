@@ -119,14 +119,11 @@ pub async fn sweep(
         }
     })
     .await?;
-    for (key, holders) in index.snapshot() {
-        let all_there = holders
-            .iter()
-            .all(|(name, uid)| found.get(&(key.namespace.clone(), name.clone())) == Some(uid));
-        if !all_there {
-            out.suspects.insert(key);
-        }
-    }
+    out.suspects.extend(index.missing_holders(|ns, name, uid| {
+        found
+            .get(&(ns.to_owned(), name.to_owned()))
+            .is_some_and(|u| u == uid)
+    }));
     Ok(out)
 }
 

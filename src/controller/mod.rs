@@ -408,23 +408,45 @@ fn suspects<K: Watched>(
         .collect()
 }
 
-/// On taking the lead, every lock of `reader` is judged at once: a standby
-/// judged stale locks without writing; the settled ones cost nothing.
+/// On taking the lead, every lock of `reader` that is not settled is judged
+/// at once: a standby judged stale locks without writing. The settled ones
+/// are not queued at all (see `needs_judging_only`).
 fn on_lead<K: Watched>(
     ctx: &Context,
     reader: Store<K>,
     tx: futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<K>>,
 ) -> Option<tokio::task::JoinHandle<()>> {
+    let memory = ctx.memory.clone();
     ctx.gate.changes().map(|mut changes| {
         tokio::spawn(async move {
             while changes.changed().await.is_ok() {
                 if *changes.borrow_and_update() {
                     for m in reader.state() {
-                        let _ =
-                            tx.unbounded_send(kube::runtime::reflector::ObjectRef::from_obj(&*m));
+                        if memory.needs_judging(&key_of(&*m), &m.version()) {
+                            let _ = tx
+                                .unbounded_send(kube::runtime::reflector::ObjectRef::from_obj(&*m));
+                        }
                     }
                 }
             }
+        })
+    })
+}
+
+/// Keeps from the Controller the lock events of settled, unchanged locks
+/// (a re-list lists every lock again): their reconcile would return at once,
+/// but queued all together they would grow the Controller's scheduler to
+/// the number of locks, and that memory is kept for good.
+fn needs_judging_only<K: Watched>(
+    ctx: &Arc<Context>,
+    locks: impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>>,
+) -> impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> {
+    use futures::StreamExt;
+    let memory = ctx.memory.clone();
+    locks.filter(move |r| {
+        future::ready(match r {
+            Ok(obj) => memory.needs_judging(&key_of(obj), &obj.version()),
+            Err(_) => true,
         })
     })
 }
@@ -469,7 +491,7 @@ async fn drive<K, L, P, M, I>(
     use kube::runtime::controller::{Config as ControllerConfig, Controller};
     let lead = on_lead(&ctx, w.reader.clone(), w.suspects_tx);
     info!(scope = %scope, kind = %K::KIND, selector = %ctx.settings.selector, "watching locks");
-    Controller::for_stream(w.locks, w.reader)
+    Controller::for_stream(needs_judging_only(&ctx, w.locks), w.reader)
         .watches_stream(w.terminal_pods, w.held_by)
         .reconcile_on(w.suspects)
         .with_config(ControllerConfig::default().concurrency(w.concurrency))
@@ -532,5 +554,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
 
 mod leases;
 mod scope;
+pub use scope::strip_cached;
 #[cfg(test)]
 mod tests;

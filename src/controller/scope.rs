@@ -4,6 +4,7 @@
 //! the trigger on taking the lead.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,12 +19,27 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
-    drive, error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta, Wiring,
+    drive, error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta,
+    Watched, Wiring,
 };
 use crate::index::HolderIndex;
 use crate::lock::{self, LockKey};
 use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
 use crate::{scoped, sweep};
+
+/// Keeps of a watched lock only what the cache is used for (identity,
+/// version, owner references): every judgement re-reads the lock whole.
+pub fn strip_cached(m: &mut LockMeta) {
+    let meta = &mut m.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.labels = None;
+    meta.finalizers = None;
+    meta.creation_timestamp = None;
+    meta.generate_name = None;
+    meta.generation = None;
+    m.types = None;
+}
 
 /// Runs the controller for one scope (a namespace, or all) until `shutdown`.
 pub(super) async fn run_scope(
@@ -42,6 +58,8 @@ pub(super) async fn run_scope(
     let (listed_tx, listed_rx) = tokio::sync::watch::channel(0u8);
     let listed_tx = Arc::new(listed_tx);
 
+    // Whether the first sweep is done (see below).
+    let swept = Arc::new(AtomicBool::new(false));
     let locks = {
         let ctx = ctx.clone();
         let reader = reader.clone();
@@ -53,19 +71,7 @@ pub(super) async fn run_scope(
             .any_semantic();
         let stream = watcher(cms, config)
             .backoff(watch_backoff())
-            // Keep only what the cache is used for (identity, version, owner
-            // references): every judgement re-reads the lock whole.
-            .modify(|m: &mut LockMeta| {
-                let meta = &mut m.metadata;
-                meta.managed_fields = None;
-                meta.annotations = None;
-                meta.labels = None;
-                meta.finalizers = None;
-                meta.creation_timestamp = None;
-                meta.generate_name = None;
-                meta.generation = None;
-                m.types = None;
-            })
+            .modify(strip_cached)
             .reflect(writer)
             .inspect(move |ev| match ev {
                 Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => index.apply(m),
@@ -91,7 +97,13 @@ pub(super) async fn run_scope(
             readiness.synced();
             listed.send_modify(|n| *n += 1);
         });
+        // Until the first sweep, lock events are not queued: it settles
+        // most locks without a read, then queues every other one itself
+        // (10,000 locks queued at once before it would grow the
+        // Controller's scheduler to 10,000 entries, for good).
+        let swept = swept.clone();
         objects_only(synced.touched_objects())
+            .filter(move |_| futures::future::ready(swept.load(Ordering::SeqCst)))
     };
 
     let terminal_pods = {
@@ -122,12 +134,13 @@ pub(super) async fn run_scope(
     let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<LockMeta>>();
     let suspects_tx_lead = suspects_tx.clone();
     let sweeper = {
-        let (ctx, reader, ns, shutdown, index) = (
+        let (ctx, reader, ns, shutdown, index, swept) = (
             ctx.clone(),
             reader.clone(),
             namespace.clone(),
             shutdown.clone(),
             holders.clone(),
+            swept.clone(),
         );
         let mut listed = listed_rx;
         tokio::spawn(async move {
@@ -183,6 +196,17 @@ pub(super) async fn run_scope(
                                         &lock.resource_version,
                                         &lock.holder,
                                     );
+                                }
+                            }
+                            // From now on the lock watch queues what changes;
+                            // what is already there and not settled is queued
+                            // here (a lock seen only before this is in the
+                            // store by now).
+                            swept.store(true, Ordering::SeqCst);
+                            for m in reader.state() {
+                                let key = key_of(&*m);
+                                if ctx.memory.needs_judging(&key, &m.version()) {
+                                    let _ = suspects_tx.unbounded_send(ObjectRef::from_obj(&*m));
                                 }
                             }
                             // What was awaited before a restart or a failover.
