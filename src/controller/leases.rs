@@ -40,14 +40,19 @@ pub(super) async fn run_scope(
     let index = Arc::new(LeaseIndex::default());
     let readiness = shared.readiness.clone();
 
+    // Leases to judge that the Lease watch's own events do not name: from
+    // the sweeper, the lead trigger and the end of a re-list.
+    let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<Lease>>();
     let locks = {
-        let (ctx, index, reader, ns, readiness) = (
+        let (ctx, index, reader, ns, readiness, tx) = (
             ctx.clone(),
             index.clone(),
             reader.clone(),
             namespace.clone(),
             readiness.clone(),
+            suspects_tx.clone(),
         );
+        let mut listed = false;
         let config = watcher::Config::default()
             .labels(ctx.settings.selector.as_str())
             .any_semantic();
@@ -68,7 +73,16 @@ pub(super) async fn run_scope(
                     index.delete(&key);
                     ctx.forget(&key);
                 }
-                Ok(watcher::Event::InitDone) => ctx.forget_missing(ns.as_deref(), &reader),
+                Ok(watcher::Event::InitDone) => {
+                    ctx.forget_missing(ns.as_deref(), &reader);
+                    // A re-list's objects were queued before they reached
+                    // the store; now that they have, what changed is queued
+                    // again (the first list's are judged as they come).
+                    if listed {
+                        super::queue_unsettled(&ctx.memory, &reader, &tx);
+                    }
+                    listed = true;
+                }
                 _ => {}
             });
         let stream = watch_health(stream, shared.clone(), "leases", &scope);
@@ -92,7 +106,6 @@ pub(super) async fn run_scope(
     };
 
     // Each --resync, one list of terminal pods names the suspects.
-    let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<Lease>>();
     let sweeper = {
         let (ctx, ns, shutdown, index, tx) = (
             ctx.clone(),
@@ -142,6 +155,7 @@ pub(super) async fn run_scope(
         held_by,
         suspects: suspects_rx,
         suspects_tx,
+        accepting: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         sweeper,
         concurrency: 2,
     };

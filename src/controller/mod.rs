@@ -6,6 +6,7 @@
 //! and following deleted locks for a takeover (`takeover`).
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -408,25 +409,41 @@ fn suspects<K: Watched>(
         .collect()
 }
 
+/// Queues every lock of `reader` whose last judgement does not stand (see
+/// `Memory::needs_judging`): what the lock watch's own events did not queue
+/// (before the first sweep, or during a re-list, whose objects reach the
+/// store only at its end).
+pub(super) fn queue_unsettled<K: Watched>(
+    memory: &Memory,
+    reader: &Store<K>,
+    tx: &futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<K>>,
+) {
+    for m in reader.state() {
+        if memory.needs_judging(&key_of(&*m), &m.version()) {
+            let _ = tx.unbounded_send(kube::runtime::reflector::ObjectRef::from_obj(&*m));
+        }
+    }
+}
+
 /// On taking the lead, every lock of `reader` that is not settled is judged
 /// at once: a standby judged stale locks without writing. The settled ones
-/// are not queued at all (see `needs_judging_only`).
+/// are not queued at all (see `needs_judging_only`), nor anything before the
+/// scope queues locks at all (`accepting`: before the first sweep, which
+/// queues them itself). A lock whose reconcile is running as the lead comes
+/// may look settled and be skipped here; that reconcile, as a standby's,
+/// ends in `NotLeader` and looks again after `STANDBY_RETRY`.
 fn on_lead<K: Watched>(
     ctx: &Context,
     reader: Store<K>,
+    accepting: Arc<AtomicBool>,
     tx: futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<K>>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let memory = ctx.memory.clone();
     ctx.gate.changes().map(|mut changes| {
         tokio::spawn(async move {
             while changes.changed().await.is_ok() {
-                if *changes.borrow_and_update() {
-                    for m in reader.state() {
-                        if memory.needs_judging(&key_of(&*m), &m.version()) {
-                            let _ = tx
-                                .unbounded_send(kube::runtime::reflector::ObjectRef::from_obj(&*m));
-                        }
-                    }
+                if *changes.borrow_and_update() && accepting.load(Ordering::SeqCst) {
+                    queue_unsettled(&memory, &reader, &tx);
                 }
             }
         })
@@ -462,6 +479,9 @@ struct Wiring<K: Watched, L, P, M> {
     /// Suspects from the sweeper and the lead trigger.
     suspects: futures::channel::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<K>>,
     suspects_tx: futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<K>>,
+    /// Whether the lock watch's events reach the Controller yet (ConfigMaps:
+    /// after the first sweep; Leases: from the start).
+    accepting: Arc<AtomicBool>,
     sweeper: tokio::task::JoinHandle<()>,
     concurrency: u16,
 }
@@ -489,7 +509,7 @@ async fn drive<K, L, P, M, I>(
 {
     use futures::StreamExt;
     use kube::runtime::controller::{Config as ControllerConfig, Controller};
-    let lead = on_lead(&ctx, w.reader.clone(), w.suspects_tx);
+    let lead = on_lead(&ctx, w.reader.clone(), w.accepting, w.suspects_tx);
     info!(scope = %scope, kind = %K::KIND, selector = %ctx.settings.selector, "watching locks");
     Controller::for_stream(needs_judging_only(&ctx, w.locks), w.reader)
         .watches_stream(w.terminal_pods, w.held_by)

@@ -19,8 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
-    drive, error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta,
-    Watched, Wiring,
+    drive, error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta, Wiring,
 };
 use crate::index::HolderIndex;
 use crate::lock::{self, LockKey};
@@ -60,9 +59,14 @@ pub(super) async fn run_scope(
 
     // Whether the first sweep is done (see below).
     let swept = Arc::new(AtomicBool::new(false));
+    // Locks to judge that the lock watch's own events do not name: from
+    // the sweeper, the lead trigger and the end of a re-list.
+    let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<LockMeta>>();
+    let suspects_tx_lead = suspects_tx.clone();
     let locks = {
         let ctx = ctx.clone();
         let reader = reader.clone();
+        let (tx, swept_then) = (suspects_tx.clone(), swept.clone());
         let readiness = readiness.clone();
         let ns = namespace.clone();
         let index = holders.clone();
@@ -88,6 +92,12 @@ pub(super) async fn run_scope(
                 Ok(watcher::Event::InitDone) => {
                     index.relist_done();
                     ctx.forget_missing(ns.as_deref(), &reader);
+                    // A re-list's objects were queued before they reached
+                    // the store; now that they have, what changed is queued
+                    // again (before the first sweep, it queues them).
+                    if swept_then.load(Ordering::SeqCst) {
+                        super::queue_unsettled(&ctx.memory, &reader, &tx);
+                    }
                 }
                 Err(_) => {}
             });
@@ -131,8 +141,6 @@ pub(super) async fn run_scope(
     // readiness waits for. It also prunes ghosts: a lock deleted while its
     // reconcile was in flight may be remembered after the watch said it
     // was gone.
-    let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<LockMeta>>();
-    let suspects_tx_lead = suspects_tx.clone();
     let sweeper = {
         let (ctx, reader, ns, shutdown, index, swept) = (
             ctx.clone(),
@@ -200,15 +208,11 @@ pub(super) async fn run_scope(
                             }
                             // From now on the lock watch queues what changes;
                             // what is already there and not settled is queued
-                            // here (a lock seen only before this is in the
-                            // store by now).
+                            // here (a lock whose event came before this is in
+                            // the store by now, or, listed again by a re-list
+                            // still under way, is queued at its end).
                             swept.store(true, Ordering::SeqCst);
-                            for m in reader.state() {
-                                let key = key_of(&*m);
-                                if ctx.memory.needs_judging(&key, &m.version()) {
-                                    let _ = suspects_tx.unbounded_send(ObjectRef::from_obj(&*m));
-                                }
-                            }
+                            super::queue_unsettled(&ctx.memory, &reader, &suspects_tx);
                             // What was awaited before a restart or a failover.
                             match ctx.takeovers.restore(ns.as_deref()).await {
                                 Ok(n) if n > 0 => {
@@ -270,6 +274,7 @@ pub(super) async fn run_scope(
         held_by,
         suspects: suspects_rx,
         suspects_tx: suspects_tx_lead,
+        accepting: swept,
         sweeper,
         concurrency: 4,
     };
