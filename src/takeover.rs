@@ -47,6 +47,10 @@ const LONGEST_WAIT_LATE: Duration = Duration::from_secs(300);
 /// How long a follower that does not lead waits for the lead before it
 /// leaves the label carry-over to the leader.
 const GATE_WAIT: Duration = Duration::from_secs(30);
+/// Failed label writes before the carry-over gives up, and attempts in all
+/// (conflicts included).
+const LABEL_FAILURES: u32 = 5;
+const LABEL_ATTEMPTS: u32 = 10;
 
 type Limiter = governor::DefaultDirectRateLimiter;
 
@@ -489,7 +493,8 @@ async fn carry_label_over(
     holder: &str,
 ) {
     let Some((k, v)) = &s.label else { return };
-    for _ in 0..5 {
+    let mut failures = 0;
+    for _ in 0..LABEL_ATTEMPTS {
         if !lock::lock_shaped(&cm) {
             info!(namespace = %key.namespace, lock = %key.name,
                   "the new lock holds data; not lock-shaped, not labeling it");
@@ -544,8 +549,18 @@ async fn carry_label_over(
             }
             Written::Gone => return,
             Written::Conflict => {}
+            // Tried again after 1, 2, 4 and 8 s: an API server that has just
+            // restarted denies requests until its RBAC caches are filled
+            // (found by the chaos suite), and a timeout or a 5xx passes too.
+            Written::Failed(e) if failures + 1 < LABEL_FAILURES => {
+                failures += 1;
+                let wait = Duration::from_secs(1 << (failures - 1));
+                debug!(namespace = %key.namespace, lock = %key.name, error = %e,
+                       retry_seconds = wait.as_secs(), "could not carry the opt-in label over yet; trying again");
+                tokio::time::sleep(wait).await;
+            }
             Written::Failed(e) => {
-                warn!(namespace = %key.namespace, lock = %key.name, error = %e,
+                warn!(namespace = %key.namespace, lock = %key.name, error = %e, attempts = LABEL_FAILURES,
                       "could not carry the opt-in label over; label the lock with `lock-janitor label --apply`");
                 return;
             }
@@ -553,7 +568,9 @@ async fn carry_label_over(
         s.limiter.until_ready().await;
         match call("reading the new lock", cms.get_opt(&key.name)).await {
             Ok(Some(again)) => cm = again,
-            _ => return,
+            Ok(None) => return,
+            // The next write, with the copy at hand, says what is wrong.
+            Err(_) => {}
         }
     }
 }
