@@ -191,16 +191,7 @@ async fn measure_level(
     let resync = format!("{}s", args.resync.as_secs());
     let t = Instant::now();
     let j = Janitor::start(kubeconfig, &["--resync", &resync]).await;
-    wait_for(
-        &format!("{locks} locks judged held"),
-        Duration::from_secs(600),
-        || async {
-            let m = j.metrics().await;
-            let held = sample(&m, "lock_janitor_locks", &[("state", "held")]).unwrap_or(0.0);
-            (held as usize == locks).then_some(())
-        },
-    )
-    .await;
+    all_held(&j, locks, &format!("{locks} locks judged held")).await;
     println!(
         "    ready and every lock held {} after start",
         secs(t.elapsed())
@@ -239,6 +230,16 @@ async fn measure_level(
     }
 }
 
+/// Waits until the janitor counts `locks` locks held.
+async fn all_held(j: &Janitor, locks: usize, what: &str) {
+    wait_for(what, Duration::from_secs(600), || async {
+        let m = j.metrics().await;
+        let held = sample(&m, "lock_janitor_locks", &[("state", "held")]).unwrap_or(0.0);
+        (held as usize == locks).then_some(())
+    })
+    .await;
+}
+
 /// Restarts the API server, whose fresh watch cache no longer serves the
 /// janitor's resourceVersion: the lock watch lists every lock again. Once
 /// it has, and every lock is held again after a scrape, the janitor's
@@ -274,16 +275,7 @@ async fn relisted(
         println!("    no re-list of the locks within 120 s (the janitor resumed its watch)");
         return None;
     }
-    wait_for(
-        "every lock held after the re-list",
-        Duration::from_secs(600),
-        || async {
-            let m = j.metrics().await;
-            let held = sample(&m, "lock_janitor_locks", &[("state", "held")]).unwrap_or(0.0);
-            (held as usize == locks).then_some(())
-        },
-    )
-    .await;
+    all_held(j, locks, "every lock held after the re-list").await;
     let _ = j.metrics().await;
     println!(
         "    re-listed and every lock held {} after the restart",
@@ -420,12 +412,7 @@ async fn main() {
     let _ = synced.await;
     let (s, b) = (args.sequential, args.evict);
     let j = Janitor::start(&kubeconfig, &[]).await;
-    wait_for("every lock held", Duration::from_secs(600), || async {
-        let m = j.metrics().await;
-        (sample(&m, "lock_janitor_locks", &[("state", "held")]).unwrap_or(0.0) as usize == top)
-            .then_some(())
-    })
-    .await;
+    all_held(&j, top, "every lock held").await;
     let (j_seq, j_burst) = reclaim_latency(&client, &deleted, &made[..s], &made[s..s + b]).await;
     drop(j);
     step("Reclaim latency: the floor (a bare terminal-pod watcher, one guarded DELETE per death)");

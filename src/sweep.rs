@@ -43,13 +43,20 @@ pub struct PodId {
     pub uid: String,
 }
 
-/// A metadata-only list page, as the sweep reads it.
+/// A metadata-only list page, as the sweep reads it. As in kube's
+/// `ObjectList`, `items` must be there, and `null` (what the API server
+/// sends for an empty list) is none: a body without it is not a list, and
+/// read as an empty one it would hide suspects.
 #[derive(Deserialize)]
 struct Page {
     #[serde(default)]
     metadata: PageMeta,
-    #[serde(default)]
+    #[serde(deserialize_with = "null_as_empty")]
     items: Vec<Item>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Item>, D::Error> {
+    Ok(Option::<Vec<Item>>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Default, Deserialize)]
@@ -209,8 +216,16 @@ mod tests {
                 ("ops".into(), "op-1".into(), String::new()),
             ]
         );
-        let last: Page = serde_json::from_value(serde_json::json!({"metadata": {}, "items": []}))
-            .expect("a last page");
-        assert!(last.metadata.continue_.is_none() && last.items.is_empty());
+        for items in [serde_json::json!([]), serde_json::Value::Null] {
+            let last: Page = serde_json::from_value(serde_json::json!({
+                "kind": "PartialObjectMetadataList", "metadata": {"resourceVersion": "78"},
+                "items": items,
+            }))
+            .expect("an empty last page");
+            assert!(last.metadata.continue_.is_none() && last.items.is_empty());
+        }
+        // Not a list (a Status, say): an error, never an empty page.
+        let status = serde_json::json!({"kind": "Status", "status": "Failure", "code": 500});
+        assert!(serde_json::from_value::<Page>(status).is_err());
     }
 }

@@ -71,7 +71,9 @@ struct Shared {
 pub struct Takeovers {
     shared: Arc<Shared>,
     selector: Selector,
-    followers: Mutex<HashMap<LockKey, JoinHandle<()>>>,
+    /// Per lock: whose lock the follower awaits the takeover of (uid), and
+    /// the follower.
+    followers: Mutex<HashMap<LockKey, (String, JoinHandle<()>)>>,
 }
 
 /// How the followers are set up.
@@ -117,19 +119,24 @@ impl Takeovers {
     }
 
     /// Starts awaiting a takeover of a lock that is gone since `since`.
-    /// One follower per lock.
+    /// One follower per lock: a second call for the same holder is the same
+    /// loss; one for another holder (its heir's lock was lost in turn, maybe
+    /// while the label was being carried over to it) replaces the follower.
     pub fn follow(&self, key: &LockKey, old: Holder, since: Timestamp) {
         if self.shared.label.is_none() && self.selector.opt_in_label().is_none() {
             warn!(namespace = %key.namespace, lock = %key.name, selector = %self.selector,
                   "the selector is not a single key=value label; label the new lock by hand after a takeover");
         }
         let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
-        followers.retain(|_, t| !t.is_finished());
-        if followers.contains_key(key) {
-            return;
+        followers.retain(|_, (_, t)| !t.is_finished());
+        match followers.get(key) {
+            Some((uid, _)) if *uid == old.uid => return,
+            Some((_, t)) => t.abort(),
+            None => {}
         }
+        let uid = old.uid.clone();
         let task = follow(self.shared.clone(), key.clone(), old, since);
-        followers.insert(key.clone(), tokio::spawn(task));
+        followers.insert(key.clone(), (uid, tokio::spawn(task)));
     }
 
     /// Locks whose takeover is still awaited.
@@ -137,7 +144,7 @@ impl Takeovers {
         let followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
         let mut keys: Vec<LockKey> = followers
             .iter()
-            .filter(|(_, t)| !t.is_finished())
+            .filter(|(_, (_, t))| !t.is_finished())
             .map(|(k, _)| k.clone())
             .collect();
         keys.sort();
@@ -543,6 +550,9 @@ async fn carry_label_over(
         }
         match optin::write_label(cms, &cm.metadata, k, v).await {
             Written::Labeled => {
+                // The lock read last names its holder (another heir, if the
+                // first one lost it meanwhile).
+                let holder = lock::parse(&cm.metadata).map_or(holder.to_owned(), |l| l.holder.name);
                 info!(namespace = %key.namespace, lock = %key.name, holder = %holder,
                       "opt-in label carried over to the new lock");
                 return;
@@ -560,7 +570,7 @@ async fn carry_label_over(
                 tokio::time::sleep(wait).await;
             }
             Written::Failed(e) => {
-                warn!(namespace = %key.namespace, lock = %key.name, error = %e, attempts = LABEL_FAILURES,
+                warn!(namespace = %key.namespace, lock = %key.name, error = %e, failures = LABEL_FAILURES,
                       "could not carry the opt-in label over; label the lock with `lock-janitor label --apply`");
                 return;
             }
@@ -573,4 +583,6 @@ async fn carry_label_over(
             Err(_) => {}
         }
     }
+    warn!(namespace = %key.namespace, lock = %key.name, attempts = LABEL_ATTEMPTS,
+          "could not carry the opt-in label over (the lock kept changing); label the lock with `lock-janitor label --apply`");
 }

@@ -820,7 +820,17 @@ async fn needs_configmaps_patch() {
     r.wait_gone("op-lock").await;
     let replica = r.pod("replica").await;
     become_leader(&r.client, &replica, "op-lock", false).await;
-    wait_log(&j, "could not carry the opt-in label over").await;
+    // After five failed writes, 1 + 2 + 4 + 8 s apart.
+    wait_for(
+        "the carry-over to give up",
+        Duration::from_secs(90),
+        || async {
+            j.logs()
+                .contains("could not carry the opt-in label over")
+                .then_some(())
+        },
+    )
+    .await;
     let cm = Api::<ConfigMap>::namespaced(r.client.clone(), &r.locks)
         .get("op-lock")
         .await
