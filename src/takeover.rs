@@ -71,9 +71,9 @@ struct Shared {
 pub struct Takeovers {
     shared: Arc<Shared>,
     selector: Selector,
-    /// Per lock: whose lock the follower awaits the takeover of (uid), and
-    /// the follower.
-    followers: Mutex<HashMap<LockKey, (String, JoinHandle<()>)>>,
+    /// Per lock: whose lock the follower awaits the takeover of, and the
+    /// follower.
+    followers: Mutex<HashMap<LockKey, (Holder, JoinHandle<()>)>>,
 }
 
 /// How the followers are set up.
@@ -130,13 +130,12 @@ impl Takeovers {
         let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
         followers.retain(|_, (_, t)| !t.is_finished());
         match followers.get(key) {
-            Some((uid, _)) if *uid == old.uid => return,
+            Some((h, _)) if *h == old => return,
             Some((_, t)) => t.abort(),
             None => {}
         }
-        let uid = old.uid.clone();
-        let task = follow(self.shared.clone(), key.clone(), old, since);
-        followers.insert(key.clone(), (uid, tokio::spawn(task)));
+        let task = follow(self.shared.clone(), key.clone(), old.clone(), since);
+        followers.insert(key.clone(), (old, tokio::spawn(task)));
     }
 
     /// Locks whose takeover is still awaited.
