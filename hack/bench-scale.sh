@@ -2,7 +2,8 @@
 # make bench: what the janitor costs at 0, 1,000 and 10,000 locks (memory,
 # idle API load from apiserver_request_total with and without it) and its
 # reclaim latency beside a floor, in one run on a local control plane. It
-# prints numbers and fails on nothing but errors. About 15 minutes on 2 cores.
+# prints numbers and fails on nothing but errors. About 10 minutes on 2 cores
+# with the defaults, after the builds.
 #
 #   hack/bench-scale.sh [--levels 1000,10000] [--sequential 20] [--evict 100]
 #       [--idle-secs 60] [--resync-secs 20]

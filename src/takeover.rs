@@ -71,9 +71,7 @@ struct Shared {
 pub struct Takeovers {
     shared: Arc<Shared>,
     selector: Selector,
-    /// Per lock: whose lock the follower awaits the takeover of, and the
-    /// follower.
-    followers: Mutex<HashMap<LockKey, (Holder, JoinHandle<()>)>>,
+    followers: Mutex<HashMap<LockKey, JoinHandle<()>>>,
 }
 
 /// How the followers are set up.
@@ -119,23 +117,19 @@ impl Takeovers {
     }
 
     /// Starts awaiting a takeover of a lock that is gone since `since`.
-    /// One follower per lock: a second call for the same holder is the same
-    /// loss; one for another holder (its heir's lock was lost in turn, maybe
-    /// while the label was being carried over to it) replaces the follower.
+    /// One follower per lock.
     pub fn follow(&self, key: &LockKey, old: Holder, since: Timestamp) {
         if self.shared.label.is_none() && self.selector.opt_in_label().is_none() {
             warn!(namespace = %key.namespace, lock = %key.name, selector = %self.selector,
                   "the selector is not a single key=value label; label the new lock by hand after a takeover");
         }
         let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
-        followers.retain(|_, (_, t)| !t.is_finished());
-        match followers.get(key) {
-            Some((h, _)) if *h == old => return,
-            Some((_, t)) => t.abort(),
-            None => {}
+        followers.retain(|_, t| !t.is_finished());
+        if followers.contains_key(key) {
+            return;
         }
-        let task = follow(self.shared.clone(), key.clone(), old.clone(), since);
-        followers.insert(key.clone(), (old, tokio::spawn(task)));
+        let task = follow(self.shared.clone(), key.clone(), old, since);
+        followers.insert(key.clone(), tokio::spawn(task));
     }
 
     /// Locks whose takeover is still awaited.
@@ -143,7 +137,7 @@ impl Takeovers {
         let followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
         let mut keys: Vec<LockKey> = followers
             .iter()
-            .filter(|(_, (_, t))| !t.is_finished())
+            .filter(|(_, t)| !t.is_finished())
             .map(|(k, _)| k.clone())
             .collect();
         keys.sort();
@@ -565,7 +559,7 @@ async fn carry_label_over(
                 failures += 1;
                 let wait = Duration::from_secs(1 << (failures - 1));
                 debug!(namespace = %key.namespace, lock = %key.name, error = %e,
-                       retry_seconds = wait.as_secs(), "could not carry the opt-in label over yet; trying again");
+                       retry_seconds = wait.as_secs(), "label carry-over failed; trying again");
                 tokio::time::sleep(wait).await;
             }
             Written::Failed(e) => {

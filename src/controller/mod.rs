@@ -476,7 +476,7 @@ struct Wiring<K: Watched, L, P, M> {
     reader: Store<K>,
     terminal_pods: P,
     held_by: M,
-    /// Suspects from the sweeper and the lead trigger.
+    /// Suspects from the sweeper, the lead trigger and the end of a re-list.
     suspects: futures::channel::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<K>>,
     suspects_tx: futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<K>>,
     /// Whether the lock watch's events reach the Controller yet (ConfigMaps:
