@@ -142,18 +142,21 @@ pub async fn sweep(
     })
     .await?;
 
-    // Which holders exist, under which uid. Only pods a lock names are kept.
-    let mut found: HashMap<(String, String), String> = HashMap::new();
+    // Which holders exist, under which uid (namespace -> name -> uid, so
+    // that each lock's lookup allocates nothing). Only pods a lock names
+    // are kept.
+    let mut found: HashMap<String, HashMap<String, String>> = HashMap::new();
     out.requests += pages(client, namespace, None, "sweeping pods", |p| {
         out.pods += 1;
         if index.names_a_holder(&p.namespace, &p.name) {
-            found.insert((p.namespace, p.name), p.uid);
+            found.entry(p.namespace).or_default().insert(p.name, p.uid);
         }
     })
     .await?;
     out.suspects.extend(index.missing_holders(|ns, name, uid| {
         found
-            .get(&(ns.to_owned(), name.to_owned()))
+            .get(ns)
+            .and_then(|names| names.get(name))
             .is_some_and(|u| u == uid)
     }));
     Ok(out)

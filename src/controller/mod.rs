@@ -450,19 +450,24 @@ fn on_lead<K: Watched>(
     })
 }
 
-/// Keeps from the Controller the lock events of settled, unchanged locks
+/// Keeps from the Controller the lock events that come before the scope
+/// queues locks at all (`accepting`), and those of settled, unchanged locks
 /// (a re-list lists every lock again): their reconcile would return at once,
 /// but queued all together they would grow the Controller's scheduler to
 /// the number of locks, and that memory is kept for good.
 fn needs_judging_only<K: Watched>(
     ctx: &Arc<Context>,
+    accepting: Arc<AtomicBool>,
     locks: impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>>,
 ) -> impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> {
     use futures::StreamExt;
     let memory = ctx.memory.clone();
     locks.filter(move |r| {
         future::ready(match r {
-            Ok(obj) => memory.needs_judging(&key_of(obj), &obj.version()),
+            Ok(obj) => {
+                accepting.load(Ordering::SeqCst)
+                    && memory.needs_judging(&key_of(obj), &obj.version())
+            }
             Err(_) => true,
         })
     })
@@ -509,9 +514,10 @@ async fn drive<K, L, P, M, I>(
 {
     use futures::StreamExt;
     use kube::runtime::controller::{Config as ControllerConfig, Controller};
-    let lead = on_lead(&ctx, w.reader.clone(), w.accepting, w.suspects_tx);
+    let lead = on_lead(&ctx, w.reader.clone(), w.accepting.clone(), w.suspects_tx);
+    let locks = needs_judging_only(&ctx, w.accepting, w.locks);
     info!(scope = %scope, kind = %K::KIND, selector = %ctx.settings.selector, "watching locks");
-    Controller::for_stream(needs_judging_only(&ctx, w.locks), w.reader)
+    Controller::for_stream(locks, w.reader)
         .watches_stream(w.terminal_pods, w.held_by)
         .reconcile_on(w.suspects)
         .with_config(ControllerConfig::default().concurrency(w.concurrency))

@@ -107,13 +107,7 @@ pub(super) async fn run_scope(
             readiness.synced();
             listed.send_modify(|n| *n += 1);
         });
-        // Until the first sweep, lock events are not queued: it settles
-        // most locks without a read, then queues every other one itself
-        // (10,000 locks queued at once before it would grow the
-        // Controller's scheduler to 10,000 entries, for good).
-        let swept = swept.clone();
         objects_only(synced.touched_objects())
-            .filter(move |_| futures::future::ready(swept.load(Ordering::SeqCst)))
     };
 
     let terminal_pods = {
@@ -164,17 +158,22 @@ pub(super) async fn run_scope(
             );
             loop {
                 // Locks as they were before the sweep: only these, unchanged
-                // since, may be settled by the first one.
-                let before: HashMap<LockKey, String> = reader
-                    .state()
-                    .iter()
-                    .map(|m| {
-                        (
-                            key_of(&**m),
-                            m.metadata.resource_version.clone().unwrap_or_default(),
-                        )
-                    })
-                    .collect();
+                // since, may be settled by the first one (later sweeps settle
+                // nothing, and need no copy).
+                let before: HashMap<LockKey, String> = if first {
+                    reader
+                        .state()
+                        .iter()
+                        .map(|m| {
+                            (
+                                key_of(&**m),
+                                m.metadata.resource_version.clone().unwrap_or_default(),
+                            )
+                        })
+                        .collect()
+                } else {
+                    HashMap::new()
+                };
                 match sweep::sweep(&ctx.client, ns.as_deref(), &index).await {
                     Ok(found) => {
                         failures = 0;
@@ -274,6 +273,10 @@ pub(super) async fn run_scope(
         held_by,
         suspects: suspects_rx,
         suspects_tx: suspects_tx_lead,
+        // Until the first sweep, lock events are not queued: it settles
+        // most locks without a read, then queues every other one itself
+        // (10,000 locks queued at once before it would grow the
+        // Controller's scheduler to 10,000 entries, for good).
         accepting: swept,
         sweeper,
         concurrency: 4,
