@@ -5,7 +5,9 @@
 //! it stops writing `renew_deadline` after the start of its last successful
 //! renewal, before any other replica can see the lease expire, whatever the
 //! API server answers meanwhile. SIGTERM releases the lease as client-go
-//! does (empty holder, `leaseDurationSeconds: 1`). Rule 6 makes this an
+//! does (empty holder, `leaseDurationSeconds: 1`); so does a leader whose
+//! watches have been failing for over a minute, so that a healthy standby
+//! leads. Rule 6 makes this an
 //! optimisation, not the safety net: two janitors writing at once still
 //! cannot delete a lock whose holder may run.
 
@@ -21,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
+use crate::readiness::Readiness;
 use crate::{api_code, call, Error};
 
 /// Which Lease, held as whom, for how long.
@@ -89,10 +92,15 @@ impl Gate {
 
 /// Runs the election until `shutdown`, then releases the lease if held.
 /// Returns the gate at once; the task runs in the background.
+///
+/// A leader whose watches have been failing past the readiness threshold
+/// (`readiness`: not ready for a minute) releases the lease and does not
+/// try to lead again until they work: a healthy standby leads meanwhile.
 pub fn start(
     client: Client,
     election: Election,
     metrics: Metrics,
+    readiness: Arc<Readiness>,
     shutdown: CancellationToken,
 ) -> (Gate, tokio::task::JoinHandle<()>) {
     let state = Arc::new(Mutex::new(State::default()));
@@ -106,20 +114,47 @@ pub fn start(
         tokio::spawn(async move {
             let api: Api<Lease> = Api::namespaced(client, &election.namespace);
             let mut leading = false;
+            let mut handed_over = false;
             loop {
                 let started = Instant::now();
+                let failing = readiness.failing_watches();
+                if !failing.is_empty() {
+                    if !handed_over {
+                        handed_over = true;
+                        warn!(lease = %election.lease, failing = ?failing,
+                              "not ready (watches failing for over a minute): handing the leader lease over to a ready replica");
+                    }
+                    if gate.may_write() {
+                        state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
+                        match release(&api, &election).await {
+                            Ok(()) => info!(lease = %election.lease, "released the leader lease while not ready"),
+                            Err(e) => {
+                                metrics.leader_renew_errors.inc();
+                                warn!(lease = %election.lease, error = %e,
+                                      "could not release the leader lease while not ready; writes have stopped and it expires by itself");
+                            }
+                        }
+                    }
+                } else if handed_over {
+                    handed_over = false;
+                    info!(lease = %election.lease, "ready again: trying to lead");
+                }
                 // A round that takes longer than the renew deadline is a
                 // failed one: the gauge must not say 1 past the deadline.
                 let round = tokio::time::timeout(
                     election.renew_deadline(),
                     try_acquire_or_renew(&api, &election, &state),
                 );
-                let result = match round.await {
-                    Ok(r) => r,
-                    Err(_) => Err(Error::Timeout {
-                        action: "renewing the leader lease".into(),
-                        after: election.renew_deadline(),
-                    }),
+                let result = if handed_over {
+                    Ok(false)
+                } else {
+                    match round.await {
+                        Ok(r) => r,
+                        Err(_) => Err(Error::Timeout {
+                            action: "renewing the leader lease".into(),
+                            after: election.renew_deadline(),
+                        }),
+                    }
                 };
                 match result {
                     Ok(true) => {
@@ -130,6 +165,7 @@ pub fn start(
                         state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
                     }
                     Err(e) => {
+                        metrics.leader_renew_errors.inc();
                         warn!(lease = %election.lease, error = %e,
                               "could not renew or acquire the leader lease; writes stop at the renew deadline");
                     }
@@ -181,6 +217,7 @@ pub fn start(
                 match release(&api, &election).await {
                     Ok(()) => info!(lease = %election.lease, "released the leader lease"),
                     Err(e) => {
+                        metrics.leader_renew_errors.inc();
                         warn!(lease = %election.lease, error = %e, "could not release the leader lease; it expires by itself")
                     }
                 }
@@ -286,14 +323,7 @@ async fn release(api: &Api<Lease>, e: &Election) -> Result<(), Error> {
     if spec.holder_identity.as_deref() != Some(e.identity.as_str()) {
         return Ok(());
     }
-    let mut next = current.clone();
-    next.spec = Some(LeaseSpec {
-        holder_identity: Some(String::new()),
-        lease_duration_seconds: Some(1),
-        renew_time: Some(now_micro()),
-        acquire_time: Some(now_micro()),
-        ..spec
-    });
+    let next = crate::lock::lease::released(current, Timestamp::now());
     call(
         "releasing the leader lease",
         api.replace(&e.lease, &PostParams::default(), &next),

@@ -5,6 +5,7 @@
 // One module a concern; dependencies run one way (top to bottom here):
 // commands and the controller use observe/reclaim/takeover, which use
 // memory/events/optin, which use verdict/lock/selector/metrics.
+pub mod cadence;
 pub mod cli;
 pub mod client;
 pub mod cmd;
@@ -69,14 +70,18 @@ pub enum ErrorKind {
     Timeout,
     /// An Event could not be written (the reclaim itself went through).
     Event,
+    /// kube-runtime's Controller reported a failure of its own (its queue
+    /// or a trigger), outside any reconcile.
+    Controller,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 4] = [
+    pub const ALL: [ErrorKind; 5] = [
         ErrorKind::Forbidden,
         ErrorKind::Api,
         ErrorKind::Timeout,
         ErrorKind::Event,
+        ErrorKind::Controller,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +90,7 @@ impl ErrorKind {
             ErrorKind::Api => "api",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Event => "event",
+            ErrorKind::Controller => "controller",
         }
     }
 }

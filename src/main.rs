@@ -179,6 +179,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             control.clone(),
             election,
             shared.metrics.clone(),
+            shared.readiness.clone(),
             election_stop.clone(),
         );
         (gate, Some(task))

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 
+use crate::cadence::{Cadence, Renewals};
 use crate::lock::{Holder, Lock, LockKey, LockKind};
 use crate::metrics::Metrics;
 use crate::observe::HolderClock;
@@ -72,6 +73,8 @@ impl Memo {
 #[derive(Default)]
 struct Inner {
     memos: HashMap<LockKey, Memo>,
+    /// The renew history of each watched Lease (Leases only).
+    cadences: HashMap<LockKey, Cadence>,
     /// Locks per state, kept as states change (never recounted).
     counts: HashMap<(LockKind, LockState), i64>,
 }
@@ -241,10 +244,29 @@ impl Memory {
         });
     }
 
+    /// Takes in a Lease as watched or read live now; what was seen of its
+    /// renewals so far.
+    pub fn saw_lease(&self, key: &LockKey, lease: &k8s_openapi::api::coordination::v1::Lease) -> Renewals {
+        let now = Instant::now();
+        self.with(|i| match i.cadences.get_mut(key) {
+            Some(c) => {
+                c.observe(lease, now);
+                c.renewals(now)
+            }
+            None => {
+                let c = Cadence::new(lease, now);
+                let seen = c.renewals(now);
+                i.cadences.insert(key.clone(), c);
+                seen
+            }
+        })
+    }
+
     /// Forgets a lock that no longer exists (or no longer carries the opt-in
     /// label) and its series; returns the holder last judged.
     pub fn forget(&self, key: &LockKey) -> Option<Holder> {
         let memo = self.with(|i| {
+            i.cadences.remove(key);
             let memo = i.memos.remove(key)?;
             if let Some(s) = memo.last_state {
                 *i.counts.entry((key.kind, s)).or_default() -= 1;
@@ -297,6 +319,10 @@ impl HolderClock for MemoryClock<'_> {
             };
             (at, since.elapsed())
         })
+    }
+
+    fn lease_renewals(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> Renewals {
+        self.memory.saw_lease(self.key, lease)
     }
 
     fn stale_since(&self, lock: &Lock, now: Timestamp) -> Timestamp {

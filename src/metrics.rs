@@ -29,6 +29,8 @@ pub struct Metrics {
     pub awaiting_takeover: IntGaugeVec,
     pub takeover_timeouts: IntCounterVec,
     pub last_reclaim: IntGaugeVec,
+    pub leader_renew_errors: prometheus::IntCounter,
+    pub restore_failures: prometheus::IntCounter,
     /// Per-lock reclaim series and when they were last touched, so that
     /// those of locks reclaimed long ago are removed.
     reclaimed: std::sync::Arc<std::sync::Mutex<Touched>>,
@@ -153,8 +155,18 @@ impl Metrics {
             "lock_janitor_ready",
             "1 exactly when /readyz answers 200 (watches synced and working, not shutting down).",
         )?;
+        let leader_renew_errors = prometheus::IntCounter::new(
+            "lock_janitor_leader_renew_errors_total",
+            "Rounds of the leader election that failed to read, acquire or renew the janitor's own Lease.",
+        )?;
+        let restore_failures = prometheus::IntCounter::new(
+            "lock_janitor_restore_failures_total",
+            "Takeovers the janitor could not restore after a restart or failover, and opt-in label carry-overs it gave up.",
+        )?;
         for c in [
             Box::new(watch_errors.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(leader_renew_errors.clone()),
+            Box::new(restore_failures.clone()),
             Box::new(ready.clone()),
             Box::new(leader.clone()),
             Box::new(takeover.clone()),
@@ -198,6 +210,8 @@ impl Metrics {
             locks,
             reclaim_latency,
             pod_deletions,
+            leader_renew_errors,
+            restore_failures,
             reconcile_errors,
             reconcile_duration,
             build_info,

@@ -14,6 +14,7 @@ use kube::core::PartialObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use tracing::debug;
 
+use crate::cadence::Renewals;
 use crate::lock::lease::LeaseLock;
 use crate::lock::{self, Holder, Lock, LockKey, LockKind};
 use crate::selector::Selector;
@@ -58,6 +59,11 @@ pub trait HolderClock {
     fn holder_missing(&self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration);
     /// First time this holder was seen dead without a container finish time.
     fn stale_since(&self, lock: &Lock, now: Timestamp) -> Timestamp;
+    /// Takes in a Lease as read live; what was seen of its renewals (none
+    /// for a clock that does not watch).
+    fn lease_renewals(&self, _lease: &Lease) -> Renewals {
+        Renewals::default()
+    }
 }
 
 /// `scan`'s clock: it cannot watch a grace go by, so the lock's age stands
@@ -124,7 +130,7 @@ impl Observer {
         clock: &impl HolderClock,
     ) -> Result<Option<Judgement>, Error> {
         if key.kind == LockKind::Lease {
-            return self.judge_live_lease(key).await;
+            return self.judge_live_lease(key, clock).await;
         }
         // The whole object: a ConfigMap that holds data is not a lock.
         let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
@@ -266,7 +272,11 @@ impl Observer {
 
     /// Reads a Lease live, then the pods of its namespace (every one its
     /// holder identity could name, by name or hostname), and judges it.
-    pub async fn judge_live_lease(&self, key: &LockKey) -> Result<Option<Judgement>, Error> {
+    pub async fn judge_live_lease(
+        &self,
+        key: &LockKey,
+        clock: &impl HolderClock,
+    ) -> Result<Option<Judgement>, Error> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
         let Some(live) = call(format!("reading lease {key}"), leases.get_opt(&key.name)).await?
         else {
@@ -275,17 +285,22 @@ impl Observer {
         if !self.selector.matches(live.metadata.labels.as_ref()) {
             return Ok(None);
         }
-        self.judge_lease(key.clone(), live, None).await.map(Some)
+        let renewals = clock.lease_renewals(&live);
+        self.judge_lease(key.clone(), live, None, &renewals)
+            .await
+            .map(Some)
     }
 
-    /// Judges a Lease as read. The pods of its namespace are listed live
-    /// unless the caller already did (`pods`); nothing is read for a Lease
-    /// that is released, expired or not a lock.
+    /// Judges a Lease as read, with what was seen of its renewals. The pods
+    /// of its namespace are listed live unless the caller already did
+    /// (`pods`); nothing is read for a Lease that is released, expired or
+    /// not a lock.
     pub async fn judge_lease(
         &self,
         key: LockKey,
         live: Lease,
         pods: Option<&[Pod]>,
+        renewals: &Renewals,
     ) -> Result<Judgement, Error> {
         let meta = live.metadata.clone();
         let parsed = match lock::lease::parse(&live) {
@@ -312,7 +327,7 @@ impl Observer {
                 &listed
             }
         };
-        let verdict = verdict::judge_lease(&parsed, pods, now);
+        let verdict = verdict::judge_lease(&parsed, pods, now, renewals);
         let holder = parsed.host.as_deref().and_then(|h| {
             let mut m = pods.iter().filter(|p| lock::lease::names(h, p));
             match (m.next(), m.next()) {

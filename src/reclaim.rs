@@ -323,6 +323,14 @@ impl Reclaimer {
         else {
             return;
         };
+        if j.matched_by_hostname_only() {
+            // A Lease names a host; only a pod of exactly that name is
+            // surely the one that held it (a hostname may be another
+            // app's pod, or a whole node's).
+            info!(namespace = %j.key.namespace, lock = %j.key.name, pod = ?pod.metadata.name,
+                  "dead holder pod matched the Lease by hostname only; not deleting it");
+            return;
+        }
         let (Some(ns), Some(name), Some(uid)) = (
             pod.metadata.namespace.as_deref(),
             pod.metadata.name.as_deref(),

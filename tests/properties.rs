@@ -275,7 +275,12 @@ proptest! {
             if parsed.host.as_deref() == Some("zz-not-it") {
                 p.metadata.name = Some("zz-other".into());
             }
-            let v = verdict::judge_lease(&parsed, &[p], k8s_openapi::jiff::Timestamp::now());
+            let v = verdict::judge_lease(
+                &parsed,
+                &[p],
+                k8s_openapi::jiff::Timestamp::now(),
+                &lock_janitor::cadence::Renewals::default(),
+            );
             prop_assert!(!matches!(v, Verdict::Stale { .. }), "{v:?}");
         }
     }

@@ -111,7 +111,12 @@ pub async fn judge_all(
         let pods = listing.pods.get(&ns).map(Vec::as_slice).unwrap_or_default();
         out.push(
             observer
-                .judge_lease(key, c.lease.clone(), Some(pods))
+                .judge_lease(
+                    key,
+                    c.lease.clone(),
+                    Some(pods),
+                    &crate::cadence::Renewals::default(),
+                )
                 .await?,
         );
     }

@@ -14,7 +14,7 @@ use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::{drive, error_backoff, key_of, resync_after, suspects, terminal_pods, Context, Wiring};
 use crate::index::LeaseIndex;
@@ -66,7 +66,11 @@ pub(super) async fn run_scope(
             .inspect(move |ev| match ev {
                 Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => {
                     let host = lock::lease::parse(l).ok().and_then(|p| p.host);
-                    index.apply(key_of(l), host);
+                    let key = key_of(l);
+                    // Every renewal the watch delivers teaches the holder's
+                    // renew period (a release waits for it to be missed).
+                    ctx.memory.saw_lease(&key, l);
+                    index.apply(key, host);
                 }
                 Ok(watcher::Event::Delete(l)) => {
                     let key = key_of(l);
@@ -116,6 +120,10 @@ pub(super) async fn run_scope(
         );
         tokio::spawn(async move {
             let mut failures = 0;
+            let health = format!(
+                "pods sweep in {} (Lease locks)",
+                ns.as_deref().unwrap_or("all namespaces")
+            );
             loop {
                 let wait = if failures > 0 {
                     error_backoff(failures).min(std::time::Duration::from_secs(30))
@@ -129,6 +137,7 @@ pub(super) async fn run_scope(
                 match sweep::sweep_leases(&ctx.client, ns.as_deref(), &index).await {
                     Ok(found) => {
                         failures = 0;
+                        super::sweep_ok(&ctx, &health);
                         debug!(
                             scope = ns.as_deref().unwrap_or("all namespaces"),
                             pods = found.pods,
@@ -141,7 +150,7 @@ pub(super) async fn run_scope(
                     }
                     Err(e) => {
                         failures += 1;
-                        warn!(error = %e, "lease sweep failed; retrying");
+                        super::sweep_failed(&ctx, &health, &e);
                     }
                 }
             }

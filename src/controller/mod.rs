@@ -367,6 +367,31 @@ pub fn error_policy<K: Watched>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> 
     Action::requeue(retry)
 }
 
+/// A sweep (a list of pods) answered: said once it recovers from failing.
+fn sweep_ok(ctx: &Context, health: &str) {
+    if ctx.shared.readiness.watch_ok(health) {
+        info!(sweep = %health, "resync sweep recovered");
+    }
+}
+
+/// A sweep failed: counted as a pod watch error, and in readiness as a
+/// watch of its own (not ready after a minute of failures).
+fn sweep_failed(ctx: &Context, health: &str, e: &Error) {
+    ctx.shared
+        .metrics
+        .watch_errors
+        .with_label_values(&["pods"])
+        .inc();
+    if let crate::readiness::Report::Warn {
+        errors,
+        failing_for,
+    } = ctx.shared.readiness.watch_failed(health)
+    {
+        warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
+              "resync sweep failed; retrying (not ready after a minute of this)");
+    }
+}
+
 /// The terminal-pod watch of a scope: health counted under `scope`, and
 /// `on_sync` once it has listed.
 fn terminal_pods(
@@ -517,6 +542,11 @@ async fn drive<K, L, P, M, I>(
     let lead = on_lead(&ctx, w.reader.clone(), w.accepting.clone(), w.suspects_tx);
     let locks = needs_judging_only(&ctx, w.accepting, w.locks);
     info!(scope = %scope, kind = %K::KIND, selector = %ctx.settings.selector, "watching locks");
+    let ctx_errors = ctx
+        .shared
+        .metrics
+        .reconcile_errors
+        .with_label_values(&[crate::ErrorKind::Controller.as_str()]);
     Controller::for_stream(locks, w.reader)
         .watches_stream(w.terminal_pods, w.held_by)
         .reconcile_on(w.suspects)
@@ -526,7 +556,14 @@ async fn drive<K, L, P, M, I>(
         .for_each(|res| {
             match res {
                 Ok((obj, _)) => debug!(lock = %obj, "reconciled"),
-                Err(e) => debug!(error = %e, "controller event"),
+                // A reconcile's own failure is counted and said in
+                // error_policy; this is anything else the Controller
+                // reports (a queue or trigger failure).
+                Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+                Err(e) => {
+                    ctx_errors.inc();
+                    warn!(scope = %scope, kind = %K::KIND, error = %e, "controller error; the lock is judged again at the next event or sweep");
+                }
             }
             future::ready(())
         })

@@ -177,9 +177,7 @@ pub(super) async fn run_scope(
                 match sweep::sweep(&ctx.client, ns.as_deref(), &index).await {
                     Ok(found) => {
                         failures = 0;
-                        if ctx.shared.readiness.watch_ok(&health) {
-                            info!(sweep = %health, "resync sweep recovered");
-                        }
+                        super::sweep_ok(&ctx, &health);
                         debug!(
                             scope = ns.as_deref().unwrap_or("all namespaces"),
                             pods = found.pods,
@@ -236,19 +234,7 @@ pub(super) async fn run_scope(
                     }
                     Err(e) => {
                         failures += 1;
-                        ctx.shared
-                            .metrics
-                            .watch_errors
-                            .with_label_values(&["pods"])
-                            .inc();
-                        if let crate::readiness::Report::Warn {
-                            errors,
-                            failing_for,
-                        } = ctx.shared.readiness.watch_failed(&health)
-                        {
-                            warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
-                                  "resync sweep failed; retrying (not ready after a minute of this)");
-                        }
+                        super::sweep_failed(&ctx, &health, &e);
                     }
                 }
                 // A failing sweep retries at least every 30 s, so readiness

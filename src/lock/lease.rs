@@ -47,9 +47,10 @@ impl LeaseLock {
                 .checked_add(d)
                 .and_then(|t| t.checked_add(CLOCK_SKEW))
                 .is_ok_and(|until| now > until),
-            // client-go treats a Lease without a renew time as expired.
-            (None, _) => true,
-            (Some(_), None) => false,
+            // client-go takes a Lease without a renew time as expired, but
+            // some electors write neither field: without both, nothing
+            // proves it ran out (`parse` calls a held one unmanageable).
+            _ => false,
         }
     }
 }
@@ -124,6 +125,42 @@ pub fn names(host: &str, pod: &Pod) -> bool {
     pod.name_any() == host || hostname(pod) == host
 }
 
+/// The namespace of the kubelets' node heartbeats.
+const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+/// The label the API server puts on its identity Leases in kube-system.
+const APISERVER_IDENTITY_LABEL: &str = "apiserver.kubernetes.io/identity";
+
+/// Leases that are not leader locks of an application, whatever their
+/// labels say: never written.
+fn not_an_application_lock(lease: &Lease) -> Option<Unmanageable> {
+    let meta = &lease.metadata;
+    let spec = lease.spec.as_ref();
+    if spec
+        .and_then(|s| s.strategy.as_deref())
+        .is_some_and(|s| !s.is_empty())
+    {
+        // The API server's leader-election controller picks its holder.
+        return Some(Unmanageable::CoordinatedLeaderElection);
+    }
+    match meta.namespace.as_deref() {
+        Some(NODE_LEASE_NAMESPACE) => return Some(Unmanageable::NodeHeartbeat),
+        Some("kube-system")
+            if meta
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(APISERVER_IDENTITY_LABEL))
+                || meta
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("apiserver-")) =>
+        {
+            return Some(Unmanageable::ApiServerIdentity)
+        }
+        _ => {}
+    }
+    None
+}
+
 /// Reads a Lease as a lock.
 pub fn parse(lease: &Lease) -> Result<LeaseLock, Unmanageable> {
     let meta = &lease.metadata;
@@ -135,12 +172,24 @@ pub fn parse(lease: &Lease) -> Result<LeaseLock, Unmanageable> {
     ) else {
         return Err(Unmanageable::IncompleteMetadata);
     };
+    if let Some(why) = not_an_application_lock(lease) {
+        return Err(why);
+    }
     let spec = lease.spec.as_ref();
     let identity = spec
         .and_then(|s| s.holder_identity.as_deref())
         .filter(|i| !i.is_empty())
         .map(str::to_owned);
     let host = identity.as_deref().map(host_of).transpose()?;
+    let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
+    let duration = spec
+        .and_then(|s| s.lease_duration_seconds)
+        .map(|s| SignedDuration::from_secs(i64::from(s)));
+    if identity.is_some() && (renewed.is_none() || duration.is_none()) {
+        // Held, but when it runs out and whether it was renewed after a
+        // death cannot be told.
+        return Err(Unmanageable::NoRenewTime);
+    }
     Ok(LeaseLock {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
@@ -149,30 +198,42 @@ pub fn parse(lease: &Lease) -> Result<LeaseLock, Unmanageable> {
         created: meta.creation_timestamp.as_ref().map(|t| t.0),
         identity,
         host,
-        renewed: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
-        duration: spec
-            .and_then(|s| s.lease_duration_seconds)
-            .map(|s| SignedDuration::from_secs(i64::from(s))),
+        renewed,
+        duration,
     })
 }
 
 /// The release client-go makes of its own Lease on a clean shutdown
-/// (`ReleaseOnCancel`): no holder, a one-second duration, renew and acquire
-/// times now, the transitions kept. Applied to the Lease exactly as judged,
-/// so that the update carries its resourceVersion (a change means 409).
+/// (`ReleaseOnCancel`), whole: it rebuilds the spec from a record that
+/// keeps only the transitions (`LeaderElectionRecordToLeaseSpec`), so the
+/// spec is exactly: no holder, a one-second duration, renew and acquire
+/// times now, the transitions kept; `preferredHolder` and `strategy` are
+/// gone. Metadata stays as read: the update carries the judged
+/// resourceVersion (a change means 409).
 pub fn released(mut lease: Lease, now: Timestamp) -> Lease {
-    let spec = lease.spec.get_or_insert_with(Default::default);
     let t = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now);
-    spec.holder_identity = Some(String::new());
-    spec.lease_duration_seconds = Some(1);
-    spec.renew_time = Some(t.clone());
-    spec.acquire_time = Some(t);
+    let transitions = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .unwrap_or(0);
+    lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+        holder_identity: Some(String::new()),
+        lease_duration_seconds: Some(1),
+        acquire_time: Some(t.clone()),
+        renew_time: Some(t),
+        lease_transitions: Some(transitions),
+        preferred_holder: None,
+        strategy: None,
+    });
     lease
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
     #[test]
     fn identities() {
@@ -227,6 +288,102 @@ mod tests {
         l.renewed = Some(Timestamp::MAX);
         assert!(!l.expired(now), "an overflowing renew time never expires");
         l.renewed = None;
-        assert!(l.expired(now));
+        assert!(!l.expired(now), "no renew time: never expired");
+    }
+
+    fn lease(ns: &str, name: &str, spec: LeaseSpec) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                uid: Some("u".into()),
+                resource_version: Some("1".into()),
+                ..Default::default()
+            },
+            spec: Some(spec),
+        }
+    }
+
+    fn held(identity: &str) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(identity.into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn leases_that_are_not_application_locks() {
+        let cle = LeaseSpec {
+            strategy: Some("OldestEmulationVersion".into()),
+            ..held("kube-controller-manager-0")
+        };
+        assert_eq!(
+            parse(&lease("kube-system", "kube-controller-manager", cle)),
+            Err(Unmanageable::CoordinatedLeaderElection)
+        );
+        assert_eq!(
+            parse(&lease("kube-node-lease", "node-a", held("node-a"))),
+            Err(Unmanageable::NodeHeartbeat)
+        );
+        assert_eq!(
+            parse(&lease("kube-system", "apiserver-x7k2", held("apiserver-x7k2_uid"))),
+            Err(Unmanageable::ApiServerIdentity)
+        );
+        let mut identity = lease("kube-system", "kube-apiserver-a", held("a"));
+        identity.metadata.labels = Some(
+            [(APISERVER_IDENTITY_LABEL.to_string(), "kube-apiserver".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        assert_eq!(parse(&identity), Err(Unmanageable::ApiServerIdentity));
+        // An operator's own Lease in kube-system is a lock.
+        assert!(parse(&lease("kube-system", "my-operator", held("op-a"))).is_ok());
+        for spec in [
+            LeaseSpec {
+                renew_time: None,
+                ..held("op-a")
+            },
+            LeaseSpec {
+                lease_duration_seconds: None,
+                ..held("op-a")
+            },
+        ] {
+            assert_eq!(
+                parse(&lease("ops", "op", spec)),
+                Err(Unmanageable::NoRenewTime)
+            );
+        }
+        // Released without times: free, nothing to judge.
+        let free = parse(&lease("ops", "op", LeaseSpec::default())).unwrap();
+        assert_eq!(free.host, None);
+    }
+
+    #[test]
+    fn a_release_rebuilds_the_spec_as_client_go_does() {
+        let now = Timestamp::now();
+        let before = LeaseSpec {
+            preferred_holder: Some("op-b".into()),
+            lease_transitions: Some(4),
+            acquire_time: Some(MicroTime(now - SignedDuration::from_secs(60))),
+            ..held("op-a")
+        };
+        let mut l = lease("ops", "op", before);
+        l.metadata.labels = Some([("k".to_string(), "v".to_string())].into_iter().collect());
+        let out = released(l.clone(), now);
+        assert_eq!(out.metadata, l.metadata, "metadata as read");
+        assert_eq!(
+            out.spec,
+            Some(LeaseSpec {
+                holder_identity: Some(String::new()),
+                lease_duration_seconds: Some(1),
+                acquire_time: Some(MicroTime(now)),
+                renew_time: Some(MicroTime(now)),
+                lease_transitions: Some(4),
+                preferred_holder: None,
+                strategy: None,
+            })
+        );
     }
 }

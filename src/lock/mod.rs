@@ -133,6 +133,16 @@ pub enum Unmanageable {
     /// A Lease's holder identity cannot name a pod (neither a pod name nor
     /// controller-runtime's `<hostname>_<uuid>`).
     IdentityNotAPod(String),
+    /// A Lease whose holder the API server's leader-election controller
+    /// picks (Coordinated Leader Election: `spec.strategy` is set).
+    CoordinatedLeaderElection,
+    /// A kubelet's heartbeat in `kube-node-lease`, not a leader lock.
+    NodeHeartbeat,
+    /// An API server's identity Lease in `kube-system`.
+    ApiServerIdentity,
+    /// A held Lease without `renewTime` or `leaseDurationSeconds`: when it
+    /// runs out, and whether it was renewed after a death, cannot be told.
+    NoRenewTime,
 }
 
 impl Unmanageable {
@@ -148,6 +158,10 @@ impl Unmanageable {
             Unmanageable::OwnerInOtherNamespace(_) => "OwnerInOtherNamespace",
             Unmanageable::HoldsData => "HoldsData",
             Unmanageable::IdentityNotAPod(_) => "IdentityNotAPod",
+            Unmanageable::CoordinatedLeaderElection => "CoordinatedLeaderElection",
+            Unmanageable::NodeHeartbeat => "NodeHeartbeat",
+            Unmanageable::ApiServerIdentity => "ApiServerIdentity",
+            Unmanageable::NoRenewTime => "NoRenewTime",
         }
     }
 }
@@ -176,6 +190,21 @@ impl fmt::Display for Unmanageable {
             Unmanageable::IdentityNotAPod(id) => write!(
                 f,
                 "its holder identity {id:?} names no pod (neither a pod name nor <hostname>_<uuid>)"
+            ),
+            Unmanageable::CoordinatedLeaderElection => write!(
+                f,
+                "the API server's Coordinated Leader Election manages it (spec.strategy is set)"
+            ),
+            Unmanageable::NodeHeartbeat => {
+                write!(f, "it is a node's heartbeat in kube-node-lease, not a leader lock")
+            }
+            Unmanageable::ApiServerIdentity => {
+                write!(f, "it is an API server's identity Lease, not a leader lock")
+            }
+            Unmanageable::NoRenewTime => write!(
+                f,
+                "it is held but has no renewTime or leaseDurationSeconds, so whether its holder \
+                 still renews it cannot be told"
             ),
             Unmanageable::OwnerInOtherNamespace(ns) => write!(
                 f,

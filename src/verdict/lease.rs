@@ -1,24 +1,60 @@
 //! The judgement of a Lease lock (pure, like the ConfigMap one): from the
 //! Lease and the pods of its namespace, at a given time.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::{judge_holder_pod, HeldBecause, Verdict};
+use crate::cadence::Renewals;
 use crate::lock::lease::{self, LeaseLock};
 
 /// How long after a pod's last container finished a Lease renewal still
 /// counts as its own: `finishedAt` has second precision.
 const RENEW_SLACK: SignedDuration = SignedDuration::from_secs(2);
 
-/// How long after the death a Lease is first released: the slack, then one
-/// retry period of client-go (2 s) and a second of rounding, so that
-/// anything still renewing under the identity has had its chance to show.
-pub const RENEWAL_WINDOW: SignedDuration = SignedDuration::from_secs(5);
+/// The shortest wait after the death: the slack, one retry period of
+/// client-go's defaults (2 s) and a second of rounding.
+pub const MIN_RENEWAL_WINDOW: Duration = Duration::from_secs(5);
+
+/// How many renew periods the holder must miss: one, and half of one for
+/// the API server's latency and the period's jitter.
+const MISSED_PERIODS: f64 = 1.5;
+
+/// The share of `leaseDurationSeconds` waited when no renew period was
+/// observed. client-go needs lease > renew deadline > 1.2 x retry period;
+/// every elector we know renews within a fifth of its lease (client-go and
+/// controller-runtime 2 s of 15 s, OpenShift's library-go 26 s of 137 s,
+/// 60 s of 270 s on a single node).
+const UNOBSERVED_SHARE: f64 = 0.5;
+
+/// How long the holder must have been silent since its death before its
+/// Lease is released: `max(5 s, 1.5 x the observed renew period)`, or
+/// `max(5 s, leaseDurationSeconds / 2)` when no period was observed. A
+/// period longer than the lease itself is taken as the lease.
+pub fn renewal_window(lock: &LeaseLock, renewals: &Renewals) -> Duration {
+    let lease = lock
+        .duration
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or_default();
+    let wait = match renewals.period {
+        Some(p) if lease.is_zero() => p.mul_f64(MISSED_PERIODS),
+        Some(p) => p.min(lease).mul_f64(MISSED_PERIODS),
+        None => lease.mul_f64(UNOBSERVED_SHARE),
+    };
+    wait.max(MIN_RENEWAL_WINDOW)
+}
 
 /// Judges a Lease from the pods of its namespace (all of them, or at least
-/// every one the identity could name) at `now`.
-pub fn judge_lease(lock: &LeaseLock, pods: &[Pod], now: Timestamp) -> Verdict {
+/// every one the identity could name) at `now`, with what the janitor saw
+/// of its renewals.
+pub fn judge_lease(
+    lock: &LeaseLock,
+    pods: &[Pod],
+    now: Timestamp,
+    renewals: &Renewals,
+) -> Verdict {
     let Some(host) = lock.host.as_deref() else {
         return Verdict::Held(HeldBecause::Released);
     };
@@ -42,25 +78,34 @@ pub fn judge_lease(lock: &LeaseLock, pods: &[Pod], now: Timestamp) -> Verdict {
     let Verdict::Stale { died_at, .. } = verdict else {
         return verdict;
     };
-    // A Lease says who renews it, not who holds it: a dead pod's Lease is
-    // released only when nothing renewed it after the death. Without a
-    // death time (a pod refused at admission never ran), that cannot be
-    // told: held, and the Lease expires by itself.
+    // A Lease says who renews it, not who holds it: something else may
+    // renew under the same identity (a same-named pod elsewhere, a
+    // process outside the cluster). A dead pod's Lease is released only
+    // once nothing renewed it after the death for as long as its holder
+    // takes to renew (`renewal_window`), by the Lease's times and on the
+    // janitor's own clock. Without a death time (a pod refused at
+    // admission never ran), that cannot be told: held, and the Lease
+    // expires by itself.
     let Some(died) = died_at else {
         return Verdict::Held(HeldBecause::DeathTimeUnknown);
     };
-    let (Ok(slack), Ok(window)) = (
-        died.checked_add(RENEW_SLACK),
-        died.checked_add(RENEWAL_WINDOW),
-    ) else {
+    let Ok(slack) = died.checked_add(RENEW_SLACK) else {
         return Verdict::Held(HeldBecause::DeathTimeUnknown);
     };
     if lock.renewed.is_some_and(|r| r > slack) {
         return Verdict::Held(HeldBecause::RenewedAfterDeath);
     }
-    if now < window {
-        let remaining =
-            std::time::Duration::try_from(window.duration_since(now)).unwrap_or_default();
+    let window = renewal_window(lock, renewals);
+    let silent_from = lock.renewed.map_or(died, |r| r.max(died));
+    let Ok(until) = SignedDuration::try_from(window).and_then(|w| silent_from.checked_add(w)) else {
+        return Verdict::Held(HeldBecause::DeathTimeUnknown);
+    };
+    let by_times = Duration::try_from(until.duration_since(now)).unwrap_or_default();
+    let by_watch = renewals
+        .quiet_for
+        .map_or(Duration::ZERO, |q| window.saturating_sub(q));
+    let remaining = by_times.max(by_watch);
+    if !remaining.is_zero() {
         return Verdict::Held(HeldBecause::RenewalWindow { remaining });
     }
     verdict
@@ -278,8 +323,67 @@ mod tests {
                 Verdict::Held(HeldBecause::RenewedAfterDeath),
             ),
         ];
+        // A client-go holder renewing every 2 s, watched for 40 s.
+        let seen = Renewals {
+            period: Some(Duration::from_secs(2)),
+            quiet_for: Some(Duration::from_secs(40)),
+        };
         for (name, l, pods, want) in cases {
-            assert_eq!(judge_lease(&l, &pods, now()), want, "{name}");
+            assert_eq!(judge_lease(&l, &pods, now(), &seen), want, "{name}");
         }
+    }
+
+    /// A Lease of `duration` seconds renewed `renewed_ago`, its holder pod
+    /// evicted 30 s ago.
+    fn dead_holder(duration: i32, renewed_ago: i64, seen: Renewals) -> Verdict {
+        let l = LeaseLock {
+            duration: Some(SignedDuration::from_secs(i64::from(duration))),
+            ..lease(Some("op-a"), renewed_ago)
+        };
+        judge_lease(
+            &l,
+            &[pod("op-a", None, "Failed", Some("Evicted"))],
+            now(),
+            &seen,
+        )
+    }
+
+    #[test]
+    fn the_holder_must_miss_its_own_renewals() {
+        let window = |ms: u64| {
+            Verdict::Held(HeldBecause::RenewalWindow {
+                remaining: Duration::from_millis(ms),
+            })
+        };
+        let watched = |period: Option<u64>, quiet: u64| Renewals {
+            period: period.map(Duration::from_secs),
+            quiet_for: Some(Duration::from_secs(quiet)),
+        };
+        // OpenShift's library-go: 137 s lease, renewed every 26 s; last
+        // renewal 5 s before the death 30 s ago: 1.5 x 26 s = 39 s after it.
+        assert_eq!(dead_holder(137, 35, watched(Some(26), 35)), window(9_000));
+        assert_eq!(
+            dead_holder(137, 45, watched(Some(20), 45)),
+            stale(StaleReason::Evicted),
+            "1.5 x 20 s = 30 s after the death"
+        );
+        // No period observed: half the lease (68.5 s) after the death.
+        assert_eq!(dead_holder(137, 35, watched(None, 35)), window(38_500));
+        // The janitor's own clock: it has watched only 10 s of silence.
+        assert_eq!(dead_holder(137, 45, watched(Some(26), 10)), window(29_000));
+        // Never sooner than 5 s, whatever the period.
+        assert_eq!(dead_holder(60, 31, watched(Some(1), 2)), window(3_000));
+        // A period longer than the lease counts as the lease (25 s).
+        assert_eq!(
+            dead_holder(25, 31, watched(Some(600), 40)),
+            window(7_500)
+        );
+        // Renewed 3 s after the death: something still renews.
+        assert_eq!(
+            dead_holder(137, 27, watched(Some(26), 0)),
+            Verdict::Held(HeldBecause::RenewedAfterDeath)
+        );
+        // scan watches nothing: the Lease's times alone.
+        assert_eq!(dead_holder(137, 35, Renewals::default()), window(38_500));
     }
 }

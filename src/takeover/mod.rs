@@ -5,9 +5,7 @@
 //! `lock_janitor_takeover_timeouts_total`), and carry the opt-in label over
 //! to the new lock, which operator-lib creates without labels. What is
 //! awaited is derived again from the janitor's own `StaleLockReclaimed`
-//! Events after a restart or a failover. (Over 500 lines: following,
-//! restoring and the label carry-over share its budget and state; the
-//! carry-over is the next thing to cut out.)
+//! Events after a restart or a failover. The label carry-over is in `carry`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,7 +24,9 @@ use crate::election::Gate;
 use crate::events::{self, Events, Say};
 use crate::lock::{self, Holder, LockKey, LockKind};
 use crate::metrics::Metrics;
-use crate::optin::{self, Plan, Written};
+use crate::optin::{self, Plan};
+
+mod carry;
 use crate::readiness::Readiness;
 use crate::selector::Selector;
 use crate::{call, scoped};
@@ -44,13 +44,6 @@ const FIRST_LOOK: Duration = Duration::from_secs(2);
 const LONGEST_WAIT: Duration = Duration::from_secs(30);
 /// The longest wait once --takeover-timeout has passed.
 const LONGEST_WAIT_LATE: Duration = Duration::from_secs(300);
-/// How long a follower that does not lead waits for the lead before it
-/// leaves the label carry-over to the leader.
-const GATE_WAIT: Duration = Duration::from_secs(30);
-/// Failed label writes before the carry-over gives up, and attempts in all
-/// (conflicts included).
-const LABEL_FAILURES: u32 = 5;
-const LABEL_ATTEMPTS: u32 = 10;
 
 type Limiter = governor::DefaultDirectRateLimiter;
 
@@ -152,7 +145,9 @@ impl Takeovers {
     pub async fn restore(&self, namespace: Option<&str>) -> Result<usize, crate::Error> {
         let api: Api<k8s_openapi::api::events::v1::Event> = scoped(&self.shared.client, namespace);
         let lp = ListParams::default().fields(&format!("reason={}", events::REASON_RECLAIMED));
-        let list = call("listing the janitor's reclaim Events", api.list(&lp)).await?;
+        let list = call("listing the janitor's reclaim Events", api.list(&lp))
+            .await
+            .inspect_err(|_| self.shared.metrics.restore_failures.inc())?;
         // The latest reclaim per lock.
         let mut latest: HashMap<LockKey, (Timestamp, Holder)> = HashMap::new();
         for ev in list.items {
@@ -204,34 +199,81 @@ impl Takeovers {
             if age >= FOLLOW_FOR {
                 continue;
             }
-            // A live read: present again (labeled or not) means taken over
-            // while no janitor looked; nothing is awaited.
-            let gone = match key.kind {
-                LockKind::ConfigMap => {
-                    let cms: Api<ConfigMap> =
-                        Api::namespaced(self.shared.client.clone(), &key.namespace);
-                    call("reading a reclaimed lock", cms.get_metadata_opt(&key.name))
-                        .await?
-                        .is_none()
-                }
-                // Released and not taken yet (or deleted since).
-                LockKind::Lease => {
-                    let leases: Api<Lease> =
-                        Api::namespaced(self.shared.client.clone(), &key.namespace);
-                    call("reading a released lease", leases.get_opt(&key.name))
-                        .await?
-                        .is_none_or(|l| lock::lease::parse(&l).is_ok_and(|p| p.host.is_none()))
+            // One lock's failed read costs that lock only: counted, said,
+            // and the others are restored.
+            let awaited = match self.still_awaited(&key, &holder).await {
+                Ok(a) => a,
+                Err(e) => {
+                    self.shared.metrics.restore_failures.inc();
+                    warn!(namespace = %key.namespace, lock = %key.name, error = %e,
+                          "could not restore the takeover of a reclaimed lock; it is not followed");
+                    continue;
                 }
             };
-            if gone {
-                info!(namespace = %key.namespace, lock = %key.name, reclaimed_seconds_ago = age.as_secs(),
-                      "awaiting the takeover of a lock reclaimed before this janitor started");
-                self.follow(&key, holder, at);
-                restored += 1;
+            match awaited {
+                Restore::Nothing => continue,
+                Restore::Await => info!(namespace = %key.namespace, lock = %key.name,
+                    reclaimed_seconds_ago = age.as_secs(),
+                    "awaiting the takeover of a lock reclaimed before this janitor started"),
+                Restore::Label => info!(namespace = %key.namespace, lock = %key.name,
+                    reclaimed_seconds_ago = age.as_secs(),
+                    "a reclaimed lock was created again while no janitor ran, without the opt-in label; labeling it"),
             }
+            self.follow(&key, holder, at);
+            restored += 1;
         }
         Ok(restored)
     }
+
+    /// After a restart: whether the takeover of a lock reclaimed from
+    /// `old` is still awaited, from a live read. A lock present again was
+    /// taken over while no janitor looked; one a new holder created without
+    /// the opt-in label is followed once more, which labels it.
+    async fn still_awaited(&self, key: &LockKey, old: &Holder) -> Result<Restore, crate::Error> {
+        let client = self.shared.client.clone();
+        match key.kind {
+            LockKind::ConfigMap => {
+                let cms: Api<ConfigMap> = Api::namespaced(client, &key.namespace);
+                let Some(cm) = call("reading a reclaimed lock", cms.get_opt(&key.name)).await?
+                else {
+                    return Ok(Restore::Await);
+                };
+                let unlabeled = self.shared.label.as_ref().is_some_and(|(k, v)| {
+                    lock::lock_shaped(&cm)
+                        && lock::parse(&cm.metadata).is_ok_and(|l| l.holder.uid != old.uid)
+                        && optin::plan_label(&cm.metadata, k, v) == Some(Plan::Add)
+                });
+                Ok(if unlabeled {
+                    Restore::Label
+                } else {
+                    Restore::Nothing
+                })
+            }
+            // Released and not taken yet (or deleted since). A Lease keeps
+            // its labels through a release: nothing to carry.
+            LockKind::Lease => {
+                let leases: Api<Lease> = Api::namespaced(client, &key.namespace);
+                let lease = call("reading a released lease", leases.get_opt(&key.name)).await?;
+                Ok(
+                    if lease.is_none_or(|l| lock::lease::parse(&l).is_ok_and(|p| p.host.is_none())) {
+                        Restore::Await
+                    } else {
+                        Restore::Nothing
+                    },
+                )
+            }
+        }
+    }
+}
+
+/// What a restart finds of a lock it had reclaimed.
+enum Restore {
+    /// Taken over and opted in (or not a lock): nothing to do.
+    Nothing,
+    /// Not taken over yet: followed again.
+    Await,
+    /// Taken over without the opt-in label: followed, which labels it.
+    Label,
 }
 
 /// The end of the janitor's StaleLockReclaimed note: which selector's
@@ -426,7 +468,7 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
             .await;
         if let Some(cm) = cm {
             let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
-            carry_label_over(&s, &cms, &key, cm, &new.holder.name).await;
+            carry::carry_label_over(&s, &cms, &key, cm, &new.holder.name).await;
         }
         break "taken over";
     };
@@ -478,104 +520,4 @@ async fn no_takeover(s: &Shared, key: &LockKey, old: &Holder, since: Timestamp) 
         }
     }
     written
-}
-
-/// Adds the opt-in label to the new lock, when there is one to carry and the
-/// lock is lock-shaped and has no value for its key (`false` is an opt-out),
-/// with a resourceVersion-guarded merge patch: it never overwrites a
-/// concurrent change. Only the leader writes, and never before every watch
-/// has synced (safety rule 4).
-async fn carry_label_over(
-    s: &Shared,
-    cms: &Api<ConfigMap>,
-    key: &LockKey,
-    mut cm: ConfigMap,
-    holder: &str,
-) {
-    let Some((k, v)) = &s.label else { return };
-    let mut failures = 0;
-    for _ in 0..LABEL_ATTEMPTS {
-        if !lock::lock_shaped(&cm) {
-            info!(namespace = %key.namespace, lock = %key.name,
-                  "the new lock holds data; not lock-shaped, not labeling it");
-            return;
-        }
-        match optin::plan_label(&cm.metadata, k, v) {
-            Some(Plan::Add) => {}
-            Some(Plan::Unchanged) | None => return,
-            Some(Plan::Conflicting(other)) => {
-                info!(namespace = %key.namespace, lock = %key.name, value = %other,
-                      "the new lock sets the opt-in label key to another value; left alone");
-                return;
-            }
-        }
-        // Only the leader writes, never before sync. A standby waits for
-        // the lead, looking again now and then: done once the leader has
-        // labeled the lock (or it is gone). It does not leave it to the
-        // leader blindly: the leader may die before its own follower looks
-        // (found by the chaos suite), and a janitor that starts later sees
-        // a lock that is present again as taken over, not as awaited.
-        let (waiting, mut looked) = (Instant::now(), Instant::now());
-        let mut settled = false;
-        while !s.readiness.is_synced() || !s.gate.may_write() {
-            if waiting.elapsed() > FOLLOW_FOR {
-                return;
-            }
-            if looked.elapsed() >= GATE_WAIT {
-                looked = Instant::now();
-                s.limiter.until_ready().await;
-                match call("reading the new lock", cms.get_opt(&key.name)).await {
-                    Ok(Some(again)) => {
-                        settled = !lock::lock_shaped(&again)
-                            || optin::plan_label(&again.metadata, k, v) != Some(Plan::Add);
-                        cm = again;
-                    }
-                    Ok(None) => return,
-                    Err(_) => {}
-                }
-                if settled {
-                    debug!(namespace = %key.namespace, lock = %key.name,
-                           "the leader carried the label over");
-                    return;
-                }
-            }
-            tokio::time::sleep(FIRST_LOOK).await;
-        }
-        match optin::write_label(cms, &cm.metadata, k, v).await {
-            Written::Labeled => {
-                // The lock read last names its holder (another heir, if the
-                // first one lost it meanwhile).
-                let holder = lock::parse(&cm.metadata).map_or(holder.to_owned(), |l| l.holder.name);
-                info!(namespace = %key.namespace, lock = %key.name, holder = %holder,
-                      "opt-in label carried over to the new lock");
-                return;
-            }
-            Written::Gone => return,
-            Written::Conflict => {}
-            // Tried again after 1, 2, 4 and 8 s: an API server that has just
-            // restarted denies requests until its RBAC caches are filled
-            // (found by the chaos suite), and a timeout or a 5xx passes too.
-            Written::Failed(e) if failures + 1 < LABEL_FAILURES => {
-                failures += 1;
-                let wait = Duration::from_secs(1 << (failures - 1));
-                debug!(namespace = %key.namespace, lock = %key.name, error = %e,
-                       retry_seconds = wait.as_secs(), "label carry-over failed; trying again");
-                tokio::time::sleep(wait).await;
-            }
-            Written::Failed(e) => {
-                warn!(namespace = %key.namespace, lock = %key.name, error = %e, failures = LABEL_FAILURES,
-                      "could not carry the opt-in label over; label the lock with `lock-janitor label --apply`");
-                return;
-            }
-        }
-        s.limiter.until_ready().await;
-        match call("reading the new lock", cms.get_opt(&key.name)).await {
-            Ok(Some(again)) => cm = again,
-            Ok(None) => return,
-            // The next write, with the copy at hand, says what is wrong.
-            Err(_) => {}
-        }
-    }
-    warn!(namespace = %key.namespace, lock = %key.name, attempts = LABEL_ATTEMPTS,
-          "could not carry the opt-in label over (the lock kept changing); label the lock with `lock-janitor label --apply`");
 }

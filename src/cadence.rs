@@ -1,0 +1,180 @@
+//! How often each watched Lease's holder renews it, as the janitor sees it:
+//! the gaps between the renew times its watch (and its live reads) deliver
+//! under one holder identity, and how long, on the janitor's own clock, no
+//! new renewal has come. A Lease is released only once its holder has
+//! missed its own renewals (`verdict::lease`); this is where "its own" is
+//! learnt. Pure bookkeeping: the caller passes the instant.
+
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+
+/// How many recent gaps are kept: the longest of them is the period, so one
+/// slow renewal (an API server hiccup) widens the window for a while.
+const GAPS: usize = 4;
+/// A gap longer than this is not a renew period (the holder stopped and
+/// came back, or the watch was away): not learnt.
+const LONGEST_GAP: Duration = Duration::from_secs(3600);
+
+/// What the janitor saw of a Lease's renewals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Renewals {
+    /// The holder's renew period as observed: the longest of the recent
+    /// gaps between renewals under the current holder identity.
+    pub period: Option<Duration>,
+    /// How long since the janitor last saw the renew time change (or first
+    /// saw the Lease under this holder), on its own clock. `None`: it does
+    /// not watch the Lease (a one-shot `scan`).
+    pub quiet_for: Option<Duration>,
+}
+
+/// The renew history of one Lease.
+#[derive(Clone, Debug)]
+pub struct Cadence {
+    /// A hash of the holder identity: a new holder starts a new history.
+    identity: u64,
+    renewed: Option<Timestamp>,
+    /// When the janitor first saw `renewed`.
+    since: Instant,
+    /// Recent gaps in milliseconds, newest last; 0 is none.
+    gaps: [u32; GAPS],
+}
+
+fn hash(identity: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    identity.hash(&mut h);
+    h.finish()
+}
+
+fn holder_and_renewed(lease: &Lease) -> (&str, Option<Timestamp>) {
+    let spec = lease.spec.as_ref();
+    (
+        spec.and_then(|s| s.holder_identity.as_deref())
+            .unwrap_or_default(),
+        spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
+    )
+}
+
+impl Cadence {
+    /// The history of a Lease first seen `at`.
+    pub fn new(lease: &Lease, at: Instant) -> Cadence {
+        let (identity, renewed) = holder_and_renewed(lease);
+        Cadence {
+            identity: hash(identity),
+            renewed,
+            since: at,
+            gaps: [0; GAPS],
+        }
+    }
+
+    /// Takes in the Lease as read or watched `at`. An older renew time than
+    /// the one known (a watch event behind a live read) teaches nothing.
+    pub fn observe(&mut self, lease: &Lease, at: Instant) {
+        let (identity, renewed) = holder_and_renewed(lease);
+        if hash(identity) != self.identity {
+            *self = Cadence::new(lease, at);
+            return;
+        }
+        let (Some(new), Some(old)) = (renewed, self.renewed) else {
+            if renewed.is_some() {
+                self.renewed = renewed;
+                self.since = at;
+            }
+            return;
+        };
+        if new <= old {
+            return;
+        }
+        if let Ok(gap) = Duration::try_from(new.duration_since(old)) {
+            if gap <= LONGEST_GAP {
+                let ms = u32::try_from(gap.as_millis()).unwrap_or(u32::MAX).max(1);
+                self.gaps.rotate_left(1);
+                self.gaps[GAPS - 1] = ms;
+            }
+        }
+        self.renewed = Some(new);
+        self.since = at;
+    }
+
+    /// What was seen, as of `now`.
+    pub fn renewals(&self, now: Instant) -> Renewals {
+        let longest = self.gaps.iter().copied().max().unwrap_or(0);
+        Renewals {
+            period: (longest > 0).then(|| Duration::from_millis(u64::from(longest))),
+            quiet_for: Some(now.saturating_duration_since(self.since)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use k8s_openapi::jiff::SignedDuration;
+
+    fn lease(identity: &str, renewed: Timestamp) -> Lease {
+        Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: Some(identity.into()),
+                renew_time: Some(MicroTime(renewed)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn learns_the_longest_recent_gap_under_one_holder() {
+        let t0: Timestamp = "2026-12-01T10:00:00Z".parse().unwrap();
+        let at = Instant::now();
+        let s = |n: i64| t0 + SignedDuration::from_secs(n);
+        let i = |n: u64| at + Duration::from_secs(n);
+        let mut c = Cadence::new(&lease("a", s(0)), i(0));
+        assert_eq!(
+            c.renewals(i(3)),
+            Renewals {
+                period: None,
+                quiet_for: Some(Duration::from_secs(3))
+            }
+        );
+        c.observe(&lease("a", s(26)), i(26));
+        c.observe(&lease("a", s(52)), i(53));
+        // The same renewal again (a watch event after a live read): nothing.
+        c.observe(&lease("a", s(52)), i(60));
+        let r = c.renewals(i(60));
+        assert_eq!(r.period, Some(Duration::from_secs(26)));
+        assert_eq!(r.quiet_for, Some(Duration::from_secs(7)));
+        // An older renewal teaches nothing.
+        c.observe(&lease("a", s(40)), i(61));
+        assert_eq!(c.renewals(i(61)).quiet_for, Some(Duration::from_secs(8)));
+        // One slow renewal widens the period; it stays the longest of four.
+        c.observe(&lease("a", s(92)), i(92));
+        assert_eq!(c.renewals(i(92)).period, Some(Duration::from_secs(40)));
+        for n in 1..=3 {
+            c.observe(&lease("a", s(92 + 26 * n)), i(92 + 26 * n as u64));
+        }
+        assert_eq!(c.renewals(i(200)).period, Some(Duration::from_secs(40)));
+        c.observe(&lease("a", s(92 + 26 * 4)), i(200));
+        assert_eq!(c.renewals(i(200)).period, Some(Duration::from_secs(26)));
+        // A new holder: nothing known of its period yet.
+        c.observe(&lease("b", s(300)), i(300));
+        assert_eq!(c.renewals(i(301)).period, None);
+        assert_eq!(c.renewals(i(301)).quiet_for, Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn gaps_of_hours_are_not_periods() {
+        let t0: Timestamp = "2026-12-01T10:00:00Z".parse().unwrap();
+        let at = Instant::now();
+        let mut c = Cadence::new(&lease("a", t0), at);
+        c.observe(&lease("a", t0 + SignedDuration::from_hours(2)), at);
+        assert_eq!(c.renewals(at).period, None);
+        // Without a renew time at first: the first one starts the clock.
+        let mut c = Cadence::new(&Lease::default(), at);
+        c.observe(&lease("", t0), at + Duration::from_secs(5));
+        assert_eq!(c.renewals(at + Duration::from_secs(5)).period, None);
+    }
+}

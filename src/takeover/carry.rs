@@ -1,0 +1,125 @@
+//! The opt-in label carried over to the lock a new holder created after a
+//! takeover (operator-lib creates it without labels): only the leader
+//! writes, with a resourceVersion-guarded merge patch, after every watch has
+//! synced; a standby waits for the lead.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use tracing::{debug, info, warn};
+
+use super::{Shared, FIRST_LOOK, FOLLOW_FOR};
+use crate::lock::{self, LockKey};
+use crate::optin::{self, Plan, Written};
+use crate::call;
+
+/// How long a follower that does not lead waits for the lead before it
+/// leaves the label carry-over to the leader.
+const GATE_WAIT: Duration = Duration::from_secs(30);
+/// Failed label writes before the carry-over gives up, and attempts in all
+/// (conflicts included).
+const LABEL_FAILURES: u32 = 5;
+const LABEL_ATTEMPTS: u32 = 10;
+
+/// Adds the opt-in label to the new lock, when there is one to carry and the
+/// lock is lock-shaped and has no value for its key (`false` is an opt-out),
+/// with a resourceVersion-guarded merge patch: it never overwrites a
+/// concurrent change. Only the leader writes, and never before every watch
+/// has synced (safety rule 4).
+pub(super) async fn carry_label_over(
+    s: &Shared,
+    cms: &Api<ConfigMap>,
+    key: &LockKey,
+    mut cm: ConfigMap,
+    holder: &str,
+) {
+    let Some((k, v)) = &s.label else { return };
+    let mut failures = 0;
+    for _ in 0..LABEL_ATTEMPTS {
+        if !lock::lock_shaped(&cm) {
+            info!(namespace = %key.namespace, lock = %key.name,
+                  "the new lock holds data; not lock-shaped, not labeling it");
+            return;
+        }
+        match optin::plan_label(&cm.metadata, k, v) {
+            Some(Plan::Add) => {}
+            Some(Plan::Unchanged) | None => return,
+            Some(Plan::Conflicting(other)) => {
+                info!(namespace = %key.namespace, lock = %key.name, value = %other,
+                      "the new lock sets the opt-in label key to another value; left alone");
+                return;
+            }
+        }
+        // Only the leader writes, never before sync. A standby waits for
+        // the lead, looking again now and then: done once the leader has
+        // labeled the lock (or it is gone). It does not leave it to the
+        // leader blindly: the leader may die before its own follower looks
+        // (found by the chaos suite), and a janitor that starts later sees
+        // a lock that is present again as taken over, not as awaited.
+        let (waiting, mut looked) = (Instant::now(), Instant::now());
+        let mut settled = false;
+        while !s.readiness.is_synced() || !s.gate.may_write() {
+            if waiting.elapsed() > FOLLOW_FOR {
+                return;
+            }
+            if looked.elapsed() >= GATE_WAIT {
+                looked = Instant::now();
+                s.limiter.until_ready().await;
+                match call("reading the new lock", cms.get_opt(&key.name)).await {
+                    Ok(Some(again)) => {
+                        settled = !lock::lock_shaped(&again)
+                            || optin::plan_label(&again.metadata, k, v) != Some(Plan::Add);
+                        cm = again;
+                    }
+                    Ok(None) => return,
+                    Err(_) => {}
+                }
+                if settled {
+                    debug!(namespace = %key.namespace, lock = %key.name,
+                           "the leader carried the label over");
+                    return;
+                }
+            }
+            tokio::time::sleep(FIRST_LOOK).await;
+        }
+        match optin::write_label(cms, &cm.metadata, k, v).await {
+            Written::Labeled => {
+                // The lock read last names its holder (another heir, if the
+                // first one lost it meanwhile).
+                let holder = lock::parse(&cm.metadata).map_or(holder.to_owned(), |l| l.holder.name);
+                info!(namespace = %key.namespace, lock = %key.name, holder = %holder,
+                      "opt-in label carried over to the new lock");
+                return;
+            }
+            Written::Gone => return,
+            Written::Conflict => {}
+            // Tried again after 1, 2, 4 and 8 s: an API server that has just
+            // restarted denies requests until its RBAC caches are filled
+            // (found by the chaos suite), and a timeout or a 5xx passes too.
+            Written::Failed(e) if failures + 1 < LABEL_FAILURES => {
+                failures += 1;
+                let wait = Duration::from_secs(1 << (failures - 1));
+                debug!(namespace = %key.namespace, lock = %key.name, error = %e,
+                       retry_seconds = wait.as_secs(), "label carry-over failed; trying again");
+                tokio::time::sleep(wait).await;
+            }
+            Written::Failed(e) => {
+                s.metrics.restore_failures.inc();
+                warn!(namespace = %key.namespace, lock = %key.name, error = %e, failures = LABEL_FAILURES,
+                      "could not carry the opt-in label over; label the lock with `lock-janitor label --apply`");
+                return;
+            }
+        }
+        s.limiter.until_ready().await;
+        match call("reading the new lock", cms.get_opt(&key.name)).await {
+            Ok(Some(again)) => cm = again,
+            Ok(None) => return,
+            // The next write, with the copy at hand, says what is wrong.
+            Err(_) => {}
+        }
+    }
+    s.metrics.restore_failures.inc();
+    warn!(namespace = %key.namespace, lock = %key.name, attempts = LABEL_ATTEMPTS,
+          "could not carry the opt-in label over (the lock kept changing); label the lock with `lock-janitor label --apply`");
+}
