@@ -76,8 +76,9 @@ pub fn untouchable_note(v: &Verdict, holder: &str) -> Option<String> {
             pods.join(", ")
         )),
         Verdict::Unmanageable(why) => Some(format!(
-            "Not a lock the janitor can judge: {why}. It will never be deleted by \
-             lock-janitor; remove the opt-in label or fix the lock."
+            "Not a lock the janitor can judge ({}): {why}. It will never be deleted or released \
+             by lock-janitor; remove the opt-in label or fix the lock.",
+            why.code()
         )),
         _ => None,
     }

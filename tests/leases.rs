@@ -10,124 +10,14 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use kube::{Api, Client};
-use lock_janitor_testenv::audit::AuditEvent;
 use lock_janitor_testenv::peers::Peer;
-use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane};
+use lock_janitor_testenv::kubelet;
+use support::lease::*;
 use support::*;
-
-struct Scenario {
-    cp: &'static ControlPlane,
-    client: Client,
-    ns: String,
-    node: String,
-}
-
-async fn scenario(prefix: &str) -> Scenario {
-    let cp = shared().await;
-    let client = cp.client().await.expect("admin client");
-    grant_janitor(&client).await;
-    let ns = fresh_namespace(&client, prefix).await;
-    let node = format!("node-{ns}");
-    kubelet::create_node(&client, &node).await.expect("node");
-    Scenario {
-        cp,
-        client,
-        ns,
-        node,
-    }
-}
-
-impl Scenario {
-    async fn janitor(&self) -> Janitor {
-        let kc = kubeconfig_as(self.cp, JANITOR_USER);
-        Janitor::start(
-            &kc,
-            &[
-                "--namespace",
-                &self.ns,
-                "--resync",
-                "2s",
-                "--lock-kinds",
-                "lease",
-            ],
-        )
-        .await
-    }
-
-    async fn pod(&self, name: &str) -> Pod {
-        running_pod(&self.client, &self.ns, name, &self.node).await
-    }
-
-    fn leases(&self) -> Api<Lease> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    /// A Lease as client-go writes it, renewed `renewed_ago` ago.
-    async fn lease(&self, name: &str, identity: &str, renewed_ago: i64, labeled: bool) -> Lease {
-        let labels = labeled.then(|| {
-            [(WATCH_LABEL.0.to_string(), WATCH_LABEL.1.to_string())]
-                .into_iter()
-                .collect()
-        });
-        let at = MicroTime(Timestamp::now() - SignedDuration::from_secs(renewed_ago));
-        let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels,
-                ..Default::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(identity.into()),
-                lease_duration_seconds: Some(3600),
-                acquire_time: Some(at.clone()),
-                renew_time: Some(at),
-                lease_transitions: Some(0),
-                ..Default::default()
-            }),
-        };
-        self.leases()
-            .create(&PostParams::default(), &lease)
-            .await
-            .expect("create lease")
-    }
-
-    async fn label(&self, lease: &str) {
-        let patch = serde_json::json!({"metadata": {"labels": {WATCH_LABEL.0: WATCH_LABEL.1}}});
-        self.leases()
-            .patch(lease, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .expect("opt the lease in");
-    }
-
-    async fn identity(&self, lease: &str) -> String {
-        self.leases()
-            .get(lease)
-            .await
-            .expect("get lease")
-            .spec
-            .and_then(|s| s.holder_identity)
-            .unwrap_or_default()
-    }
-
-    /// The janitor's writes to Leases in this namespace.
-    fn lease_writes(&self) -> Vec<AuditEvent> {
-        lock_janitor_testenv::audit::read(self.cp.audit_log_path())
-            .into_iter()
-            .filter(|e| {
-                e.effective_user() == JANITOR_USER
-                    && e.namespace.as_deref() == Some(self.ns.as_str())
-                    && e.resource.as_deref() == Some("leases")
-                    && !matches!(e.verb.as_str(), "get" | "list" | "watch")
-            })
-            .collect()
-    }
-}
 
 /// The leader's pod is evicted: the janitor releases its Lease and the
 /// waiting controller-runtime candidate, whose lease lasts 60 s, leads at
@@ -259,7 +149,10 @@ async fn every_lease_verdict_end_to_end() {
         ("done", "Succeeded"),
     ] {
         s.pod(pod).await;
-        s.lease(&format!("l-{pod}"), &cr(pod), 1, true).await;
+        // 10 s: with no renewal observed, released 5 s after the death
+        // (half the lease), before it expires.
+        s.lease_lasting(&format!("l-{pod}"), &cr(pod), 1, 10, true)
+            .await;
         match how {
             "Succeeded" => kubelet::set_succeeded(&s.client, &s.ns, pod)
                 .await
@@ -405,7 +298,7 @@ async fn lease_changed_after_judgement_is_not_released() {
     use lock_janitor::reclaim::Outcome;
     let s = scenario("lease-race").await;
     s.pod("dead").await;
-    s.lease("op-lease", "dead", 1, true).await;
+    s.lease_lasting("op-lease", "dead", 1, 10, true).await;
     kubelet::set_failed(&s.client, &s.ns, "dead", "Evicted", "test")
         .await
         .unwrap();
@@ -431,7 +324,8 @@ async fn lease_changed_after_judgement_is_not_released() {
         },
     );
     let key = LockKey::lease(s.ns.clone(), "op-lease");
-    // Held for the renewal window after the death (5 s), then stale.
+    // Held for the renewal window after the death (5 s: half the 10 s
+    // lease, no renewal observed), then stale.
     let judged = wait_for(
         "the lease judged stale",
         Duration::from_secs(20),
@@ -480,10 +374,11 @@ async fn lease_changed_after_judgement_is_not_released() {
 async fn scan_and_label_see_lease_locks() {
     let s = scenario("lease-scan").await;
     s.pod("op-a").await;
-    s.lease(
+    s.lease_lasting(
         "op-lease",
         "op-a_0c3e5a12-4b1f-4a2e-9d7c-1f2e3d4c5b6a",
         1,
+        10,
         false,
     )
     .await;
@@ -522,7 +417,8 @@ async fn scan_and_label_see_lease_locks() {
             ],
         )
     };
-    // Held for the renewal window after the death (5 s), then stale: exit 3.
+    // Held for the renewal window after the death (half the 10 s lease),
+    // then stale: exit 3.
     let (code, out, err) = wait_for(
         "scan finds the stale Lease",
         Duration::from_secs(20),

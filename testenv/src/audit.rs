@@ -32,6 +32,9 @@ pub struct AuditEvent {
     pub user_agent: Option<String>,
     /// `requestReceivedTimestamp` (RFC 3339, microseconds).
     pub received: Option<String>,
+    /// `requestObject`: the body, logged for Lease updates only (a
+    /// release's fields are checked against it).
+    pub request_object: Option<Value>,
 }
 
 impl AuditEvent {
@@ -62,6 +65,7 @@ impl AuditEvent {
             audit_id: s("/auditID").unwrap_or_default(),
             user_agent: s("/userAgent"),
             received: s("/requestReceivedTimestamp"),
+            request_object: v.pointer("/requestObject").cloned(),
         })
     }
 }
@@ -95,6 +99,12 @@ rules:
         resources: ["leases"]
       - group: "events.k8s.io"
         resources: ["events"]
+  # Lease updates with their body: what a release writes is checked.
+  - level: Request
+    verbs: ["update"]
+    resources:
+      - group: "coordination.k8s.io"
+        resources: ["leases"]
   # Other reads: dropped to keep the log small.
   - level: None
     verbs: ["get", "list", "watch"]

@@ -378,6 +378,11 @@ impl ControlPlane {
             // The `kubernetes` Service endpoints would be 127.0.0.1, which
             // Endpoints validation rejects; nothing here needs them.
             .arg("--endpoint-reconciler-type=none")
+            // Leases with spec.strategy and spec.preferredHolder (Coordinated
+            // Leader Election) exist only with this gate on; the janitor must
+            // see them as such and never write them.
+            .arg("--feature-gates=CoordinatedLeaderElection=true")
+            .arg("--runtime-config=coordination.k8s.io/v1beta1=true")
             .args(&opts.extra_apiserver_args);
         self.remember("kube-apiserver", &cmd, mode);
         self.spawn("kube-apiserver", cmd, mode)?;

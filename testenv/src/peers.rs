@@ -61,6 +61,26 @@ impl Peer {
         Self::start(kubeconfig, dir, namespace, pod, &["elect", lease, &d])
     }
 
+    /// A candidate with client-go timings of its own: lease duration, renew
+    /// deadline and retry period (OpenShift's library-go: 137 s, 107 s, 26 s).
+    pub fn elect_with(
+        kubeconfig: &Path,
+        dir: &Path,
+        namespace: &str,
+        pod: &str,
+        lease: &str,
+        timings: [Duration; 3],
+    ) -> Result<Peer, Error> {
+        let [d, renew, retry] = timings.map(|t| format!("{}ms", t.as_millis()));
+        Self::start(
+            kubeconfig,
+            dir,
+            namespace,
+            pod,
+            &["elect", lease, &d, &renew, &retry],
+        )
+    }
+
     fn start(
         kubeconfig: &Path,
         dir: &Path,

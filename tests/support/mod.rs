@@ -16,6 +16,7 @@ use kube::{Api, Client};
 use lock_janitor_testenv::ControlPlane;
 
 pub mod chart;
+pub mod lease;
 
 pub const WATCH_LABEL: (&str, &str) = ("lock-janitor.io/watch", "true");
 /// The identity the janitor runs as in tests, so the audit log tells its

@@ -48,12 +48,33 @@ app.kubernetes.io/part-of: lock-janitor
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/*
+The janitor's ServiceAccount. With serviceAccount.create=false a name is
+required: falling back to the namespace's "default" ServiceAccount would
+give every pod that uses it cluster-wide delete on ConfigMaps, and put its
+own writes under the delete guard.
+*/}}
 {{- define "lock-janitor.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "lock-janitor.fullname" .) .Values.serviceAccount.name }}
+{{- else if .Values.serviceAccount.name }}
+{{- .Values.serviceAccount.name }}
 {{- else }}
-{{- default "default" .Values.serviceAccount.name }}
+{{- fail "serviceAccount.create=false needs serviceAccount.name: the ServiceAccount the janitor runs as (RBAC and the delete guard are bound to it; the namespace's \"default\" one would lend them to every pod that uses it)" }}
 {{- end }}
+{{- end }}
+
+{{/*
+The opt-in label as "key=value", checked: the delete guard, the auto opt-in
+policy and the label carry-over work with exactly one key=value term, so
+any other selector is refused here rather than half-enforced.
+*/}}
+{{- define "lock-janitor.optInLabel" -}}
+{{- $s := .Values.selector | toString }}
+{{- if not (regexMatch "^([a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?/)?[a-z0-9A-Z]([-a-z0-9A-Z_.]{0,61}[a-z0-9A-Z])?=[a-z0-9A-Z]([-a-z0-9A-Z_.]{0,61}[a-z0-9A-Z])?$" $s) }}
+{{- fail (printf "selector %q: the chart takes exactly one key=value label (such as lock-janitor.io/watch=true); the delete guard, the auto opt-in policy and the label carry-over enforce that one label" $s) }}
+{{- end }}
+{{- $s }}
 {{- end }}
 
 {{- define "lock-janitor.image" -}}
