@@ -558,9 +558,10 @@ async fn scan_and_label_see_lease_locks() {
         )),
         "{out}"
     );
-    let (code, out, _) = label(true);
-    assert_eq!(code, Some(0), "{out}");
-    assert!(out.contains("0 labeled, 1 unchanged"), "{out}");
+    let (code, out, err) = label(true);
+    assert_eq!(code, Some(0), "{out}{err}");
+    // The summary is on stderr.
+    assert!(err.contains("0 labeled, 1 unchanged"), "{out}{err}");
     let patches: Vec<_> = lock_janitor_testenv::audit::read(s.cp.audit_log_path())
         .into_iter()
         .filter(|e| {

@@ -585,7 +585,7 @@ async fn scan_finds_candidates_and_judges_them_like_the_controller() {
     assert_eq!(rows["ghost-lock"]["status"]["verdict"], "held");
     assert_eq!(rows["ghost-lock"]["status"]["reason"], "OwnerGoneGrace");
 
-    // The table says the same, within 100 columns.
+    // The table says the same.
     let r = scan(&["--owner-gone-grace", "0s"]).await;
     assert_eq!(r.code, 3, "{r}");
     let header = r.stdout.lines().next().unwrap();
@@ -601,7 +601,8 @@ async fn scan_finds_candidates_and_judges_them_like_the_controller() {
     ] {
         assert!(header.contains(col), "{col} missing\n{r}");
     }
-    assert!(r.stdout.lines().all(|l| l.chars().count() <= 100), "{r}");
+    // Piped (not a terminal): nothing is cut, whatever the width.
+    assert!(!r.stdout.contains('…'), "{r}");
     let row =
         |name: &str| table_row(&r.stdout, name).unwrap_or_else(|| panic!("no row for {name}\n{r}"));
     assert_cells(
