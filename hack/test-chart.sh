@@ -60,7 +60,7 @@ refuse "a string for dryRun" "dryRun" --set-string dryRun=yes
 refuse "a number for ownerGoneGrace" "ownerGoneGrace" --set ownerGoneGrace=30
 refuse "logFormat: xml" "logFormat" --set logFormat=xml
 refuse "a misspelt serviceMonitor key" "enable" --set serviceMonitor.enable=true
-refuse "an unknown alert in prometheusRule.disabled" "disabled" --set prometheusRule.disabled.LockJanitorTypo=true
+refuse "an unknown alert in prometheusRule.disabled" "LockJanitorTypo" --set prometheusRule.disabled.LockJanitorTypo=true
 refuse "logLevel: loud" "logLevel" --set logLevel=loud
 refuse "a takeoverTimeout Prometheus cannot wait" "takeoverTimeout" --set prometheusRule.enabled=true --set takeoverTimeout=5min
 refuse "Kubernetes 1.24" "requires kubeVersion: >=1.25.0-0" --kube-version 1.24.0
