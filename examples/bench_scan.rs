@@ -268,7 +268,7 @@ async fn main() {
     let s = &report["summary"];
     println!(
         "scan sees: {} ConfigMaps scanned, {} locks, {} held, {} stale (exit {})",
-        s["configmaps_scanned"], s["total"], s["held"], s["stale"], warm.code
+        s["configMapsScanned"], s["total"], s["held"], s["stale"], warm.code
     );
 
     let mut all = Vec::new();
@@ -277,7 +277,7 @@ async fn main() {
         let r = scan(&args.bin, kc, &["-o".into(), "json".into()]).await;
         let rep: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_default();
         internal.push(Duration::from_secs_f64(
-            rep["summary"]["duration_seconds"].as_f64().unwrap_or(0.0),
+            rep["summary"]["durationSeconds"].as_f64().unwrap_or(0.0),
         ));
         all.push(r.wall);
     }

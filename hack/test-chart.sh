@@ -40,6 +40,12 @@ render defaults
 render all-on "$chart/ci/all-on-values.yaml"
 render namespaced "$chart/ci/namespaced-values.yaml"
 
+# The conventions of its peers (registry mirrors, common labels, a namespace
+# override, ServiceMonitor and PrometheusRule knobs).
+"$helm" template lj "$chart" --namespace "$ns" -f hack/conventions-values.yaml >"$out/conventions.yaml" \
+  || fail "helm template (conventions)"
+python3 hack/check_chart_conventions.py lj-override <"$out/conventions.yaml" || fail "chart conventions"
+
 refuse() { # description expected-message helm-args...
   local what="$1" want="$2"; shift 2
   if "$helm" template lj "$chart" --namespace "$ns" "$@" >/dev/null 2>"$out/err"; then
@@ -54,6 +60,9 @@ refuse "a string for dryRun" "dryRun" --set-string dryRun=yes
 refuse "a number for ownerGoneGrace" "ownerGoneGrace" --set ownerGoneGrace=30
 refuse "logFormat: xml" "logFormat" --set logFormat=xml
 refuse "a misspelt serviceMonitor key" "enable" --set serviceMonitor.enable=true
+refuse "an unknown alert in prometheusRule.disabled" "LockJanitorTypo" --set prometheusRule.disabled.LockJanitorTypo=true
+refuse "logLevel: loud" "logLevel" --set logLevel=loud
+refuse "a takeoverTimeout Prometheus cannot wait" "takeoverTimeout" --set prometheusRule.enabled=true --set takeoverTimeout=5min
 refuse "Kubernetes 1.24" "requires kubeVersion: >=1.25.0-0" --kube-version 1.24.0
 
 echo "test-chart: OK"

@@ -23,6 +23,34 @@ use crate::DEFAULT_SELECTOR;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log level: error, warn, info, debug or trace. RUST_LOG, when set, wins
+    /// (it takes per-module directives such as `info,lock_janitor=debug`).
+    #[arg(long, global = true, env = "LOCK_JANITOR_LOG_LEVEL", value_enum, default_value_t = LogLevel::Info)]
+    pub log_level: LogLevel,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    /// The log filter of this level: kube's own chatter stays at warn
+    /// unless debug or trace is asked for.
+    pub fn filter(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info,kube=warn",
+            LogLevel::Debug => "debug,kube=info,hyper=info,tower=info",
+            LogLevel::Trace => "trace",
+        }
+    }
 }
 
 impl Cli {
@@ -163,11 +191,17 @@ pub struct RunArgs {
     pub api_burst: u32,
 }
 
+/// `-o`, as kubectl's: a table fitted to the terminal (never cut when
+/// stdout is not one), a wide table never cut, a `LockList` document, or
+/// one `kind/name` a line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     #[default]
     Table,
+    Wide,
     Json,
+    Yaml,
+    Name,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -177,6 +211,9 @@ pub struct ScanArgs {
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
     pub output: Output,
+    /// Print tables without their header line.
+    #[arg(long)]
+    pub no_headers: bool,
     /// Grace for a missing holder before it counts as stale (as in `run`).
     #[arg(long, env = "LOCK_JANITOR_OWNER_GONE_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub owner_gone_grace: Duration,
@@ -195,6 +232,18 @@ pub struct LabelArgs {
     /// Skip locks whose name matches this glob (repeatable).
     #[arg(long, value_parser = parse_glob)]
     pub exclude: Vec<glob::Pattern>,
+    /// Output format: a line per lock candidate, or only the names
+    /// (`configmap/<name>`) of those labeled (or that would be).
+    #[arg(long, short = 'o', value_enum, default_value_t = LabelOutput::Table)]
+    pub output: LabelOutput,
+}
+
+/// `label -o`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LabelOutput {
+    #[default]
+    Table,
+    Name,
 }
 
 /// Longest accepted duration: a day. Longer waits are mistakes, and bounded
@@ -339,6 +388,8 @@ mod tests {
             vec!["lock-janitor", "run", "--leader-elect-lease-duration", "1s"],
             vec!["lock-janitor", "run", "--leader-elect-lease", "Bad_Name"],
             vec!["lock-janitor", "run", "--leader-elect-namespace", "Bad_NS"],
+            vec!["lock-janitor", "run", "--log-level", "loud"],
+            vec!["lock-janitor", "scan", "-o", "xml"],
         ] {
             let err = Cli::try_parse_checked(&args).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{args:?}");

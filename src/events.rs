@@ -1,4 +1,4 @@
-//! Kubernetes Events: the reason strings of DESIGN.md and the one way the
+//! Kubernetes Events: the reason strings of docs/design.md and the one way the
 //! janitor writes an Event (events.k8s.io, bounded note, never blocking).
 
 use k8s_openapi::api::core::v1::ObjectReference;

@@ -1,5 +1,5 @@
 //! lock-janitor: deletes leader-for-life locks whose holder pod can no longer
-//! run, so that a waiting replica takes over. See DESIGN.md for the contract.
+//! run, so that a waiting replica takes over. See docs/design.md for the contract.
 #![forbid(unsafe_code)]
 
 // One module a concern; dependencies run one way (top to bottom here):

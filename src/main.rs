@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use lock_janitor::cli::{Cli, Command, LogFormat, RunArgs};
+use lock_janitor::cli::{Cli, Command, LogFormat, LogLevel, RunArgs};
 use lock_janitor::controller::{self, Context, Settings};
 use lock_janitor::http;
 use lock_janitor::shared::Shared;
@@ -18,9 +18,10 @@ use lock_janitor::verdict::Policy;
 /// How long in-flight work may drain after the first signal.
 const DRAIN_BOUND: Duration = Duration::from_secs(20);
 
-fn init_logs(format: LogFormat) {
+/// Logs on stderr at `--log-level`; RUST_LOG, when set, wins.
+fn init_logs(format: LogFormat, level: LogLevel) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.filter()));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
@@ -49,17 +50,18 @@ async fn main() -> ExitCode {
     }
     let cli = Cli::try_parse_checked(argv).unwrap_or_else(|e| e.exit());
     let is_run = matches!(cli.command, Command::Run(_));
+    let level = cli.log_level;
     let result = match cli.command {
         Command::Run(args) => {
-            init_logs(args.log_format);
+            init_logs(args.log_format, level);
             run(args).await.map(|()| ExitCode::SUCCESS)
         }
         Command::Scan(args) => {
-            init_logs(LogFormat::Plain);
+            init_logs(LogFormat::Plain, level);
             lock_janitor::cmd::scan::scan_command(args).await
         }
         Command::Label(args) => {
-            init_logs(LogFormat::Plain);
+            init_logs(LogFormat::Plain, level);
             lock_janitor::cmd::label::label_command(args).await
         }
         Command::Version => {

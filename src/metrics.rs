@@ -1,4 +1,4 @@
-//! Every metric named in DESIGN.md, on a registry of our own (no global
+//! Every metric named in docs/design.md, on a registry of our own (no global
 //! state, so tests can run several janitors in one process).
 
 use prometheus::{

@@ -2,7 +2,7 @@
 //! server 1.37, rendered from the chart as a cluster that serves
 //! `admissionregistration.k8s.io/v1` ValidatingAdmissionPolicy renders it:
 //! the janitor's ServiceAccount is refused, naming the policy, what RBAC
-//! allows but DESIGN.md does not (deleting an unlabeled ConfigMap, a labeled
+//! allows but docs/design.md does not (deleting an unlabeled ConfigMap, a labeled
 //! one with data, one in kube-system; changing a ConfigMap beyond the opt-in
 //! label; updating a Lease beyond its release), other users are unaffected,
 //! and a real janitor run under the guard reclaims a stale ConfigMap lock,

@@ -408,7 +408,7 @@ async fn delete_pod_deletes_the_dead_holder_and_never_a_live_one() {
     assert_eq!(pod_deletes.len(), 1, "{pod_deletes:?}");
     assert_eq!(pod_deletes[0].name.as_deref(), Some("leader"));
 
-    // Every metric of DESIGN.md is exposed (stale_locks: see the dry-run test).
+    // Every metric of docs/design.md is exposed (stale_locks: see the dry-run test).
     let m = j.metrics().await;
     assert_eq!(
         sample(

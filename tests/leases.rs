@@ -430,13 +430,13 @@ async fn scan_and_label_see_lease_locks() {
     .await;
     assert_eq!(code, Some(3), "{out}{err}");
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let rows = report["locks"].as_array().unwrap();
+    let rows = report["items"].as_array().unwrap();
     assert_eq!(rows.len(), 1, "{out}");
-    assert_eq!(rows[0]["kind"], "lease");
-    assert_eq!(rows[0]["name"], "op-lease");
-    assert_eq!(rows[0]["labeled"], false);
-    assert_eq!(rows[0]["verdict"], "stale:Evicted", "{out}");
-    assert_eq!(rows[0]["holder"], "op-a");
+    assert_eq!(rows[0]["spec"]["lockKind"], "lease");
+    assert_eq!(rows[0]["metadata"]["name"], "op-lease");
+    assert_eq!(rows[0]["spec"]["labeled"], false);
+    assert_eq!(rows[0]["status"]["verdict"], "stale:Evicted", "{out}");
+    assert_eq!(rows[0]["spec"]["holder"]["name"], "op-a");
 
     let label = |apply: bool| {
         let mut a = vec!["label".to_string(), "-n".into(), s.ns.clone()];
@@ -454,9 +454,10 @@ async fn scan_and_label_see_lease_locks() {
         )),
         "{out}"
     );
-    let (code, out, _) = label(true);
-    assert_eq!(code, Some(0), "{out}");
-    assert!(out.contains("0 labeled, 1 unchanged"), "{out}");
+    let (code, out, err) = label(true);
+    assert_eq!(code, Some(0), "{out}{err}");
+    // The summary is on stderr.
+    assert!(err.contains("0 labeled, 1 unchanged"), "{out}{err}");
     let patches: Vec<_> = lock_janitor_testenv::audit::read(s.cp.audit_log_path())
         .into_iter()
         .filter(|e| {

@@ -141,7 +141,9 @@ async fn kubectl_runs_the_plugin_with_its_conventions() {
         &["lock-janitor", "label", "-n", &ns, "--kubeconfig", &kc],
     );
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("1 unchanged"), "{out}");
+    // The summary is on stderr, the report on stdout.
+    assert!(err.contains("1 unchanged"), "{out}{err}");
+    assert!(out.contains("unchanged"), "{out}");
     // -n and -A together: a usage error, as kubectl would say.
     let (code, _, err) = run(&path, &["lock-janitor", "scan", "-A", "-n", &ns]);
     assert_eq!(code, 2, "{err}");

@@ -137,7 +137,7 @@ proptest! {
     #![proptest_config(config())]
 
     /// Parsing never panics, and a lock that parses is exactly what
-    /// DESIGN.md calls a leader-for-life lock: one v1 Pod owner with a name
+    /// docs/design.md calls a leader-for-life lock: one v1 Pod owner with a name
     /// and uid, and (read whole) no data.
     #[test]
     fn a_parsed_lock_is_lock_shaped(cm in configmap()) {

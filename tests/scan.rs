@@ -250,13 +250,24 @@ async fn delete_cm(client: &Client, ns: &str, name: &str) {
         .unwrap_or_else(|e| panic!("deleting configmap {name}: {e}"));
 }
 
-/// The lock rows of a `-o json` report, by name.
+/// The items of a `-o json|yaml` LockList, by name (checking the list's
+/// own apiVersion and kind, and each item's).
 fn rows_by_name(report: &Value) -> BTreeMap<String, Value> {
-    report["locks"]
+    assert_eq!(
+        report["apiVersion"], "lock-janitor.io/v1alpha1",
+        "{report:#}"
+    );
+    assert_eq!(report["kind"], "LockList", "{report:#}");
+    report["items"]
         .as_array()
-        .expect("locks is an array")
+        .expect("items is an array")
         .iter()
-        .map(|r| (r["name"].as_str().expect("name").to_owned(), r.clone()))
+        .map(|r| {
+            assert_eq!(r["apiVersion"], "lock-janitor.io/v1alpha1", "{r:#}");
+            assert_eq!(r["kind"], "Lock", "{r:#}");
+            let name = r["metadata"]["name"].as_str().expect("metadata.name");
+            (name.to_owned(), r.clone())
+        })
         .collect()
 }
 
@@ -522,18 +533,27 @@ async fn scan_finds_candidates_and_judges_them_like_the_controller() {
         ["evicted-lock", "ghost-lock", "labeled-plain", "live-lock"],
         "exactly the candidates\n{r}"
     );
-    let verdict = |name: &str| rows[name]["verdict"].as_str().unwrap().to_owned();
+    let verdict = |name: &str| rows[name]["status"]["verdict"].as_str().unwrap().to_owned();
     assert_eq!(verdict("live-lock"), "held");
     assert_eq!(verdict("evicted-lock"), "stale:Evicted");
     assert_eq!(verdict("ghost-lock"), "stale:OwnerGone");
     assert_eq!(verdict("labeled-plain"), "unmanageable:NoOwner");
-    assert_eq!(rows["live-lock"]["labeled"], true);
-    assert_eq!(rows["evicted-lock"]["labeled"], false);
-    assert_eq!(rows["ghost-lock"]["holder_found"], false);
-    assert_eq!(rows["live-lock"]["phase"], "Running");
-    assert_eq!(rows["evicted-lock"]["phase"], "Failed");
-    assert_eq!(rows["evicted-lock"]["phase_reason"], "Evicted");
-    assert_eq!(rows["evicted-lock"]["node"], "scan-node");
+    assert_eq!(rows["live-lock"]["spec"]["labeled"], true);
+    assert_eq!(rows["evicted-lock"]["spec"]["labeled"], false);
+    assert_eq!(rows["ghost-lock"]["status"]["holderPod"]["found"], false);
+    assert_eq!(rows["live-lock"]["status"]["holderPod"]["phase"], "Running");
+    assert_eq!(
+        rows["evicted-lock"]["status"]["holderPod"]["phase"],
+        "Failed"
+    );
+    assert_eq!(
+        rows["evicted-lock"]["status"]["holderPod"]["reason"],
+        "Evicted"
+    );
+    assert_eq!(
+        rows["evicted-lock"]["status"]["holderPod"]["node"],
+        "scan-node"
+    );
     let s = &report["summary"];
     assert_eq!(
         (&s["total"], &s["held"], &s["stale"], &s["unmanageable"]),
@@ -555,17 +575,17 @@ async fn scan_finds_candidates_and_judges_them_like_the_controller() {
         .unwrap()
         .items
         .len();
-    assert_eq!(s["configmaps_scanned"], in_ns, "{r}");
+    assert_eq!(s["configMapsScanned"], in_ns, "{r}");
 
     // The default grace (30s): a lock younger than the grace whose holder is
     // missing is held, as the controller would hold it.
     let r = scan(&["-o", "json"]).await;
     assert_eq!(r.code, 3, "{r}");
     let rows = rows_by_name(&r.json());
-    assert_eq!(rows["ghost-lock"]["verdict"], "held");
-    assert_eq!(rows["ghost-lock"]["reason"], "OwnerGoneGrace");
+    assert_eq!(rows["ghost-lock"]["status"]["verdict"], "held");
+    assert_eq!(rows["ghost-lock"]["status"]["reason"], "OwnerGoneGrace");
 
-    // The table says the same, within 100 columns.
+    // The table says the same.
     let r = scan(&["--owner-gone-grace", "0s"]).await;
     assert_eq!(r.code, 3, "{r}");
     let header = r.stdout.lines().next().unwrap();
@@ -581,7 +601,8 @@ async fn scan_finds_candidates_and_judges_them_like_the_controller() {
     ] {
         assert!(header.contains(col), "{col} missing\n{r}");
     }
-    assert!(r.stdout.lines().all(|l| l.chars().count() <= 100), "{r}");
+    // Piped (not a terminal): nothing is cut, whatever the width.
+    assert!(!r.stdout.contains('…'), "{r}");
     let row =
         |name: &str| table_row(&r.stdout, name).unwrap_or_else(|| panic!("no row for {name}\n{r}"));
     assert_cells(
@@ -631,7 +652,7 @@ async fn scan_finds_candidates_and_judges_them_like_the_controller() {
     delete_cm(&client, &ns, "ghost-lock").await;
     let r = scan(&["--owner-gone-grace", "0s"]).await;
     assert_eq!(r.code, 0, "no stale lock exits 0\n{r}");
-    assert!(r.stdout.contains("1 held, 0 stale"), "{r}");
+    assert!(r.stderr.contains("1 held, 0 stale"), "{r}");
 
     drop(client);
     cp.stop();
@@ -673,66 +694,78 @@ async fn scan_json_carries_every_column() {
     let rows = rows_by_name(&report);
     assert_eq!(rows.len(), 2, "{r}");
 
+    // The documented shape (docs/cli.md, "The LockList format"), exactly.
     let lock = &rows["redis-operator-lock"];
-    let fields = [
-        "kind",
-        "namespace",
-        "name",
-        "labeled",
-        "holder",
-        "holder_uid",
-        "holder_found",
-        "holder_pod_uid",
-        "phase",
-        "phase_reason",
-        "phase_message",
-        "holder_deleting",
-        "node",
-        "created_at",
-        "age_seconds",
-        "verdict",
-        "state",
-        "reason",
-        "died_at",
-        "message",
-    ];
-    let obj = lock.as_object().unwrap();
-    for f in fields {
-        assert!(obj.contains_key(f), "field {f} missing: {lock:#}");
-    }
-    assert_eq!(obj.len(), fields.len(), "unexpected fields: {lock:#}");
-    assert_eq!(lock["kind"], "configmap");
-    assert_eq!(lock["namespace"], other.as_str());
-    assert_eq!(lock["labeled"], true);
-    assert_eq!(lock["holder"], "redis-operator-5c8d7f9b4-abcde");
+    let keys = |v: &Value| -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
     assert_eq!(
-        lock["holder_uid"],
+        keys(lock),
+        ["apiVersion", "kind", "metadata", "spec", "status"]
+    );
+    assert_eq!(
+        keys(&lock["metadata"]),
+        ["creationTimestamp", "name", "namespace"]
+    );
+    assert_eq!(keys(&lock["spec"]), ["holder", "labeled", "lockKind"]);
+    assert_eq!(keys(&lock["spec"]["holder"]), ["name", "uid"]);
+    assert_eq!(
+        keys(&lock["status"]),
+        [
+            "ageSeconds",
+            "diedAt",
+            "holderPod",
+            "message",
+            "reason",
+            "state",
+            "verdict"
+        ]
+    );
+    let pod = &lock["status"]["holderPod"];
+    assert_eq!(
+        keys(pod),
+        ["deleting", "found", "message", "node", "phase", "reason", "uid"]
+    );
+    assert_eq!(lock["spec"]["lockKind"], "configmap");
+    assert_eq!(lock["metadata"]["namespace"], other.as_str());
+    assert_eq!(lock["spec"]["labeled"], true);
+    assert_eq!(
+        lock["spec"]["holder"]["name"],
+        "redis-operator-5c8d7f9b4-abcde"
+    );
+    assert_eq!(
+        lock["spec"]["holder"]["uid"],
         evicted.metadata.uid.clone().unwrap().as_str()
     );
-    assert_eq!(lock["holder_pod_uid"], lock["holder_uid"]);
-    assert_eq!(lock["phase"], "Failed");
-    assert_eq!(lock["phase_reason"], "Evicted");
-    assert_eq!(
-        lock["phase_message"],
-        "The node was low on resource: memory."
-    );
-    assert_eq!(lock["node"], "scan-node");
-    assert_eq!(lock["verdict"], "stale:Evicted");
-    assert_eq!(lock["state"], "stale");
-    assert_eq!(lock["reason"], "Evicted");
-    assert!(lock["died_at"].is_string(), "{lock:#}");
-    assert!(lock["age_seconds"].as_u64().unwrap() < 600, "{lock:#}");
+    assert_eq!(pod["uid"], lock["spec"]["holder"]["uid"]);
+    assert_eq!(pod["found"], true);
+    assert_eq!(pod["deleting"], false);
+    assert_eq!(pod["phase"], "Failed");
+    assert_eq!(pod["reason"], "Evicted");
+    assert_eq!(pod["message"], "The node was low on resource: memory.");
+    assert_eq!(pod["node"], "scan-node");
+    let status = &lock["status"];
+    assert_eq!(status["verdict"], "stale:Evicted");
+    assert_eq!(status["state"], "stale");
+    assert_eq!(status["reason"], "Evicted");
+    assert!(status["diedAt"].is_string(), "{lock:#}");
+    assert!(status["ageSeconds"].as_u64().unwrap() < 600, "{lock:#}");
     assert!(
-        lock["created_at"].as_str().unwrap().ends_with('Z'),
+        lock["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z'),
         "{lock:#}"
     );
-    let held = &rows["memcached-operator-lock"];
+    let held = &rows["memcached-operator-lock"]["status"];
     assert_eq!(
         (
             &held["verdict"],
             &held["state"],
             &held["reason"],
-            &held["labeled"]
+            &rows["memcached-operator-lock"]["spec"]["labeled"]
         ),
         (
             &Value::from("held"),
@@ -741,7 +774,7 @@ async fn scan_json_carries_every_column() {
             &Value::from(false)
         )
     );
-    assert!(held["died_at"].is_null());
+    assert!(held["diedAt"].is_null());
 
     let s = report["summary"].as_object().unwrap();
     for f in [
@@ -752,32 +785,67 @@ async fn scan_json_carries_every_column() {
         "stale",
         "ambiguous",
         "unmanageable",
-        "configmaps_scanned",
+        "configMapsScanned",
+        "leasesScanned",
+        "skippedWithData",
         "namespaces",
         "selector",
-        "owner_gone_grace_seconds",
-        "duration_seconds",
+        "ownerGoneGraceSeconds",
+        "durationSeconds",
     ] {
         assert!(s.contains_key(f), "summary.{f} missing: {s:?}");
     }
     assert_eq!(s["selector"], "lock-janitor.io/watch=true");
-    assert_eq!(s["owner_gone_grace_seconds"], 30.0);
+    assert_eq!(s["ownerGoneGraceSeconds"], 30.0);
+
+    // -o yaml is the same document.
+    let y = run(kc, &["scan", "-n", &ns, "-n", &other, "-o", "yaml"]).await;
+    assert_eq!(y.code, 3, "{y}");
+    let mut from_yaml: Value = serde_saphyr::from_str(&y.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not YAML ({e})\n{y}"));
+    let mut from_json = report.clone();
+    for doc in [&mut from_yaml, &mut from_json] {
+        // Timed anew on each run.
+        doc["summary"]["durationSeconds"] = Value::Null;
+        for item in doc["items"].as_array_mut().unwrap() {
+            item["status"]["ageSeconds"] = Value::Null;
+            item["status"]["message"] = Value::Null;
+        }
+    }
+    assert_eq!(from_yaml, from_json, "{y}");
+
+    // -o name: one kubectl name a line; --no-headers: the rows alone.
+    let n = run(kc, &["scan", "-n", &ns, "-n", &other, "-o", "name"]).await;
+    assert_eq!(
+        n.stdout, "configmap/memcached-operator-lock\nconfigmap/redis-operator-lock\n",
+        "{n}"
+    );
+    let h = run(kc, &["scan", "-n", &ns, "-n", &other, "--no-headers"]).await;
+    assert_eq!(h.stdout.lines().count(), 2, "{h}");
+    assert!(!h.stdout.contains("NAMESPACE"), "{h}");
+    assert!(h.stderr.contains("2 locks"), "{h}");
 
     // Each table cell is in the JSON.
     let t = run(kc, &["scan", "-n", &ns, "-n", &other]).await;
     assert_eq!(t.code, 3, "{t}");
     let cells = table_row(&t.stdout, "redis-operator-lock").expect("a row for the lock");
-    let field = |f: &str| lock[f].as_str().unwrap().to_owned();
+    let field = |path: &[&str]| {
+        path.iter()
+            .fold(lock, |v, k| &v[*k])
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
     assert_cells(
         &cells,
         &[
-            (0, &field("namespace")),
-            (1, &field("name")),
+            (0, &field(&["metadata", "namespace"])),
+            (1, &field(&["metadata", "name"])),
             (2, "yes"),
-            (3, &field("holder")),
+            (3, &field(&["spec", "holder", "name"])),
             (4, "Failed/Evicted"),
-            (5, &field("node")),
-            (7, &field("verdict")),
+            (5, &field(&["status", "holderPod", "node"])),
+            (7, &field(&["status", "verdict"])),
         ],
         &t,
     );
@@ -785,14 +853,14 @@ async fn scan_json_carries_every_column() {
     // Without --namespace, every namespace is scanned (other tests' locks too).
     let all = run(kc, &["scan", "-o", "json"]).await;
     assert!([0, 3].contains(&all.code), "{all}");
-    let found: BTreeSet<(String, String)> = all.json()["locks"]
+    let found: BTreeSet<(String, String)> = all.json()["items"]
         .as_array()
         .unwrap()
         .iter()
         .map(|r| {
             (
-                r["namespace"].as_str().unwrap().to_owned(),
-                r["name"].as_str().unwrap().to_owned(),
+                r["metadata"]["namespace"].as_str().unwrap().to_owned(),
+                r["metadata"]["name"].as_str().unwrap().to_owned(),
             )
         })
         .collect();
@@ -804,6 +872,47 @@ async fn scan_json_carries_every_column() {
         found.contains(&(other.clone(), "redis-operator-lock".into())),
         "{all}"
     );
+}
+
+/// When stdout is not a terminal (a pipe, a file) nothing is cut, whatever
+/// the width; `-o wide` adds the holder uid, the death and the message.
+#[tokio::test]
+async fn piped_tables_are_never_cut() {
+    let cp = shared().await;
+    let client = cp.client().await.unwrap();
+    let ns = fresh_namespace(&client, "scan-piped").await;
+    let holder = format!("operator-{}-7d9f8b6c5-x2x9k", "p".repeat(120));
+    let lock = format!("operator-lock-{}", "l".repeat(150));
+    let pod = evicted_pod(&client, &ns, &holder).await;
+    configmap(
+        &client,
+        &ns,
+        &lock,
+        vec![owner_of(&pod)],
+        &[(WATCH, "true")],
+    )
+    .await;
+    let kc = cp.kubeconfig_path();
+
+    let t = run(kc, &["scan", "-n", &ns]).await;
+    assert_eq!(t.code, 3, "{t}");
+    assert!(!t.stdout.contains('…'), "{t}");
+    let row = table_row(&t.stdout, &lock).unwrap_or_else(|| panic!("no row\n{t}"));
+    assert_cells(&row, &[(1, &lock), (3, &holder), (7, "stale:Evicted")], &t);
+    // The notes and the summary are on stderr, the table alone on stdout.
+    assert_eq!(t.stdout.lines().count(), 2, "{t}");
+    assert!(t.stderr.contains("1 lock (1 labeled, 0 unlabeled)"), "{t}");
+
+    let w = run(kc, &["scan", "-n", &ns, "-o", "wide"]).await;
+    assert_eq!(w.code, 3, "{w}");
+    let header = w.stdout.lines().next().unwrap();
+    for col in ["HOLDER-UID", "DIED", "MESSAGE"] {
+        assert!(header.contains(col), "{col}\n{w}");
+    }
+    let uid = pod.metadata.uid.clone().unwrap();
+    assert!(w.stdout.contains(&uid), "{w}");
+    assert!(w.stdout.contains("low on resource: memory"), "{w}");
+    assert!(!w.stdout.contains('…'), "{w}");
 }
 
 #[tokio::test]
@@ -879,7 +988,7 @@ async fn scan_and_label_fail_with_a_clear_message() {
         "{r}"
     );
     assert!(
-        r.stdout.contains("stopped at the first forbidden write"),
+        r.stderr.contains("stopped at the first forbidden write"),
         "{r}"
     );
     assert!(!labels_of(&client, &ns, "op-lock").await.contains_key(WATCH));
@@ -986,7 +1095,7 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
         assert!(!r.stdout.contains(&format!("/{name}")), "{name}\n{r}");
     }
     assert!(
-        r.stdout
+        r.stderr
             .contains("dry run: 3 would be labeled, 1 unchanged, 1 skipped"),
         "{r}"
     );
@@ -1007,7 +1116,7 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
     );
     assert!(!r.stdout.contains("skip-lock"), "{r}");
     assert!(
-        r.stdout.contains("1 left out by --include/--exclude"),
+        r.stderr.contains("1 left out by --include/--exclude"),
         "{r}"
     );
     let writes = configmap_writes_since(cp, &client, &ns, mark).await;
@@ -1075,7 +1184,7 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
     let r = run(kc, &["label", "-n", &ns, "--apply"]).await;
     assert_eq!(r.code, 0, "{r}");
     assert!(
-        r.stdout.contains("0 labeled, 4 unchanged, 1 skipped"),
+        r.stderr.contains("0 labeled, 4 unchanged, 1 skipped"),
         "{r}"
     );
     let writes = configmap_writes_since(cp, &client, &ns, mark).await;
@@ -1086,9 +1195,9 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
     assert_eq!(r.code, 3, "b-lock's holder is evicted\n{r}");
     let rows = rows_by_name(&r.json());
     for name in ["a-lock", "b-lock", "skip-lock", "already-lock"] {
-        assert_eq!(rows[name]["labeled"], true, "{name}\n{r}");
+        assert_eq!(rows[name]["spec"]["labeled"], true, "{name}\n{r}");
     }
-    assert_eq!(rows["optout-lock"]["labeled"], false, "{r}");
+    assert_eq!(rows["optout-lock"]["spec"]["labeled"], false, "{r}");
 }
 
 /// A ConfigMap owned by exactly one Pod but holding data (a Spark driver's,
@@ -1144,10 +1253,10 @@ async fn configmaps_with_data_are_not_lock_candidates() {
         !rows.contains_key("spark-conf") && !rows.contains_key("spark-bin"),
         "{r}"
     );
-    assert_eq!(report["summary"]["skipped_with_data"], 2, "{r}");
+    assert_eq!(report["summary"]["skippedWithData"], 2, "{r}");
     let r = run(kc, &["scan", "-n", &ns]).await;
     assert!(
-        r.stdout
+        r.stderr
             .contains("2 unlabeled ConfigMaps owned by one Pod skipped"),
         "{r}"
     );
@@ -1161,7 +1270,7 @@ async fn configmaps_with_data_are_not_lock_candidates() {
     );
     assert!(!r.stdout.contains("spark"), "{r}");
     assert!(
-        r.stdout.contains("2 owned by one Pod but holding data"),
+        r.stderr.contains("2 owned by one Pod but holding data"),
         "{r}"
     );
     let writes = configmap_writes_since(cp, &client, &ns, mark).await;
@@ -1314,7 +1423,7 @@ async fn controller_reclaims_a_newly_labeled_stale_lock() {
         .is_some());
     let r = run(kc, &["scan", "-n", &ns]).await;
     assert_eq!(r.code, 0, "{r}");
-    assert!(r.stdout.contains("No lock candidates"), "{r}");
+    assert!(r.stderr.contains("No lock candidates"), "{r}");
 
     janitor.kill().await.expect("kill the janitor");
 }

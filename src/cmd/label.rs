@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
 use super::{connect, explain, list_candidates, print_stdout, scope_text, CONCURRENCY};
-use crate::cli::LabelArgs;
+use crate::cli::{LabelArgs, LabelOutput};
 use crate::lock::LockKind as Kind;
 use crate::optin::{plan_for, plan_label, write_label, Plan, Written};
 use crate::ErrorKind;
@@ -193,7 +193,17 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
                 format!("failed       {id}: {error}")
             }
         };
-        print_stdout(&format!("{line}\n"))?;
+        let name_only = args.output == LabelOutput::Name;
+        if !name_only {
+            print_stdout(&format!("{line}\n"))?;
+        } else if matches!(line.split(' ').next(), Some("would" | "labeled")) {
+            let kind = match kind {
+                Kind::Lease => "lease.coordination.k8s.io",
+                Kind::ConfigMap => "configmap",
+            };
+            let name = meta.name.as_deref().unwrap_or_default();
+            print_stdout(&format!("{kind}/{name}\n"))?;
+        }
     }
     drop(results);
     let mut summary = if args.apply {
@@ -243,7 +253,8 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
         summary.push_str("; stopped at the first forbidden write");
     }
     summary.push_str(".\n");
-    print_stdout(&summary)?;
+    // The summary and hints go to stderr: stdout is the report alone.
+    eprint!("{summary}");
     if let Some(error) = fatal {
         return Err(anyhow!(error));
     }

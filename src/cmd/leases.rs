@@ -3,7 +3,7 @@
 //! one (a Lease's holder may be named by a pod's `spec.hostname`, so the
 //! namespace's pods are listed whole, once). A Lease is a candidate when it
 //! is opted in, or when its holder identity names exactly one pod of its
-//! namespace (DESIGN.md "Lock-shaped": node heartbeats in `kube-node-lease`
+//! namespace (docs/design.md, "lock-shaped": node heartbeats in `kube-node-lease`
 //! and the control plane's own leases name no pod and are left out).
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,5 +1,6 @@
-//! What `scan` reports, one row per lock candidate: the stable `-o json`
-//! interface, built purely from what was read and judged.
+//! What `scan` reports, one row per lock candidate, built purely from what
+//! was read and judged; and its stable `-o json|yaml` form, a `LockList`
+//! (documented in docs/cli.md, "The LockList format").
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -13,8 +14,9 @@ use crate::lock::{Lock, Unmanageable};
 use crate::verdict::Verdict;
 use crate::words;
 
-/// One line of the report. Field names are a stable interface (`-o json`).
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+/// One line of the report, as the table shows it. `-o json|yaml` prints it
+/// as a [`LockItem`].
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Row {
     /// `configmap` or `lease`.
     pub kind: String,
@@ -58,6 +60,7 @@ pub struct Row {
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
 pub struct Summary {
     pub total: usize,
     pub labeled: usize,
@@ -67,6 +70,7 @@ pub struct Summary {
     pub ambiguous: usize,
     pub unmanageable: usize,
     /// ConfigMaps read to find the candidates.
+    #[serde(rename = "configMapsScanned")]
     pub configmaps_scanned: usize,
     /// Leases read to find the candidates (0 when leases may not be listed).
     pub leases_scanned: usize,
@@ -79,10 +83,101 @@ pub struct Summary {
     pub duration_seconds: f64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct Report {
     pub locks: Vec<Row>,
     pub summary: Summary,
+}
+
+/// The `apiVersion` of `-o json|yaml`.
+pub const API_VERSION: &str = "lock-janitor.io/v1alpha1";
+
+/// `scan -o json|yaml`: a list in the shape of Kubernetes lists.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockList<'a> {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub summary: &'a Summary,
+    pub items: Vec<LockItem<'a>>,
+}
+
+/// One lock of a [`LockList`].
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockItem<'a> {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub metadata: ItemMeta<'a>,
+    pub spec: ItemSpec<'a>,
+    pub status: ItemStatus<'a>,
+}
+
+/// The lock object itself.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ItemMeta<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub creation_timestamp: Option<&'a str>,
+}
+
+/// What the lock says: its kind, whether it is opted in, whom it names.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ItemSpec<'a> {
+    /// `configmap` or `lease` (the `kind` label of the metrics).
+    pub lock_kind: &'a str,
+    pub labeled: bool,
+    pub holder: ItemHolder<'a>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ItemHolder<'a> {
+    /// The pod name (ConfigMap: its ownerReference; Lease: the host its
+    /// holder identity names).
+    pub name: Option<&'a str>,
+    /// The ownerReference's uid (ConfigMaps only).
+    pub uid: Option<&'a str>,
+}
+
+/// What was found and concluded.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ItemStatus<'a> {
+    pub verdict: &'a str,
+    pub state: &'a str,
+    pub reason: Option<&'a str>,
+    pub message: &'a str,
+    pub age_seconds: Option<u64>,
+    pub died_at: Option<&'a str>,
+    /// The pod found under the holder's name; null when not looked up.
+    pub holder_pod: Option<ItemPod<'a>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ItemPod<'a> {
+    pub found: bool,
+    pub uid: Option<&'a str>,
+    pub phase: Option<&'a str>,
+    pub reason: Option<&'a str>,
+    pub message: Option<&'a str>,
+    pub deleting: bool,
+    pub node: Option<&'a str>,
+}
+
+impl Report {
+    /// The `LockList` that `-o json|yaml` prints.
+    pub fn lock_list(&self) -> LockList<'_> {
+        LockList {
+            api_version: API_VERSION,
+            kind: "LockList",
+            summary: &self.summary,
+            items: self.locks.iter().map(Row::item).collect(),
+        }
+    }
 }
 
 /// What a live read found of a lock's holder.
@@ -178,6 +273,53 @@ pub fn row(lock: Identity<'_>, pod: Option<&Pod>, verdict: &Verdict, now: Timest
 }
 
 impl Row {
+    /// The row as an item of a `LockList`.
+    pub fn item(&self) -> LockItem<'_> {
+        LockItem {
+            api_version: API_VERSION,
+            kind: "Lock",
+            metadata: ItemMeta {
+                namespace: &self.namespace,
+                name: &self.name,
+                creation_timestamp: self.created_at.as_deref(),
+            },
+            spec: ItemSpec {
+                lock_kind: &self.kind,
+                labeled: self.labeled,
+                holder: ItemHolder {
+                    name: self.holder.as_deref(),
+                    uid: self.holder_uid.as_deref(),
+                },
+            },
+            status: ItemStatus {
+                verdict: &self.verdict,
+                state: &self.state,
+                reason: self.reason.as_deref(),
+                message: &self.message,
+                age_seconds: self.age_seconds,
+                died_at: self.died_at.as_deref(),
+                holder_pod: self.holder_found.map(|found| ItemPod {
+                    found,
+                    uid: self.holder_pod_uid.as_deref(),
+                    phase: self.phase.as_deref(),
+                    reason: self.phase_reason.as_deref(),
+                    message: self.phase_message.as_deref(),
+                    deleting: self.holder_deleting,
+                    node: self.node.as_deref(),
+                }),
+            },
+        }
+    }
+
+    /// `-o name`: as kubectl prints a name (`configmap/<name>`,
+    /// `lease.coordination.k8s.io/<name>`).
+    pub fn kubectl_name(&self) -> String {
+        match self.kind.as_str() {
+            "lease" => format!("lease.coordination.k8s.io/{}", self.name),
+            _ => format!("configmap/{}", self.name),
+        }
+    }
+
     /// The PHASE column: `Failed/Evicted`, `(gone)`, `Terminating`, `-`.
     pub fn phase_cell(&self) -> String {
         let r = self;

@@ -45,7 +45,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 
 use super::report::{build_row, Found, Report, Row, Summary};
-use super::table::render_report;
+use super::table::{render_report, Style};
 use super::{connect, explain, list_candidates, print_stdout, Cluster, CONCURRENCY};
 use crate::cli::{Output, ScanArgs};
 use crate::lock::{self, Lock, LockKey, Unmanageable};
@@ -210,15 +210,31 @@ async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Repo
 pub async fn scan_command(args: ScanArgs) -> anyhow::Result<ExitCode> {
     let cluster = connect(&args.admin.cluster).await?;
     let report = build_report(&cluster, &args).await?;
+    let mut hints = String::new();
     let out = match args.output {
         Output::Json => {
-            let mut s = serde_json::to_string_pretty(&report).context("encoding the report")?;
+            let mut s =
+                serde_json::to_string_pretty(&report.lock_list()).context("encoding the report")?;
             s.push('\n');
             s
         }
-        Output::Table => render_report(&report, &args.admin.scope),
+        Output::Yaml => {
+            serde_saphyr::to_string(&report.lock_list()).context("encoding the report")?
+        }
+        Output::Name => report
+            .locks
+            .iter()
+            .map(|r| r.kubectl_name() + "\n")
+            .collect(),
+        Output::Table | Output::Wide => {
+            let style = Style::for_stdout(args.output == Output::Wide, args.no_headers);
+            let rendered = render_report(&report, &args.admin.scope, style);
+            hints = rendered.stderr;
+            rendered.stdout
+        }
     };
     print_stdout(&out)?;
+    eprint!("{hints}");
     Ok(if report.summary.stale > 0 {
         ExitCode::from(EXIT_STALE)
     } else {

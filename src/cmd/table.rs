@@ -150,8 +150,49 @@ pub fn render_table(
 
 // The `scan` table.
 
-/// Width the table fits in.
-const TABLE_WIDTH: usize = 100;
+/// Width the notes and summaries on stderr are wrapped at, and the table
+/// fits in on a terminal whose width is not known.
+pub const TABLE_WIDTH: usize = 100;
+
+/// How a table is printed.
+#[derive(Clone, Copy, Debug)]
+pub struct Style {
+    /// `-o wide`: more columns, never cut.
+    pub wide: bool,
+    /// Without `--no-headers`.
+    pub headers: bool,
+    /// The width to fit in; `None` (stdout is not a terminal, or wide):
+    /// nothing is cut.
+    pub width: Option<usize>,
+}
+
+impl Style {
+    /// For `-o table|wide` on this process's stdout: cut to fit only on a
+    /// terminal (its width from $COLUMNS, else 100).
+    pub fn for_stdout(wide: bool, no_headers: bool) -> Style {
+        use std::io::IsTerminal;
+        let width = (!wide && std::io::stdout().is_terminal()).then(|| {
+            std::env::var("COLUMNS")
+                .ok()
+                .and_then(|c| c.parse().ok())
+                .filter(|&c: &usize| c >= 40)
+                .unwrap_or(TABLE_WIDTH)
+        });
+        Style {
+            wide,
+            headers: !no_headers,
+            width,
+        }
+    }
+}
+
+/// What a table command prints: the table on stdout, notes, summaries
+/// and hints on stderr.
+#[derive(Debug, Default)]
+pub struct Rendered {
+    pub stdout: String,
+    pub stderr: String,
+}
 
 const HEADERS: [&str; 8] = [
     "NAMESPACE",
@@ -163,6 +204,8 @@ const HEADERS: [&str; 8] = [
     "AGE",
     "VERDICT",
 ];
+/// `-o wide` adds these.
+const WIDE_HEADERS: [&str; 3] = ["HOLDER-UID", "DIED", "MESSAGE"];
 /// Columns that may be shortened (index, narrowest width), in stages: first
 /// the holder (pod names end in a generated suffix), node and namespace, then
 /// the lock name and phase, the verdict only as a last resort.
@@ -192,65 +235,86 @@ pub fn skipped_line(out: &mut String, skipped_with_data: usize) {
     }
 }
 
-pub fn render_report(report: &Report, scope: &Scope) -> String {
+/// The cells of one row of the `scan` table.
+fn cells(r: &Row, wide: bool) -> Vec<String> {
+    let dash = || "-".to_owned();
+    let mut cells = vec![
+        r.namespace.clone(),
+        // A Lease lock says so; a ConfigMap lock is the default.
+        if r.kind == "lease" {
+            format!("lease/{}", r.name)
+        } else {
+            r.name.clone()
+        },
+        if r.labeled { "yes" } else { "no" }.into(),
+        r.holder.clone().unwrap_or_else(dash),
+        r.phase_cell(),
+        match (&r.node, wide) {
+            (Some(n), true) => n.clone(),
+            (Some(n), false) => short_host(n),
+            (None, _) => dash(),
+        },
+        r.age_seconds.map(human_age).unwrap_or_else(dash),
+        r.verdict.clone(),
+    ];
+    if wide {
+        cells.push(r.holder_uid.clone().unwrap_or_else(dash));
+        cells.push(r.died_at.clone().unwrap_or_else(dash));
+        cells.push(r.message.clone());
+    }
+    cells
+}
+
+/// `-o table|wide`: the table on stdout; the notes on locks that are not
+/// simply held, the summary and the hints on stderr.
+pub fn render_report(report: &Report, scope: &Scope, style: Style) -> Rendered {
     let s = &report.summary;
-    let mut out = String::new();
+    let mut out = Rendered::default();
+    let err = &mut out.stderr;
     if report.locks.is_empty() {
         let _ = writeln!(
-            out,
+            err,
             "No lock candidates in {} ({} ConfigMaps scanned).",
             scope_text(scope),
             s.configmaps_scanned
         );
-        skipped_line(&mut out, s.skipped_with_data);
+        skipped_line(err, s.skipped_with_data);
         return out;
     }
-    let rows: Vec<Vec<String>> = report
-        .locks
-        .iter()
-        .map(|r| {
-            vec![
-                r.namespace.clone(),
-                // A Lease lock says so; a ConfigMap lock is the default.
-                if r.kind == "lease" {
-                    format!("lease/{}", r.name)
-                } else {
-                    r.name.clone()
-                },
-                if r.labeled { "yes" } else { "no" }.into(),
-                r.holder.clone().unwrap_or_else(|| "-".into()),
-                r.phase_cell(),
-                r.node
-                    .as_deref()
-                    .map(short_host)
-                    .unwrap_or_else(|| "-".into()),
-                r.age_seconds.map(human_age).unwrap_or_else(|| "-".into()),
-                r.verdict.clone(),
-            ]
-        })
-        .collect();
-    out.push_str(&render_table(
-        &HEADERS,
+    let rows: Vec<Vec<String>> = report.locks.iter().map(|r| cells(r, style.wide)).collect();
+    let mut headers = HEADERS.to_vec();
+    if style.wide {
+        headers.extend(WIDE_HEADERS);
+    }
+    let mut table = render_table(
+        &headers,
         &rows,
-        TABLE_WIDTH,
+        style.width.unwrap_or(usize::MAX),
         &SHRINKABLE,
         &MIDDLE,
-    ));
+    );
+    if !style.headers {
+        table = table
+            .split_once('\n')
+            .map(|(_, t)| t.to_owned())
+            .unwrap_or_default();
+    }
+    out.stdout = table;
 
-    // Explain what a glance at the table does not.
+    // Explain what a glance at the table does not (wide has a MESSAGE column).
     let notes: Vec<&Row> = report
         .locks
         .iter()
+        .filter(|_| !style.wide)
         .filter(|r| r.state != "held" || r.reason.as_deref() == Some("OwnerGoneGrace"))
         .collect();
-    if !notes.is_empty() {
-        out.push('\n');
-        for r in notes {
-            let note = format!("{}/{}: {}", r.namespace, r.name, r.message);
-            out.push_str(&wrap(&note, TABLE_WIDTH, 4));
-        }
+    for r in &notes {
+        let note = format!("{}/{}: {}", r.namespace, r.name, r.message);
+        err.push_str(&wrap(&note, TABLE_WIDTH, 4));
     }
-    out.push('\n');
+    if !notes.is_empty() {
+        err.push('\n');
+    }
     let mut parts = vec![format!("{} held", s.held), format!("{} stale", s.stale)];
     if s.ambiguous > 0 {
         parts.push(format!("{} ambiguous", s.ambiguous));
@@ -267,15 +331,15 @@ pub fn render_report(report: &Report, scope: &Scope) -> String {
         scope_text(scope),
         parts.join(", "),
     );
-    out.push_str(&wrap(&summary, TABLE_WIDTH, 0));
+    err.push_str(&wrap(&summary, TABLE_WIDTH, 0));
     let _ = writeln!(
-        out,
+        err,
         "{} ConfigMaps scanned in {:.2}s.",
         s.configmaps_scanned, s.duration_seconds
     );
-    skipped_line(&mut out, s.skipped_with_data);
+    skipped_line(err, s.skipped_with_data);
     if s.unlabeled > 0 {
-        out.push_str(&wrap(
+        err.push_str(&wrap(
             "Unlabeled locks are not watched by `lock-janitor run`; opt them in with \
              `lock-janitor label` (add --apply to write).",
             TABLE_WIDTH,
@@ -381,6 +445,11 @@ mod tests {
         assert_eq!(col(lines[0], "LABELED"), col(lines[2], "yes"));
         assert!(lines[1].contains("unmanageable:Owner"), "{t}");
         assert!(lines[1].contains('…'));
+
+        // Without a width (stdout not a terminal, or -o wide) nothing is cut.
+        let t = render_table(&HEADERS, &rows, usize::MAX, &SHRINKABLE, &MIDDLE);
+        assert!(t.contains(&rows[0][1]) && t.contains(&rows[0][3]), "{t}");
+        assert!(!t.contains('…'), "{t}");
 
         // Short tables are not padded out to 100.
         let t = render_table(&HEADERS, &rows[1..], 100, &SHRINKABLE, &MIDDLE);

@@ -75,7 +75,7 @@ pub fn parse_shaped(meta: &ObjectMeta, holds_data: bool) -> Result<Lock, Unmanag
     Ok(lock)
 }
 
-/// Lock-shaped (DESIGN.md): exactly one v1 Pod owner, and no `data` or
+/// Lock-shaped (docs/design.md): exactly one v1 Pod owner, and no `data` or
 /// `binaryData` (operator-lib's locks are empty). Spark drivers, for one,
 /// own ConfigMaps with data; those are never lock candidates.
 pub fn lock_shaped(cm: &ConfigMap) -> bool {

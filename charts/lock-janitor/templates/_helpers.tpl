@@ -23,6 +23,14 @@ already contains the chart name, so `helm install lock-janitor ...` gives
 {{- end }}
 {{- end }}
 
+{{/*
+The namespace of every namespaced object: namespaceOverride, else the
+release namespace.
+*/}}
+{{- define "lock-janitor.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "lock-janitor.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -46,6 +54,9 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/component: controller
 app.kubernetes.io/part-of: lock-janitor
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -77,11 +88,18 @@ any other selector is refused here rather than half-enforced.
 {{- $s }}
 {{- end }}
 
+{{/*
+The image: [registry/]repository, then @digest or :tag. global.imageRegistry
+(a mirror for every chart of an umbrella) wins over image.registry.
+*/}}
 {{- define "lock-janitor.image" -}}
+{{- $registry := default .Values.image.registry ((.Values.global).imageRegistry) }}
+{{- $repository := .Values.image.repository }}
+{{- if $registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}{{ end }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
 

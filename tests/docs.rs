@@ -1,0 +1,595 @@
+//! The docs cannot drift from the code: every relative link in README.md and
+//! docs/ resolves (anchors too); every log line docs/runbooks.md quotes is
+//! printed by src/; every shipped alert has its runbook section;
+//! docs/metrics-and-events.md lists exactly the metrics a running janitor
+//! exports (scraped from the real binary on the real control plane) and the
+//! Event reasons of src/events.rs; docs/how-it-decides.md names every reason
+//! word; the chart's README is what helm-docs generates from values.yaml.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams};
+use kube::Api;
+use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
+use support::*;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("reading {rel}: {e}"))
+}
+
+/// The markdown files a reader follows: README.md, docs/*.md, the chart's.
+fn markdown_files() -> Vec<PathBuf> {
+    let mut files = vec![
+        root().join("README.md"),
+        root().join("charts/lock-janitor/README.md"),
+    ];
+    for e in std::fs::read_dir(root().join("docs")).expect("docs/") {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            files.push(p);
+        }
+    }
+    files.sort();
+    files
+}
+
+/// GitHub's anchor of a heading: lowercase, punctuation dropped, spaces to '-'.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a markdown file's headings (outside code blocks).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut fenced = false;
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            out.insert(slug(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// `(text, target)` of every inline link `[text](target)` outside code.
+fn links(text: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(i) = rest.find("](") {
+            let after = &rest[i + 2..];
+            let Some(end) = after.find(')') else { break };
+            out.push(after[..end].to_owned());
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+/// Written on the release branch; checked like any other file once it is here.
+const PENDING: &[&str] = &["docs/install.md"];
+
+#[test]
+fn every_relative_link_resolves() {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for file in markdown_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let dir = file.parent().unwrap();
+        for target in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let dest = if path.is_empty() {
+                file.clone()
+            } else {
+                dir.join(path)
+            };
+            let rel = dest.canonicalize().ok().and_then(|d| {
+                d.strip_prefix(root().canonicalize().unwrap())
+                    .ok()
+                    .map(Path::to_path_buf)
+            });
+            let Some(rel) = rel else {
+                let pending = PENDING.iter().any(|p| root().join(p) == normalize(&dest));
+                if !pending {
+                    broken.push(format!("{}: {target} (no such file)", file.display()));
+                }
+                continue;
+            };
+            if !anchor.is_empty() {
+                let text = std::fs::read_to_string(root().join(&rel)).unwrap_or_default();
+                if !anchors(&text).contains(anchor) {
+                    broken.push(format!(
+                        "{}: {target} (no heading #{anchor})",
+                        file.display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 30,
+        "only {checked} links found: is the parser broken?"
+    );
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// `a/b/../c` to `a/c`, without touching the file system.
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Every string literal of the Rust files under `dir`, whitespace collapsed
+/// (a literal continued with `\` at a line end reads as one line).
+fn string_literals(dir: &Path, out: &mut Vec<String>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            string_literals(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            let src = std::fs::read_to_string(&p).unwrap();
+            let mut chars = src.chars().peekable();
+            let mut prev = ' ';
+            while let Some(c) = chars.next() {
+                // Raw strings: r"..." and r#"..."# (they may hold quotes).
+                if c == 'r'
+                    && matches!(chars.peek(), Some('#' | '"'))
+                    && !(prev.is_alphanumeric() || prev == '_')
+                {
+                    let mut hashes = 0;
+                    while chars.peek() == Some(&'#') {
+                        chars.next();
+                        hashes += 1;
+                    }
+                    if chars.next() != Some('"') {
+                        prev = '#';
+                        continue;
+                    }
+                    let close = format!("\"{}", "#".repeat(hashes));
+                    let mut lit = String::new();
+                    for c in chars.by_ref() {
+                        lit.push(c);
+                        if lit.ends_with(&close) {
+                            lit.truncate(lit.len() - close.len());
+                            break;
+                        }
+                    }
+                    out.push(collapse(&lit));
+                    prev = '"';
+                    continue;
+                }
+                // Skip line comments, and chars like '"'.
+                if c == '/' && chars.peek() == Some(&'/') {
+                    for c in chars.by_ref() {
+                        if c == '\n' {
+                            break;
+                        }
+                    }
+                    prev = '\n';
+                    continue;
+                }
+                if c == '\'' {
+                    let look: String = chars.clone().take(3).collect();
+                    if look.starts_with("\"'") || look.starts_with("\\\"'") {
+                        for _ in 0..look.find('\'').unwrap() + 1 {
+                            chars.next();
+                        }
+                        continue;
+                    }
+                }
+                if c == '"' {
+                    let mut lit = String::new();
+                    while let Some(c) = chars.next() {
+                        match c {
+                            '\\' => match chars.next() {
+                                Some('\n') => {
+                                    while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                                        chars.next();
+                                    }
+                                }
+                                Some('n') => lit.push(' '),
+                                Some(other) => lit.push(other),
+                                None => break,
+                            },
+                            '"' => break,
+                            c => lit.push(c),
+                        }
+                    }
+                    out.push(collapse(&lit));
+                }
+                prev = c;
+            }
+        }
+    }
+}
+
+fn collapse(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The log lines a page quotes: `grep -F '...'` patterns without shell
+/// variables, and code spans right after "log", "logs", "logged", "log
+/// line", "log says" or "logged as".
+fn quoted_log_lines(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for q in ['\'', '"'] {
+        let needle = format!("grep -F {q}");
+        let mut rest = text;
+        while let Some(i) = rest.find(&needle) {
+            let after = &rest[i + needle.len()..];
+            let end = after.find(q).expect("closing quote");
+            let pat = &after[..end];
+            if !pat.contains('$') && !pat.starts_with("lock_janitor_") {
+                out.insert(collapse(pat));
+            }
+            rest = &after[end..];
+        }
+    }
+    let flat = collapse(text);
+    for lead in [
+        "log `",
+        "logs `",
+        "logged `",
+        "log line `",
+        "log says `",
+        "logged as `",
+    ] {
+        let mut rest = flat.as_str();
+        while let Some(i) = rest.find(lead) {
+            let after = &rest[i + lead.len()..];
+            let end = after.find('`').expect("closing backtick");
+            out.insert(after[..end].to_owned());
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn every_quoted_log_line_is_printed_by_the_code() {
+    let mut literals = Vec::new();
+    string_literals(&root().join("src"), &mut literals);
+    assert!(literals.iter().any(|l| l == "stale lock reclaimed"));
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    for page in ["docs/runbooks.md", "README.md"] {
+        for line in quoted_log_lines(&read(page)) {
+            seen += 1;
+            if !literals.iter().any(|l| l.contains(&line)) {
+                missing.push(format!("{page}: {line:?}"));
+            }
+        }
+    }
+    assert!(
+        seen >= 12,
+        "only {seen} quoted log lines: is the parser broken?"
+    );
+    assert!(
+        missing.is_empty(),
+        "quoted log lines the code never prints:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_quote_finder_finds_what_it_should() {
+    let page = "The leader logs `stale lock\n reclaimed` and\n\n```sh\nkubectl logs | grep -F 'watch failing' | grep -F \"$LOCK\"\n```\n";
+    assert_eq!(
+        quoted_log_lines(page),
+        BTreeSet::from([
+            "stale lock reclaimed".to_owned(),
+            "watch failing".to_owned()
+        ])
+    );
+    let mut lits = Vec::new();
+    let dir = std::env::temp_dir().join(format!("docs-lits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("a.rs"),
+        "// \"not this\"\nlet c = '\"'; warn!(\"could not \\\n     carry it\"); let s = \"a\\\"b\";\n",
+    )
+    .unwrap();
+    string_literals(&dir, &mut lits);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(lits, ["could not carry it", "a\"b"]);
+}
+
+#[test]
+fn every_alert_has_a_runbook_section() {
+    let rules: serde_json::Value =
+        serde_saphyr::from_str(&read("charts/lock-janitor/files/prometheus-rules.yaml"))
+            .expect("rules parse");
+    let runbooks = read("docs/runbooks.md");
+    let sections = anchors(&runbooks);
+    let mut alerts = Vec::new();
+    for group in rules["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            let Some(alert) = rule["alert"].as_str() else {
+                continue;
+            };
+            alerts.push(alert.to_owned());
+            assert!(
+                runbooks.contains(&format!("\n## {alert}\n")),
+                "docs/runbooks.md has no section ## {alert}"
+            );
+            for part in ["Meaning", "Impact", "Diagnosis", "Mitigation"] {
+                let section = runbooks.split(&format!("\n## {alert}\n")).nth(1).unwrap();
+                let section = section.split("\n## ").next().unwrap();
+                assert!(
+                    section.contains(&format!("### {part}")),
+                    "{alert}: no ### {part}"
+                );
+            }
+            let url = rule["annotations"]["runbook_url"]
+                .as_str()
+                .unwrap_or_default();
+            let anchor = url.rsplit_once('#').map(|(_, a)| a).unwrap_or_default();
+            assert!(
+                url.contains("docs/runbooks.md#") && sections.contains(anchor),
+                "{alert}: runbook_url {url:?} points at no section"
+            );
+        }
+    }
+    assert_eq!(alerts.len(), 7, "{alerts:?}");
+    // And no section for an alert that is not shipped.
+    for heading in runbooks
+        .lines()
+        .filter_map(|l| l.strip_prefix("## LockJanitor"))
+    {
+        let name = format!("LockJanitor{heading}");
+        assert!(
+            alerts.contains(&name),
+            "runbook section for unknown alert {name}"
+        );
+    }
+}
+
+/// The backticked first cells of the table rows of `section`, up to the
+/// next heading (so "### Pending" under "## Metrics" is not read).
+fn table_names(page: &str, section: &str, prefix: &str) -> BTreeSet<String> {
+    let body = page
+        .split(&format!("\n{section}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {section}"));
+    body.lines()
+        .take_while(|l| !l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`').map(|(n, _)| n.to_owned()))
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+#[test]
+fn events_listed_are_the_reasons_of_the_code() {
+    let code: BTreeSet<String> = read("src/events.rs")
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub const REASON_"))
+        .filter_map(|l| l.split('"').nth(1).map(str::to_owned))
+        .collect();
+    assert_eq!(code.len(), 8, "{code:?}");
+    let page = read("docs/metrics-and-events.md");
+    assert_eq!(table_names(&page, "## Events", ""), code);
+}
+
+#[test]
+fn every_reason_word_is_explained() {
+    let mut words = BTreeSet::new();
+    let grab = |text: &str, words: &mut BTreeSet<String>, after: &str| {
+        for l in text.lines() {
+            if let Some((_, rest)) = l.split_once(after) {
+                if let Some(w) = rest.split('"').nth(1) {
+                    if w.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+                        && w.chars().all(|c| c.is_ascii_alphanumeric())
+                    {
+                        words.insert(w.to_owned());
+                    }
+                }
+            }
+        }
+    };
+    // Why held (words.rs), stale reasons (verdict), unmanageable codes (lock).
+    grab(&read("src/words.rs"), &mut words, "=> ");
+    grab(&read("src/verdict/mod.rs"), &mut words, "=> ");
+    grab(&read("src/lock/mod.rs"), &mut words, "=> ");
+    for w in [
+        "Evicted",
+        "NoStatus",
+        "RenewalWindow",
+        "HoldsData",
+        "IdentityNotAPod",
+    ] {
+        assert!(words.contains(w), "{w} not found in the code: {words:?}");
+    }
+    // Pod phases are judged by name (`Running`, `Pending`, `Unknown`).
+    for w in ["Running", "Pending", "Unknown"] {
+        words.insert(w.to_owned());
+    }
+    // Kind names are not reason words.
+    for w in ["ConfigMap", "Lease"] {
+        words.remove(w);
+    }
+    let page = read("docs/how-it-decides.md");
+    let missing: Vec<&String> = words
+        .iter()
+        .filter(|w| !page.contains(&format!("`{w}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "how-it-decides.md does not explain {missing:?}"
+    );
+}
+
+#[test]
+fn the_chart_readme_is_what_helm_docs_generates() {
+    let out = std::process::Command::new(root().join("hack/helm-docs.sh"))
+        .arg("--check")
+        .output()
+        .expect("run hack/helm-docs.sh");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every value of values.yaml (a leaf, or a map whose own comment documents
+/// it whole, such as nodeSelector) is a row of the chart's README.
+#[test]
+fn the_chart_readme_lists_every_value() {
+    let values: serde_json::Value =
+        serde_saphyr::from_str(&read("charts/lock-janitor/values.yaml")).expect("values.yaml");
+    let readme = read("charts/lock-janitor/README.md");
+    let rows: BTreeSet<&str> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|l| l.split(" |").next())
+        .collect();
+    fn leaves(v: &serde_json::Value, path: String, out: &mut Vec<String>) {
+        match v.as_object() {
+            Some(m) if !m.is_empty() => {
+                for (k, v) in m {
+                    let p = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    leaves(v, p, out);
+                }
+            }
+            _ => out.push(path),
+        }
+    }
+    let mut all = Vec::new();
+    leaves(&values, String::new(), &mut all);
+    assert!(all.len() > 60, "{all:?}");
+    let missing: Vec<&String> = all
+        .iter()
+        .filter(|leaf| {
+            // The leaf itself, or a map above it documented as a whole.
+            let parts: Vec<&str> = leaf.split('.').collect();
+            !(1..=parts.len()).any(|n| rows.contains(parts[..n].join(".").as_str()))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "values not in charts/lock-janitor/README.md: {missing:?}"
+    );
+}
+
+/// The metric family names of a text exposition.
+fn families(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn metrics_listed_are_the_metrics_exported() {
+    let page = read("docs/metrics-and-events.md");
+    let listed = table_names(&page, "## Metrics", "lock_janitor_");
+    assert!(listed.len() >= 15, "{listed:?}");
+
+    // A janitor that has something to say for every per-lock series: a
+    // reclaim with the pod deleted, a takeover that times out, and a stale
+    // lock kept by a finalizer.
+    let cp = shared().await;
+    let client = cp.client().await.unwrap();
+    grant_janitor(&client).await;
+    let ns = fresh_namespace(&client, "docs-metrics").await;
+    let leader = running_pod(&client, &ns, "leader", "node-a").await;
+    create_lock(&client, &lock_for("op-lock", &leader, true)).await;
+    let kept = running_pod(&client, &ns, "kept", "node-a").await;
+    let mut cm = lock_for("kept-lock", &kept, true);
+    cm.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    create_lock(&client, &cm).await;
+    let user = "docs-janitor";
+    bind_cluster_role(&client, user, JANITOR_USER).await;
+    let j = Janitor::start(
+        &kubeconfig_as(cp, user),
+        &[
+            "-n",
+            &ns,
+            "--delete-pod",
+            "--takeover-timeout",
+            "1s",
+            "--resync",
+            "5s",
+        ],
+    )
+    .await;
+    for pod in ["leader", "kept"] {
+        kubelet::set_failed(
+            &client,
+            &ns,
+            pod,
+            "Evicted",
+            "The node was low on resource: memory.",
+        )
+        .await
+        .expect("evict");
+    }
+    // Per-lock series come and go (an awaited takeover times out): what the
+    // janitor exports is the union of its scrapes over the scenario.
+    let mut exported = BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !exported.is_superset(&listed) && std::time::Instant::now() < deadline {
+        exported.extend(
+            families(&j.metrics().await)
+                .into_iter()
+                .filter(|n| n.starts_with("lock_janitor_")),
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let p = Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}));
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .patch("kept-lock", &PatchParams::default(), &p)
+        .await
+        .expect("remove the finalizer");
+    assert_eq!(
+        exported,
+        listed,
+        "docs/metrics-and-events.md and /metrics differ: exported but not listed {:?}, listed but not exported {:?}",
+        exported.difference(&listed).collect::<Vec<_>>(),
+        listed.difference(&exported).collect::<Vec<_>>()
+    );
+}
