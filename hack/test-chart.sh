@@ -64,5 +64,14 @@ refuse "an unknown alert in prometheusRule.disabled" "LockJanitorTypo" --set pro
 refuse "logLevel: loud" "logLevel" --set logLevel=loud
 refuse "a takeoverTimeout Prometheus cannot wait" "takeoverTimeout" --set prometheusRule.enabled=true --set takeoverTimeout=5min
 refuse "Kubernetes 1.24" "requires kubeVersion: >=1.25.0-0" --kube-version 1.24.0
+# The delete guard, the auto opt-in policy and the carry-over enforce one
+# key=value label: any other selector would be half-enforced.
+sel_values="$(mktemp)"; printf 'selector: "team=a,lock-janitor.io/watch=true"\n' >"$sel_values"
+refuse "a selector of two terms" "the chart takes exactly one key=value label" -f "$sel_values"
+rm -f "$sel_values"
+refuse "a selector without a value" "the chart takes exactly one key=value label" --set selector=lock-janitor.io/watch
+refuse "a set-based selector" "the chart takes exactly one key=value label" --set "selector=lock-janitor.io/watch in (true)"
+refuse "serviceAccount.create=false without a name" "serviceAccount.create=false needs serviceAccount.name" --set serviceAccount.create=false
+refuse "autoOptIn for every namespace" "namespaceSelector is empty" --set admissionPolicies.autoOptIn.enabled=true --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy
 
 echo "test-chart: OK"

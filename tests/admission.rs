@@ -229,6 +229,103 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
     )
     .expect("the release of a Lease that is not opted in is refused");
     assert!(m.contains("release an opted-in one"), "{m}");
+
+    // Adding the opt-in label and anything else: a finalizer (it would wedge
+    // the lock), an annotation, a second owner. Each refused, naming the
+    // policy; the label alone is the carry-over, checked by the run below.
+    for (what, extra) in [
+        ("a finalizer", json!({"finalizers": ["example.com/keep"]})),
+        (
+            "an annotation",
+            json!({"annotations": {"team": "payments"}}),
+        ),
+        (
+            "an ownerReference",
+            json!({"ownerReferences": [pod_owner(&holder), {
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-uid"}]}),
+        ),
+    ] {
+        let mut meta = extra.as_object().unwrap().clone();
+        meta.insert("labels".into(), json!({opt_in.0: opt_in.1}));
+        let patch = json!({ "metadata": meta });
+        let m = denied(
+            as_janitor
+                .patch("unlabeled", &PatchParams::default(), &Patch::Merge(&patch))
+                .await,
+        )
+        .unwrap_or_else(|| panic!("the label with {what} was let through"));
+        assert!(m.contains(&policy_name), "{m}");
+    }
+    let data = json!({"metadata": {"labels": {opt_in.0: opt_in.1}}, "data": {"k": "v"}});
+    assert!(denied(
+        as_janitor
+            .patch("unlabeled", &PatchParams::default(), &Patch::Merge(&data))
+            .await
+    )
+    .is_some());
+
+    // An opted-in, held Lease: a release that also adds an ownerReference
+    // (the garbage collector could then delete it) or a finalizer, or one
+    // that keeps more than client-go's release, is refused; a Lease is
+    // never deleted, even where RBAC would let it.
+    let mut held = lease.clone();
+    held.metadata.name = Some("held-lease".into());
+    held.metadata.labels = Some(BTreeMap::from([(opt_in.0.into(), opt_in.1.into())]));
+    held.spec.as_mut().unwrap().lease_transitions = Some(2);
+    let held = leases.create(&PostParams::default(), &held).await.unwrap();
+    let release = |mut l: Lease| {
+        l = lock_janitor::lock::lease::released(l, Timestamp::now());
+        l
+    };
+    let mut owned = release(held.clone());
+    owned.metadata.owner_references = Some(vec![pod_owner(&holder)]);
+    let mut finalized = release(held.clone());
+    finalized.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+    let mut transitions = release(held.clone());
+    transitions.spec.as_mut().unwrap().lease_transitions = Some(7);
+    let mut relabeled = release(held.clone());
+    relabeled
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("team".into(), "payments".into());
+    for (what, l) in [
+        ("an ownerReference", owned),
+        ("a finalizer", finalized),
+        ("other leaseTransitions", transitions),
+        ("another label", relabeled),
+    ] {
+        let m = denied(
+            as_janitor_leases
+                .replace("held-lease", &PostParams::default(), &l)
+                .await,
+        )
+        .unwrap_or_else(|| panic!("a release with {what} was let through"));
+        assert!(m.contains(&policy_name), "{what}: {m}");
+    }
+    // Lease DELETE: granted here by an extra Role, refused by the policy.
+    grant_in(&admin, &ns, sa, &rel, "leases", "delete").await;
+    let m = wait_for("the Role takes effect", Duration::from_secs(30), || async {
+        match as_janitor_leases
+            .delete("held-lease", &DeleteParams::default())
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.message.contains("ValidatingAdmissionPolicy") => {
+                Some(s.message)
+            }
+            Err(kube::Error::Api(s)) if s.code == 403 => None,
+            other => panic!("a Lease delete was not refused by the guard: {other:?}"),
+        }
+    })
+    .await;
+    assert!(m.contains("never deletes a Lease"), "{m}");
+    // The release itself, whole, passes.
+    as_janitor_leases
+        .replace("held-lease", &PostParams::default(), &release(held.clone()))
+        .await
+        .expect("client-go's release of an opted-in Lease passes the guard");
+
     // Other users are unaffected.
     cms.delete("unlabeled", &DeleteParams::default())
         .await
@@ -255,6 +352,9 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
     opted.metadata.name = Some("op-lease".into());
     opted.metadata.labels = Some(BTreeMap::from([(opt_in.0.into(), opt_in.1.into())]));
     opted.spec.as_mut().unwrap().holder_identity = dead.metadata.name.clone();
+    // Nobody renews it: released half its 10 s lease after the death.
+    opted.spec.as_mut().unwrap().lease_duration_seconds = Some(10);
+    opted.spec.as_mut().unwrap().renew_time = Some(MicroTime(Timestamp::now()));
     leases.create(&PostParams::default(), &opted).await.unwrap();
 
     kubelet::set_failed(&admin, &ns, "leader", "Evicted", "test")
@@ -313,6 +413,50 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
             "{m}"
         );
     }
+}
+
+/// Grants the ServiceAccount `sa` of namespace `sa_ns` the `verb` on
+/// `resource` (coordination.k8s.io) in `ns`, beyond what the chart grants.
+async fn grant_in(client: &Client, ns: &str, sa: &str, sa_ns: &str, resource: &str, verb: &str) {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    let name = format!("extra-{resource}-{verb}");
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["coordination.k8s.io".into()]),
+            resources: Some(vec![resource.into()]),
+            verbs: vec![verb.into()],
+            ..Default::default()
+        }]),
+    };
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name,
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: sa.into(),
+            namespace: Some(sa_ns.into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
 }
 
 /// Creates a rendered object for real, whatever its kind (the v1
