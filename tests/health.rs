@@ -74,3 +74,231 @@ async fn failing_watches_turn_readiness_off_and_back_on() {
     let m = j.metrics().await;
     assert_eq!(sample(&m, "lock_janitor_ready", &[]), Some(1.0), "{m}");
 }
+
+/// Grants `user` the leader-election Lease of namespace `ns`.
+async fn grant_election(client: &kube::Client, ns: &str, user: &str) {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    use kube::api::{ObjectMeta, PostParams};
+    let name = format!("election-{user}");
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["coordination.k8s.io".into()]),
+            resources: Some(vec!["leases".into()]),
+            verbs: vec!["get".into(), "create".into(), "update".into()],
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name,
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: user.into(),
+            ..Default::default()
+        }]),
+    };
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+async fn leading(j: &Janitor) -> bool {
+    sample(&j.metrics().await, "lock_janitor_leader", &[]) == Some(1.0)
+}
+
+/// The leader's watches fail (its user loses RBAC, the API server restarts
+/// so the open watches end) while its election client still renews: once
+/// it has been not ready past the minute, it hands the Lease over and the
+/// ready standby leads and reclaims. Own control plane.
+#[tokio::test]
+async fn a_leader_whose_watches_fail_hands_over_to_the_ready_standby() {
+    let cp = ControlPlane::start(Options::default())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    grant_janitor(&client).await;
+    let ns = fresh_namespace(&client, "handover").await;
+    let (ua, ub) = ("janitor-a", "janitor-b");
+    for u in [ua, ub] {
+        bind_cluster_role(&client, u, JANITOR_USER).await;
+        grant_election(&client, &ns, u).await;
+    }
+    let args = [
+        "--namespace",
+        ns.as_str(),
+        "--leader-elect",
+        "--leader-elect-namespace",
+        ns.as_str(),
+        "--resync",
+        "5s",
+    ];
+    let a = Janitor::start(&kubeconfig_as(&cp, ua), &args).await;
+    wait_for("a leads", Duration::from_secs(40), || async {
+        leading(&a).await.then_some(())
+    })
+    .await;
+    let b = Janitor::start(&kubeconfig_as(&cp, ub), &args).await;
+    assert!(!leading(&b).await, "b stands by");
+
+    // Only a's watches fail: its RBAC for the locks and pods is gone; its
+    // election Role stays, so its lease is still renewed.
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .delete(ua, &DeleteParams::default())
+        .await
+        .unwrap();
+    cp.restart_apiserver()
+        .await
+        .expect("restart kube-apiserver");
+    wait_for("b leads", Duration::from_secs(150), || async {
+        leading(&b).await.then_some(())
+    })
+    .await;
+    assert!(!leading(&a).await, "{}", a.logs());
+    assert!(
+        a.logs().contains("handing the leader lease over"),
+        "{}",
+        a.logs()
+    );
+    // And b does the work.
+    let leader = running_pod(&client, &ns, "leader", "node-a").await;
+    create_lock(&client, &lock_for("op-lock", &leader, true)).await;
+    lock_janitor_testenv::kubelet::set_failed(&client, &ns, "leader", "Evicted", "test")
+        .await
+        .unwrap();
+    wait_for("op-lock reclaimed", Duration::from_secs(30), || async {
+        (!lock_exists(&client, &ns, "op-lock").await).then_some(())
+    })
+    .await;
+    assert!(b.logs().contains("stale lock reclaimed"), "{}", b.logs());
+}
+
+/// Nothing swallowed: an election that cannot create its Lease counts
+/// lock_janitor_leader_renew_errors_total, and a Lease sweep that cannot
+/// list pods (RBAC taken away after start-up) counts as a pod watch error
+/// and is said under its own name.
+#[tokio::test]
+async fn election_and_lease_sweep_failures_are_counted() {
+    let cp = lock_janitor_testenv::shared().await;
+    let client = cp.client().await.unwrap();
+    let ns = fresh_namespace(&client, "swallowed").await;
+    let user = format!("swallowed-{ns}");
+    // Leases to watch, but not creating its election Lease; pods for now.
+    grant_role(
+        &client,
+        &ns,
+        &user,
+        "leases-only",
+        "coordination.k8s.io",
+        "leases",
+    )
+    .await;
+    grant_role(&client, &ns, &user, "pods", "", "pods").await;
+    let j = Janitor::start(
+        &kubeconfig_as(cp, &user),
+        &[
+            "--namespace",
+            &ns,
+            "--lock-kinds",
+            "lease",
+            "--leader-elect",
+            "--leader-elect-namespace",
+            &ns,
+            "--resync",
+            "1s",
+        ],
+    )
+    .await;
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), &ns)
+        .delete("pods", &DeleteParams::default())
+        .await
+        .unwrap();
+    let scope = format!("pods sweep in {ns} (Lease locks)");
+    wait_for(
+        "both failures counted and said",
+        Duration::from_secs(60),
+        || async {
+            let m = j.metrics().await;
+            let renew = sample(&m, "lock_janitor_leader_renew_errors_total", &[]).unwrap_or(0.0);
+            let pods = sample(
+                &m,
+                "lock_janitor_watch_errors_total",
+                &[("resource", "pods")],
+            )
+            .unwrap_or(0.0);
+            let logs = j.logs();
+            (renew > 0.0
+                && pods > 0.0
+                && logs.contains("resync sweep failed")
+                && logs.contains(&scope))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
+/// A Role `name` in `ns` granting `user` get, list and watch on `resource`.
+async fn grant_role(
+    client: &kube::Client,
+    ns: &str,
+    user: &str,
+    name: &str,
+    group: &str,
+    resource: &str,
+) {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    use kube::api::{ObjectMeta, PostParams};
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![group.into()]),
+            resources: Some(vec![resource.into()]),
+            verbs: vec!["get".into(), "list".into(), "watch".into()],
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: user.into(),
+            ..Default::default()
+        }]),
+    };
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
