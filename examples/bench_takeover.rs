@@ -1,7 +1,8 @@
 //! Takeover time after an eviction with real peers (`testenv/peers`), each
 //! alone beside with the janitor, side by side in one run on a local control
-//! plane: operator-lib's leader-for-life (v0.19.0), and a controller-runtime
-//! Lease candidate (client-go's elector) with a 60 s lease.
+//! plane: operator-lib's leader-for-life (v0.19.0), a controller-runtime
+//! Lease candidate (client-go's elector) with a 60 s lease, and client-go
+//! candidates at OpenShift's library-go timings (137 s / 107 s / 26 s).
 //!
 //! Each round, in two namespaces at once, a leader and a waiting replica run
 //! operator-lib's `leader.Become`. Once the replica is in its steady 16 s
@@ -17,7 +18,7 @@
 //!
 //! ```text
 //! cargo build --release --bin lock-janitor
-//! LOCK_JANITOR_BIN=target/release/lock-janitor cargo run --release --example bench_takeover -- [--rounds 3]
+//! LOCK_JANITOR_BIN=target/release/lock-janitor cargo run --release --example bench_takeover -- [--rounds 3] [--library-go-rounds 1]
 //! ```
 
 #[path = "common/bench.rs"]
@@ -97,21 +98,48 @@ async fn round(
 }
 
 /// One side of a Lease round: a controller-runtime candidate waits on a
-/// 60 s lease; the leader is evicted; seconds until the candidate leads.
-/// Alone it waits out the lease; with the janitor the Lease is released
-/// and the candidate leads at its next 2 s retry.
+/// Waits until the Lease `name` has been renewed `n` more times.
+async fn renewals(leases: &kube::Api<k8s_openapi::api::coordination::v1::Lease>, name: &str, n: usize) {
+    let renewed = || async {
+        leases
+            .get(name)
+            .await
+            .ok()
+            .and_then(|l| l.spec?.renew_time)
+            .map(|t| t.0)
+    };
+    let mut seen = renewed().await;
+    let mut count = 0;
+    while count < n {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = renewed().await;
+        if now != seen {
+            seen = now;
+            count += 1;
+        }
+    }
+}
+
+/// A Lease with `timings` (lease, renew deadline, retry period, for both
+/// candidates); the leader is killed and its pod marked Evicted once the
+/// Lease has been renewed twice more (the janitor has seen its renew
+/// period); seconds until the candidate leads. Alone it waits out the
+/// lease; with the janitor the Lease is released once the dead holder has
+/// missed 1.5 of its renew periods, and the candidate leads at its next
+/// retry.
 async fn lease_round(
     cp: &lock_janitor_testenv::ControlPlane,
     client: &Client,
     ns: &str,
     r: usize,
+    timings: [Duration; 3],
 ) -> f64 {
     use k8s_openapi::api::coordination::v1::Lease;
     let (leader, candidate) = (format!("lease-leader-{r}"), format!("lease-candidate-{r}"));
-    let lease = format!("bench-lease-{r}");
+    let lease = format!("bench-lease-{r}-{}", timings[0].as_secs());
     running(client, ns, &leader, &node_of(r), "bench").await;
     running(client, ns, &candidate, &node_of(r + 1), "bench").await;
-    let mut first = Peer::elect(cp.kubeconfig_path(), cp.dir(), ns, &leader, &lease, LEASE)
+    let mut first = Peer::elect_with(cp.kubeconfig_path(), cp.dir(), ns, &leader, &lease, timings)
         .unwrap_or_else(|e| die(&e.to_string()));
     first
         .wait_leading(Duration::from_secs(120))
@@ -124,13 +152,13 @@ async fn lease_round(
         leases.patch(&lease, &params, &patch)
     })
     .await;
-    let mut second = Peer::elect(
+    let mut second = Peer::elect_with(
         cp.kubeconfig_path(),
         cp.dir(),
         ns,
         &candidate,
         &lease,
-        LEASE,
+        timings,
     )
     .unwrap_or_else(|e| die(&e.to_string()));
     wait_for("the candidate trying", Duration::from_secs(120), || async {
@@ -140,6 +168,7 @@ async fn lease_round(
             .then_some(())
     })
     .await;
+    renewals(&leases, &lease, 2).await;
     first.kill();
     retry("evicting the leader", || {
         kubelet::set_failed(
@@ -153,27 +182,40 @@ async fn lease_round(
     .await;
     let evicted = Instant::now();
     let led = second
-        .wait_leading(Duration::from_secs(180))
+        .wait_leading(timings[0] * 3)
         .await
         .unwrap_or_else(|e| die(&e));
     (led - evicted).as_secs_f64()
 }
 
-/// The candidates' lease duration (60 s, as charts that raise it use).
-const LEASE: Duration = Duration::from_secs(60);
+/// A controller-runtime manager with a 60 s lease (as charts that raise it
+/// use): renew deadline 40 s, retry 2 s.
+const LEASE_60S: [Duration; 3] = [
+    Duration::from_secs(60),
+    Duration::from_secs(40),
+    Duration::from_secs(2),
+];
+/// OpenShift's library-go defaults: lease 137 s, renew deadline 107 s,
+/// retry 26 s.
+const LIBRARY_GO: [Duration; 3] = [
+    Duration::from_secs(137),
+    Duration::from_secs(107),
+    Duration::from_secs(26),
+];
 
 #[tokio::main]
 async fn main() {
-    let mut rounds = 3usize;
+    let (mut rounds, mut slow_rounds) = (3usize, 1usize);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        let n = |v: &str| {
+            v.parse()
+                .unwrap_or_else(|_| die(&format!("{flag}: {v:?} is not a number")))
+        };
         match (flag.as_str(), it.next()) {
-            ("--rounds", Some(v)) => {
-                rounds = v
-                    .parse()
-                    .unwrap_or_else(|_| die(&format!("--rounds: {v:?} is not a number")))
-            }
-            _ => die("use --rounds N"),
+            ("--rounds", Some(v)) => rounds = n(&v),
+            ("--library-go-rounds", Some(v)) => slow_rounds = n(&v),
+            _ => die("use --rounds N --library-go-rounds N"),
         }
     }
     println!(
@@ -199,12 +241,26 @@ async fn main() {
     for r in 0..rounds {
         step(&format!("Lease round {} of {rounds}", r + 1));
         let (a, w) = tokio::join!(
-            lease_round(&cp, &client, alone, 2 * r),
-            lease_round(&cp, &client, with, 2 * r)
+            lease_round(&cp, &client, alone, 2 * r, LEASE_60S),
+            lease_round(&cp, &client, with, 2 * r, LEASE_60S)
         );
         println!("    alone {a:.1} s, with the janitor {w:.1} s");
         l_alone.push(a);
         l_with.push(w);
+    }
+    let (mut s_alone, mut s_with) = (Vec::new(), Vec::new());
+    for r in 0..slow_rounds {
+        step(&format!(
+            "Lease round at library-go timings {} of {slow_rounds}",
+            r + 1
+        ));
+        let (a, w) = tokio::join!(
+            lease_round(&cp, &client, alone, 2 * r + 100, LIBRARY_GO),
+            lease_round(&cp, &client, with, 2 * r + 100, LIBRARY_GO)
+        );
+        println!("    alone {a:.1} s, with the janitor {w:.1} s");
+        s_alone.push(a);
+        s_with.push(w);
     }
     let m = janitor.metrics().await;
     let reclaims: f64 = m
@@ -227,5 +283,10 @@ async fn main() {
     );
     println!("    candidate alone:            {}", distribution(l_alone));
     println!("    candidate with the janitor: {}", distribution(l_with));
+    println!(
+        "takeover after an eviction, client-go candidates at OpenShift's library-go timings (137 s / 107 s / 26 s):"
+    );
+    println!("    candidate alone:            {}", distribution(s_alone));
+    println!("    candidate with the janitor: {}", distribution(s_with));
     println!("    (the janitor reclaimed {reclaims} locks)");
 }
