@@ -99,7 +99,11 @@ async fn round(
 
 /// One side of a Lease round: a controller-runtime candidate waits on a
 /// Waits until the Lease `name` has been renewed `n` more times.
-async fn renewals(leases: &kube::Api<k8s_openapi::api::coordination::v1::Lease>, name: &str, n: usize) {
+async fn renewals(
+    leases: &kube::Api<k8s_openapi::api::coordination::v1::Lease>,
+    name: &str,
+    n: usize,
+) {
     let renewed = || async {
         leases
             .get(name)
@@ -122,11 +126,11 @@ async fn renewals(leases: &kube::Api<k8s_openapi::api::coordination::v1::Lease>,
 
 /// A Lease with `timings` (lease, renew deadline, retry period, for both
 /// candidates); the leader is killed and its pod marked Evicted once the
-/// Lease has been renewed twice more (the janitor has seen its renew
-/// period); seconds until the candidate leads. Alone it waits out the
-/// lease; with the janitor the Lease is released once the dead holder has
-/// missed 1.5 of its renew periods, and the candidate leads at its next
-/// retry.
+/// Lease has been renewed three times more (the janitor has seen two gaps:
+/// its renew period); seconds until the candidate leads. Alone it waits
+/// out the lease; with the janitor the Lease is released once the dead
+/// holder has missed 2.5 of its renew periods, and the candidate leads at
+/// its next retry.
 async fn lease_round(
     cp: &lock_janitor_testenv::ControlPlane,
     client: &Client,
@@ -168,7 +172,7 @@ async fn lease_round(
             .then_some(())
     })
     .await;
-    renewals(&leases, &lease, 2).await;
+    renewals(&leases, &lease, 3).await;
     first.kill();
     retry("evicting the leader", || {
         kubelet::set_failed(

@@ -17,6 +17,11 @@ const GAPS: usize = 4;
 /// A gap longer than this is not a renew period (the holder stopped and
 /// came back, or the watch was away): not learnt.
 const LONGEST_GAP: Duration = Duration::from_secs(3600);
+/// A gap shorter than this is not a renew period either: client-go renews
+/// right after it acquires, milliseconds after the acquisition's write.
+const SHORTEST_GAP: Duration = Duration::from_secs(1);
+/// Gaps seen before the longest of them counts as the period.
+const GAPS_NEEDED: usize = 2;
 
 /// What the janitor saw of a Lease's renewals.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -35,8 +40,12 @@ pub struct Renewals {
 pub struct Cadence {
     /// A hash of the holder identity: a new holder starts a new history.
     identity: u64,
+    /// The newest renew time seen (gaps are learnt from it).
     renewed: Option<Timestamp>,
-    /// When the janitor first saw `renewed`.
+    /// The renew time last seen, newer or not: any change is a renewal
+    /// (a renewer whose clock runs behind writes older times).
+    last: Option<Timestamp>,
+    /// When the janitor last saw the renew time change.
     since: Instant,
     /// Recent gaps in milliseconds, newest last; 0 is none.
     gaps: [u32; GAPS],
@@ -64,23 +73,30 @@ impl Cadence {
         Cadence {
             identity: hash(identity),
             renewed,
+            last: renewed,
             since: at,
             gaps: [0; GAPS],
         }
     }
 
-    /// Takes in the Lease as read or watched `at`. An older renew time than
-    /// the one known (a watch event behind a live read) teaches nothing.
+    /// Takes in the Lease as read or watched `at`. Any change of the renew
+    /// time restarts the silence, even to an older time (a renewer elsewhere
+    /// with a clock behind, or a watch event behind a live read: that only
+    /// delays a release); only a newer one teaches a gap.
     pub fn observe(&mut self, lease: &Lease, at: Instant) {
         let (identity, renewed) = holder_and_renewed(lease);
         if hash(identity) != self.identity {
             *self = Cadence::new(lease, at);
             return;
         }
+        if renewed == self.last {
+            return;
+        }
+        self.last = renewed;
+        self.since = at;
         let (Some(new), Some(old)) = (renewed, self.renewed) else {
-            if renewed.is_some() {
+            if self.renewed.is_none() {
                 self.renewed = renewed;
-                self.since = at;
             }
             return;
         };
@@ -88,21 +104,21 @@ impl Cadence {
             return;
         }
         if let Ok(gap) = Duration::try_from(new.duration_since(old)) {
-            if gap <= LONGEST_GAP {
+            if (SHORTEST_GAP..=LONGEST_GAP).contains(&gap) {
                 let ms = u32::try_from(gap.as_millis()).unwrap_or(u32::MAX).max(1);
                 self.gaps.rotate_left(1);
                 self.gaps[GAPS - 1] = ms;
             }
         }
         self.renewed = Some(new);
-        self.since = at;
     }
 
     /// What was seen, as of `now`.
     pub fn renewals(&self, now: Instant) -> Renewals {
         let longest = self.gaps.iter().copied().max().unwrap_or(0);
+        let seen = self.gaps.iter().filter(|g| **g > 0).count();
         Renewals {
-            period: (longest > 0).then(|| Duration::from_millis(u64::from(longest))),
+            period: (seen >= GAPS_NEEDED).then(|| Duration::from_millis(u64::from(longest))),
             quiet_for: Some(now.saturating_duration_since(self.since)),
         }
     }
@@ -140,16 +156,23 @@ mod tests {
                 quiet_for: Some(Duration::from_secs(3))
             }
         );
+        // client-go renews right after it acquires: not a period.
+        c.observe(&lease("a", s(0) + SignedDuration::from_millis(20)), i(0));
         c.observe(&lease("a", s(26)), i(26));
+        assert_eq!(c.renewals(i(26)).period, None, "one gap is not enough");
         c.observe(&lease("a", s(52)), i(53));
         // The same renewal again (a watch event after a live read): nothing.
         c.observe(&lease("a", s(52)), i(60));
         let r = c.renewals(i(60));
         assert_eq!(r.period, Some(Duration::from_secs(26)));
         assert_eq!(r.quiet_for, Some(Duration::from_secs(7)));
-        // An older renewal teaches nothing.
+        // An older renew time (a renewer whose clock is behind) teaches no
+        // gap, but it is a renewal: the silence starts again.
         c.observe(&lease("a", s(40)), i(61));
-        assert_eq!(c.renewals(i(61)).quiet_for, Some(Duration::from_secs(8)));
+        assert_eq!(c.renewals(i(61)).quiet_for, Some(Duration::ZERO));
+        assert_eq!(c.renewals(i(61)).period, Some(Duration::from_secs(26)));
+        c.observe(&lease("a", s(52)), i(62));
+        assert_eq!(c.renewals(i(62)).quiet_for, Some(Duration::ZERO));
         // One slow renewal widens the period; it stays the longest of four.
         c.observe(&lease("a", s(92)), i(92));
         assert_eq!(c.renewals(i(92)).period, Some(Duration::from_secs(40)));
@@ -161,8 +184,9 @@ mod tests {
         assert_eq!(c.renewals(i(200)).period, Some(Duration::from_secs(26)));
         // A new holder: nothing known of its period yet.
         c.observe(&lease("b", s(300)), i(300));
-        assert_eq!(c.renewals(i(301)).period, None);
-        assert_eq!(c.renewals(i(301)).quiet_for, Some(Duration::from_secs(1)));
+        c.observe(&lease("b", s(326)), i(326));
+        assert_eq!(c.renewals(i(326)).period, None);
+        assert_eq!(c.renewals(i(327)).quiet_for, Some(Duration::from_secs(1)));
     }
 
     #[test]

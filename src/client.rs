@@ -1,6 +1,9 @@
 //! The janitor's Kubernetes client: found as kubectl finds it, with a
 //! client-side budget on every request it makes (`--api-qps`, `--api-burst`),
 //! as client-go's token bucket does. Watches count once, when they start.
+//! Every request, budgeted or not, is counted by verb and answer
+//! (`lock_janitor_api_requests_total`), and the time a read waited for the
+//! budget is observed (`lock_janitor_api_budget_wait_seconds`).
 
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -11,6 +14,8 @@ use std::task::{Context, Poll};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::client::ClientBuilder;
 use kube::{Client, Config};
+
+use crate::metrics::Metrics;
 
 /// Requests per second on average, and how many may go at once.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -31,40 +36,153 @@ impl Budget {
 }
 
 /// Builds a client from the kubeconfig / in-cluster config, within `budget`.
-pub async fn build(budget: Budget) -> Result<Client, kube::Error> {
+pub async fn build(budget: Budget, metrics: &Metrics) -> Result<Client, kube::Error> {
     let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
-    budgeted(config, budget)
+    budgeted(config, budget, metrics)
 }
 
-/// The client for the janitor's own control traffic, outside the budget:
-/// the leader Lease (a leader must not lose its lease because reclaims
-/// saturate the budget, as kube-controller-manager gives leader election a
-/// client of its own) and the one-time start-up check.
-pub async fn control() -> Result<Client, kube::Error> {
+/// The client outside the budget: the janitor's own control traffic (the
+/// leader Lease: a leader must not lose its lease because reclaims saturate
+/// the budget, as kube-controller-manager gives leader election a client of
+/// its own; the one-time start-up check), the reads a death makes necessary
+/// (one holder read per lock and dead holder), and the takeover followers,
+/// which keep to a budget of their own.
+pub async fn control(metrics: &Metrics) -> Result<Client, kube::Error> {
     let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
-    Client::try_from(config)
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&CountLayer::new(metrics))
+        .build())
 }
 
-fn budgeted(config: Config, budget: Budget) -> Result<Client, kube::Error> {
+fn budgeted(config: Config, budget: Budget, metrics: &Metrics) -> Result<Client, kube::Error> {
     Ok(ClientBuilder::try_from(config)?
         // A buffer of our own, so that requests wait for the budget side
         // by side rather than in one line (a DELETE must not queue behind).
         .with_layer(&tower::buffer::BufferLayer::new(1024))
-        .with_layer(&BudgetLayer::new(budget))
+        .with_layer(&BudgetLayer::new(budget).observed_by(metrics))
+        .with_layer(&CountLayer::new(metrics))
         .build())
+}
+
+/// The verb of a request as the API server's audit log names it, from its
+/// method and query (`list` and `get` are told apart by the path: a
+/// collection has an even number of segments after the group/version).
+pub fn verb_of<B>(req: &http::Request<B>) -> &'static str {
+    let watch = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    match *req.method() {
+        http::Method::GET if watch => "watch",
+        http::Method::GET | http::Method::HEAD => {
+            // /api/v1/namespaces/ns/pods (list) vs .../pods/name (get).
+            let segs: Vec<&str> = req
+                .uri()
+                .path()
+                .split('/')
+                .filter(|s| !s.is_empty())
+                .collect();
+            let after = match segs.first() {
+                Some(&"api") => 2,
+                Some(&"apis") => 3,
+                _ => return "get",
+            };
+            let rest = segs.len().saturating_sub(after);
+            let namespaced = segs.get(after) == Some(&"namespaces") && rest >= 3;
+            let resource_segs = if namespaced { rest - 2 } else { rest };
+            if resource_segs == 1 {
+                "list"
+            } else {
+                "get"
+            }
+        }
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE => "delete",
+        _ => "other",
+    }
+}
+
+/// Counts every request by verb and answer code.
+#[derive(Clone)]
+pub struct CountLayer {
+    requests: prometheus::IntCounterVec,
+}
+
+impl CountLayer {
+    pub fn new(metrics: &Metrics) -> Self {
+        CountLayer {
+            requests: metrics.api_requests.clone(),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for CountLayer {
+    type Service = Counted<S>;
+    fn layer(&self, inner: S) -> Counted<S> {
+        Counted {
+            inner,
+            requests: self.requests.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Counted<S> {
+    inner: S,
+    requests: prometheus::IntCounterVec,
+}
+
+impl<S, B, RB> tower::Service<http::Request<B>> for Counted<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let verb = verb_of(&req);
+        let requests = self.requests.clone();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let answer = fut.await;
+            let code = match &answer {
+                Ok(r) => r.status().as_u16().to_string(),
+                // No answer: a transport error or a timeout.
+                Err(_) => "none".to_owned(),
+            };
+            requests.with_label_values(&[verb, &code]).inc();
+            answer
+        })
+    }
 }
 
 /// A tower layer that holds each request until the budget has a token.
 #[derive(Clone)]
 pub struct BudgetLayer {
     limiter: Arc<DefaultDirectRateLimiter>,
+    waited: Option<prometheus::Histogram>,
 }
 
 impl BudgetLayer {
     pub fn new(budget: Budget) -> Self {
         BudgetLayer {
             limiter: Arc::new(RateLimiter::direct(budget.quota())),
+            waited: None,
         }
+    }
+
+    /// Observes how long each read waited in `lock_janitor_api_budget_wait_seconds`.
+    pub fn observed_by(mut self, metrics: &Metrics) -> Self {
+        self.waited = Some(metrics.api_budget_wait.clone());
+        self
     }
 }
 
@@ -74,6 +192,7 @@ impl<S> tower::Layer<S> for BudgetLayer {
         Budgeted {
             inner,
             limiter: self.limiter.clone(),
+            waited: self.waited.clone(),
         }
     }
 }
@@ -89,6 +208,7 @@ impl<S> tower::Layer<S> for BudgetLayer {
 pub struct Budgeted<S> {
     inner: S,
     limiter: Arc<DefaultDirectRateLimiter>,
+    waited: Option<prometheus::Histogram>,
 }
 
 impl<S, B> tower::Service<http::Request<B>> for Budgeted<S>
@@ -110,12 +230,17 @@ where
         use tower::ServiceExt;
         let inner = self.inner.clone();
         let limiter = self.limiter.clone();
+        let waited = self.waited.clone();
         let write = !matches!(*req.method(), http::Method::GET | http::Method::HEAD);
         Box::pin(async move {
             if write {
                 let _ = limiter.check();
             } else {
+                let start = std::time::Instant::now();
                 limiter.until_ready().await;
+                if let Some(h) = &waited {
+                    h.observe(start.elapsed().as_secs_f64());
+                }
             }
             inner.oneshot(req).await
         })
@@ -184,6 +309,51 @@ mod tests {
             "the DELETE went through"
         );
         assert!(waiting.now_or_never().is_none(), "the GET still waits");
+    }
+
+    #[test]
+    fn verbs_as_the_audit_log_names_them() {
+        let r = |m: http::Method, uri: &str| {
+            http::Request::builder()
+                .method(m)
+                .uri(uri)
+                .body(())
+                .unwrap()
+        };
+        use http::Method as M;
+        for (m, uri, want) in [
+            (M::GET, "/api/v1/namespaces/ns/pods/p", "get"),
+            (M::GET, "/api/v1/namespaces/ns/pods?fieldSelector=x", "list"),
+            (M::GET, "/api/v1/pods?limit=500", "list"),
+            (
+                M::GET,
+                "/api/v1/namespaces/ns/configmaps?watch=true&labelSelector=a",
+                "watch",
+            ),
+            (
+                M::GET,
+                "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l",
+                "get",
+            ),
+            (M::GET, "/apis/coordination.k8s.io/v1/leases", "list"),
+            (M::GET, "/api/v1/nodes/n", "get"),
+            (M::GET, "/api/v1/namespaces/ns", "get"),
+            (M::GET, "/api/v1/namespaces", "list"),
+            (M::DELETE, "/api/v1/namespaces/ns/configmaps/c", "delete"),
+            (
+                M::PUT,
+                "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l",
+                "update",
+            ),
+            (M::PATCH, "/api/v1/namespaces/ns/configmaps/c", "patch"),
+            (
+                M::POST,
+                "/apis/events.k8s.io/v1/namespaces/ns/events",
+                "create",
+            ),
+        ] {
+            assert_eq!(verb_of(&r(m, uri)), want, "{uri}");
+        }
     }
 
     #[test]

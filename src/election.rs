@@ -213,7 +213,11 @@ pub fn start(
                     warn!(lease = %election.lease, "leader lease not renewed within its deadline: stopped writing");
                 }
             }
-            if gate.may_write() {
+            // Whenever this replica may still be the holder (a release that
+            // failed while not ready, a deadline just missed): `release`
+            // writes only a Lease this identity holds, guarded by its
+            // resourceVersion.
+            if leading || handed_over || gate.may_write() {
                 state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
                 metrics.leader.set(0);
                 match release(&api, &election).await {

@@ -119,10 +119,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         qps: args.api_qps,
         burst: args.api_burst,
     };
-    let client = lock_janitor::client::build(budget).await.context(
+    let client = lock_janitor::client::build(budget, &shared.metrics).await.context(
         "no Kubernetes cluster found: set KUBECONFIG, create ~/.kube/config, or run in a pod with a service account",
     )?;
-    let control = lock_janitor::client::control()
+    let control = lock_janitor::client::control(&shared.metrics)
         .await
         .context("building the control client")?;
     let listener = http::bind(args.metrics_bind_address)

@@ -31,6 +31,8 @@ pub struct Metrics {
     pub last_reclaim: IntGaugeVec,
     pub leader_renew_errors: prometheus::IntCounter,
     pub restore_failures: prometheus::IntCounter,
+    pub api_requests: IntCounterVec,
+    pub api_budget_wait: Histogram,
     /// Per-lock reclaim series and when they were last touched, so that
     /// those of locks reclaimed long ago are removed.
     reclaimed: std::sync::Arc<std::sync::Mutex<Touched>>,
@@ -163,8 +165,37 @@ impl Metrics {
             "lock_janitor_restore_failures_total",
             "Takeovers the janitor could not restore after a restart or failover, and opt-in label carry-overs it gave up.",
         )?;
+        let api_requests = IntCounterVec::new(
+            Opts::new(
+                "lock_janitor_api_requests_total",
+                "Requests the janitor made to the API server, by verb and answer code (none: no answer).",
+            ),
+            &["verb", "code"],
+        )?;
+        let api_budget_wait = Histogram::with_opts(
+            HistogramOpts::new(
+                "lock_janitor_api_budget_wait_seconds",
+                "Time a read waited for the client-side budget (--api-qps, --api-burst) before it was sent.",
+            )
+            .buckets(vec![
+                0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+        )?;
+        #[cfg(target_os = "linux")]
+        {
+            // process_cpu_seconds_total, process_resident_memory_bytes, ...
+            let pc = prometheus::process_collector::ProcessCollector::for_self();
+            names.extend(
+                prometheus::core::Collector::desc(&pc)
+                    .iter()
+                    .map(|d| d.fq_name.clone()),
+            );
+            registry.register(Box::new(pc))?;
+        }
         for c in [
             Box::new(watch_errors.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(api_requests.clone()),
+            Box::new(api_budget_wait.clone()),
             Box::new(leader_renew_errors.clone()),
             Box::new(restore_failures.clone()),
             Box::new(ready.clone()),
@@ -212,6 +243,8 @@ impl Metrics {
             pod_deletions,
             leader_renew_errors,
             restore_failures,
+            api_requests,
+            api_budget_wait,
             reconcile_errors,
             reconcile_duration,
             build_info,

@@ -38,6 +38,16 @@ pub struct Judgement {
 }
 
 impl Judgement {
+    /// The version a report (an Event) is made once for: a ConfigMap's
+    /// resourceVersion; a Lease's uid and holder identity (its renewals
+    /// would otherwise repeat the Event every few seconds).
+    pub fn reported_version(&self) -> String {
+        match &self.lease {
+            Some(l) => lock::lease::version(l),
+            None => self.meta.resource_version.clone().unwrap_or_default(),
+        }
+    }
+
     /// A Lease whose one matching pod matched by its hostname, not its
     /// name (a `spec.hostname` of its own, or a name over 63 characters).
     pub fn matched_by_hostname_only(&self) -> bool {

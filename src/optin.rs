@@ -67,6 +67,10 @@ where
 {
     let ns = meta.namespace.as_deref().unwrap_or_default();
     let name = meta.name.as_deref().unwrap_or_default();
+    if meta.resource_version.as_deref().is_none_or(str::is_empty) {
+        // Without it the patch would be unconditional: read it again.
+        return Written::Conflict;
+    }
     let pp = PatchParams {
         field_manager: Some(crate::NAME.to_owned()),
         ..Default::default()

@@ -103,7 +103,7 @@ impl Reclaimer {
     /// Publishes at most once per resourceVersion of the lock and reason (a
     /// failed write is tried again at the next reconcile).
     async fn publish_once(&self, j: &Judgement, say: Say) {
-        let rv = j.meta.resource_version.clone().unwrap_or_default();
+        let rv = j.reported_version();
         let reason = say.reason;
         if self.memory.was_reported(&j.key, &rv, reason) {
             return;

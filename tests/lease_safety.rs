@@ -36,39 +36,6 @@ const EAGER: [Duration; 3] = [
     Duration::from_secs(2),
 ];
 
-async fn renew_time(s: &Scenario, lease: &str) -> Option<Timestamp> {
-    s.leases()
-        .get(lease)
-        .await
-        .ok()?
-        .spec?
-        .renew_time
-        .map(|t| t.0)
-}
-
-/// Waits until the Lease has been renewed `n` more times (up to a retry
-/// period each); the last renew time seen.
-async fn renewed_times(s: &Scenario, lease: &str, n: usize, timeout: Duration) -> Timestamp {
-    let mut seen = renew_time(s, lease).await;
-    let mut count = 0;
-    let deadline = Instant::now() + timeout;
-    loop {
-        let now = renew_time(s, lease).await;
-        if now != seen {
-            seen = now;
-            count += 1;
-            if count >= n {
-                return seen.expect("renewed");
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{lease} renewed {count} of {n} times within {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// The leader's pod is marked Failed while its process, elsewhere, goes on
 /// renewing the Lease every 26 s under the same identity. The janitor must
 /// not release it: a second candidate (2 s retry) never leads, and the
@@ -102,7 +69,9 @@ async fn a_slow_renewer_under_a_dead_pods_identity_keeps_its_lease() {
     let died = Timestamp::now();
     // Two renewals after the death: past any window the janitor could have
     // used had it ignored them (26 s and 52 s later).
-    let last = renewed_times(&s, "op-lease", 2, Duration::from_secs(90)).await;
+    let last = s
+        .renewed_times("op-lease", 2, Duration::from_secs(90))
+        .await;
     assert!(last > died, "renewed after the death");
     // And one of the janitor's own judgements after that.
     let sweeps = j.logs().matches("lease sweep done").count();
@@ -136,7 +105,7 @@ async fn a_slow_renewer_under_a_dead_pods_identity_keeps_its_lease() {
 
 /// The same timings with the holder really dead (its process killed when
 /// its pod fails): the janitor releases the Lease once the holder has
-/// missed 1.5 of its 26 s renew periods since its last renewal, and the
+/// missed 2.5 of its 26 s renew periods since its last renewal, and the
 /// waiting candidate leads long before the 137 s lease runs out (alone, it
 /// would wait for the whole lease after the last renewal).
 #[tokio::test]
@@ -154,10 +123,11 @@ async fn a_dead_slow_renewer_is_released_once_it_missed_its_renewals() {
     let j = s.janitor().await;
     let mut b = Peer::elect_with(kc, s.cp.dir(), &s.ns, "op-b", "op-lease", EAGER).expect("peer b");
     // The janitor sees two renewals: it has learnt the 26 s period.
-    renewed_times(&s, "op-lease", 2, Duration::from_secs(90)).await;
+    s.renewed_times("op-lease", 2, Duration::from_secs(90))
+        .await;
 
     a.kill();
-    let last_renewal = renew_time(&s, "op-lease").await.expect("renewed");
+    let last_renewal = s.renew_time("op-lease").await.expect("renewed");
     kubelet::set_failed(&s.client, &s.ns, "op-a", "Evicted", "test")
         .await
         .unwrap();
@@ -176,7 +146,7 @@ async fn a_dead_slow_renewer_is_released_once_it_missed_its_renewals() {
         j.logs()
     );
 
-    // One release, made after the holder had missed its renewals: 1.5 x
+    // One release, made after the holder had missed its renewals: 2.5 x
     // 26 s after its last one.
     let writes = s.lease_writes();
     assert_eq!(writes.len(), 1, "{writes:#?}");
@@ -192,7 +162,7 @@ async fn a_dead_slow_renewer_is_released_once_it_missed_its_renewals() {
         .unwrap();
     let waited = released.duration_since(last_renewal);
     assert!(
-        waited >= SignedDuration::from_secs(38),
+        waited >= SignedDuration::from_secs(64),
         "released {waited:?} after the last renewal"
     );
 }
@@ -423,13 +393,13 @@ async fn delete_pod_deletes_only_a_pod_named_by_the_lease() {
             .then_some(())
     })
     .await;
+    let p = pods.get("other-app").await.expect("other-app stays");
+    assert!(p.metadata.deletion_timestamp.is_none());
     assert!(
         j.logs().contains("matched the Lease by hostname only"),
         "{}",
         j.logs()
     );
-    let p = pods.get("other-app").await.expect("other-app stays");
-    assert!(p.metadata.deletion_timestamp.is_none());
     let deletes = writes_by(s.cp, JANITOR_USER, &s.ns)
         .into_iter()
         .filter(|e| e.resource.as_deref() == Some("pods") && e.verb == "delete")

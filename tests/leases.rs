@@ -53,6 +53,9 @@ async fn real_candidate_leads_within_seconds_after_its_leaders_eviction() {
         b.logs()
     );
     assert!(!b.is_leading(), "{}", b.logs());
+    // The janitor learns a's 2 s renew period (two gaps).
+    s.renewed_times("op-lease", 3, Duration::from_secs(30))
+        .await;
 
     // The kubelet evicts op-a: its process is gone, its status Failed.
     a.kill();

@@ -219,18 +219,7 @@ impl Watched for Lease {
     }
 }
 
-/// See `Watched::version` for Leases.
-pub fn lease_version(l: &Lease) -> String {
-    let identity = l
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref())
-        .unwrap_or_default();
-    format!(
-        "{}/{identity}",
-        l.metadata.uid.as_deref().unwrap_or_default()
-    )
-}
+pub use crate::lock::lease::version as lease_version;
 
 pub fn key_of<K: Watched>(o: &K) -> LockKey {
     LockKey {
@@ -279,7 +268,7 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
     // A Lease whose holder matched by spec.hostname only: no terminal-pod
     // event names it (they name pods), so it is judged again each resync.
     let mut settles = settles(&judgement.verdict) && !judgement.matched_by_hostname_only();
-    let reported_rv = judgement.meta.resource_version.clone().unwrap_or_default();
+    let reported_rv = judgement.reported_version();
     let action = act(&ctx, judgement).await?;
     if let Some(reason) = untouchable {
         // Settled only once its Event is written (a standby writes none).

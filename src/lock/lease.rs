@@ -203,6 +203,21 @@ pub fn parse(lease: &Lease) -> Result<LeaseLock, Unmanageable> {
     })
 }
 
+/// What a judgement of a Lease depends on, besides its holder pods: its uid
+/// and holder identity, not its resourceVersion (a holder renews every few
+/// seconds, and a renewal changes neither).
+pub fn version(l: &Lease) -> String {
+    let identity = l
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .unwrap_or_default();
+    format!(
+        "{}/{identity}",
+        l.metadata.uid.as_deref().unwrap_or_default()
+    )
+}
+
 /// The release client-go makes of its own Lease on a clean shutdown
 /// (`ReleaseOnCancel`), whole: it rebuilds the spec from a record that
 /// keeps only the transitions (`LeaderElectionRecordToLeaseSpec`), so the

@@ -18,30 +18,31 @@ const RENEW_SLACK: SignedDuration = SignedDuration::from_secs(2);
 /// client-go's defaults (2 s) and a second of rounding.
 pub const MIN_RENEWAL_WINDOW: Duration = Duration::from_secs(5);
 
-/// How many renew periods the holder must miss: one, and half of one for
-/// the API server's latency and the period's jitter.
-const MISSED_PERIODS: f64 = 1.5;
+/// The holder must stay silent for two and a half of its renew periods:
+/// one it missed, one more for a renewal attempt that failed (client-go
+/// tries again a retry period later, still leading), and half of one for
+/// the API server's latency.
+const MISSED_PERIODS: (u32, u32) = (5, 2);
 
 /// The share of `leaseDurationSeconds` waited when no renew period was
-/// observed. client-go needs lease > renew deadline > 1.2 x retry period;
-/// every elector we know renews within a fifth of its lease (client-go and
-/// controller-runtime 2 s of 15 s, OpenShift's library-go 26 s of 137 s,
-/// 60 s of 270 s on a single node).
-const UNOBSERVED_SHARE: f64 = 0.5;
+/// observed: client-go needs lease > renew deadline > 1.2 x retry period,
+/// so a holder renews at least every 5/6 of its lease.
+const UNOBSERVED_SHARE: (u32, u32) = (5, 6);
 
 /// How long the holder must have been silent since its death before its
-/// Lease is released: `max(5 s, 1.5 x the observed renew period)`, or
-/// `max(5 s, leaseDurationSeconds / 2)` when no period was observed. A
+/// Lease is released: `max(5 s, 2.5 x the observed renew period)`, or
+/// `max(5 s, 5/6 x leaseDurationSeconds)` when no period was observed. A
 /// period longer than the lease itself is taken as the lease.
 pub fn renewal_window(lock: &LeaseLock, renewals: &Renewals) -> Duration {
     let lease = lock
         .duration
         .and_then(|d| Duration::try_from(d).ok())
         .unwrap_or_default();
+    let share = |d: Duration, (n, m): (u32, u32)| d.saturating_mul(n) / m;
     let wait = match renewals.period {
-        Some(p) if lease.is_zero() => p.mul_f64(MISSED_PERIODS),
-        Some(p) => p.min(lease).mul_f64(MISSED_PERIODS),
-        None => lease.mul_f64(UNOBSERVED_SHARE),
+        Some(p) if lease.is_zero() => share(p, MISSED_PERIODS),
+        Some(p) => share(p.min(lease), MISSED_PERIODS),
+        None => share(lease, UNOBSERVED_SHARE),
     };
     wait.max(MIN_RENEWAL_WINDOW)
 }
@@ -356,27 +357,37 @@ mod tests {
             quiet_for: Some(Duration::from_secs(quiet)),
         };
         // OpenShift's library-go: 137 s lease, renewed every 26 s; last
-        // renewal 5 s before the death 30 s ago: 1.5 x 26 s = 39 s after it.
-        assert_eq!(dead_holder(137, 35, watched(Some(26), 35)), window(9_000));
+        // renewal 5 s before the death 30 s ago: 2.5 x 26 s = 65 s after it.
+        assert_eq!(dead_holder(137, 35, watched(Some(26), 35)), window(35_000));
         assert_eq!(
-            dead_holder(137, 45, watched(Some(20), 45)),
+            dead_holder(137, 45, watched(Some(12), 45)),
             stale(StaleReason::Evicted),
-            "1.5 x 20 s = 30 s after the death"
+            "2.5 x 12 s = 30 s after the death"
         );
-        // No period observed: half the lease (68.5 s) after the death.
-        assert_eq!(dead_holder(137, 35, watched(None, 35)), window(38_500));
+        // No period observed: 5/6 of the lease (114.166 s) after the death.
+        assert_eq!(
+            dead_holder(137, 35, watched(None, 35)),
+            Verdict::Held(HeldBecause::RenewalWindow {
+                remaining: Duration::from_secs(137) * 5 / 6 - Duration::from_secs(30)
+            })
+        );
         // The janitor's own clock: it has watched only 10 s of silence.
-        assert_eq!(dead_holder(137, 45, watched(Some(26), 10)), window(29_000));
+        assert_eq!(dead_holder(137, 45, watched(Some(26), 10)), window(55_000));
         // Never sooner than 5 s, whatever the period.
         assert_eq!(dead_holder(60, 31, watched(Some(1), 2)), window(3_000));
         // A period longer than the lease counts as the lease (25 s).
-        assert_eq!(dead_holder(25, 31, watched(Some(600), 40)), window(7_500));
+        assert_eq!(dead_holder(25, 31, watched(Some(600), 40)), window(32_500));
         // Renewed 3 s after the death: something still renews.
         assert_eq!(
             dead_holder(137, 27, watched(Some(26), 0)),
             Verdict::Held(HeldBecause::RenewedAfterDeath)
         );
         // scan watches nothing: the Lease's times alone.
-        assert_eq!(dead_holder(137, 35, Renewals::default()), window(38_500));
+        assert_eq!(
+            dead_holder(137, 35, Renewals::default()),
+            Verdict::Held(HeldBecause::RenewalWindow {
+                remaining: Duration::from_secs(137) * 5 / 6 - Duration::from_secs(30)
+            })
+        );
     }
 }

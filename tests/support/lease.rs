@@ -6,6 +6,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use std::time::{Duration, Instant};
+
 use lock_janitor_testenv::audit::AuditEvent;
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane};
 
@@ -137,5 +139,38 @@ impl Scenario {
                     && !matches!(e.verb.as_str(), "get" | "list" | "watch")
             })
             .collect()
+    }
+
+    pub async fn renew_time(&self, lease: &str) -> Option<Timestamp> {
+        self.leases()
+            .get(lease)
+            .await
+            .ok()?
+            .spec?
+            .renew_time
+            .map(|t| t.0)
+    }
+
+    /// Waits until the Lease has been renewed `n` more times (up to a retry
+    /// period each); the last renew time seen.
+    pub async fn renewed_times(&self, lease: &str, n: usize, timeout: Duration) -> Timestamp {
+        let mut seen = self.renew_time(lease).await;
+        let mut count = 0;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.renew_time(lease).await;
+            if now != seen {
+                seen = now;
+                count += 1;
+                if count >= n {
+                    return seen.expect("renewed");
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{lease} renewed {count} of {n} times within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
