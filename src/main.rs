@@ -189,7 +189,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         shared.metrics.leader.set(1);
         (lock_janitor::election::Gate::always(), None)
     };
-    let ctx = Context::with_gate(client, shared, settings, gate);
+    let ctx = Context::with_clients(client, control.clone(), shared, settings, gate);
     // The drain after a signal is bounded: in-flight reclaims get DRAIN_BOUND
     // to finish (each API call is bounded too), then the process goes on
     // to release its lease and exit. The chart's grace period is above it.
@@ -202,6 +202,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::select! {
         () = &mut drained => {}
         () = deadline => warn!("in-flight work did not finish within {}s of the signal; stopping anyway", DRAIN_BOUND.as_secs()),
+    }
+    // The Events (and pod deletions) of the last reclaims.
+    if tokio::time::timeout(Duration::from_secs(5), ctx.reclaimer.finish())
+        .await
+        .is_err()
+    {
+        warn!("the Events of the last reclaims were not all written within 5s");
     }
     let waiting = ctx.takeovers.awaiting();
     if !waiting.is_empty() {

@@ -29,6 +29,12 @@ struct Memo {
     settled: bool,
     /// The pod watch or a sweep says the holder changed.
     suspect: bool,
+    /// The terminal-pod watch says the holder died (first notice for that
+    /// holder): the reads of the next judgement skip the idle budget.
+    urgent: bool,
+    /// `judged_rv` was read live and was lock-shaped (no data): a
+    /// judgement of that same version needs no read of the lock.
+    shaped: bool,
     /// Reconciles that failed in a row (for the per-lock backoff).
     failures: u32,
     /// The holder last judged, so that the takeover follower knows whose
@@ -53,6 +59,9 @@ struct Rare {
     /// (resourceVersion, Event reason) last reported, so that a condition is
     /// announced once per version of the lock, not once per resync.
     reported: Option<(String, &'static str)>,
+    /// A hash of the holder uid whose death was last noticed: its reads
+    /// skip the budget once.
+    died: Option<u64>,
 }
 
 impl Memo {
@@ -63,7 +72,10 @@ impl Memo {
     /// Frees `rare` once it holds nothing.
     fn tidy(&mut self) {
         if self.rare.as_ref().is_some_and(|r| {
-            r.missing_since.is_none() && r.stale_since.is_none() && r.reported.is_none()
+            r.missing_since.is_none()
+                && r.stale_since.is_none()
+                && r.reported.is_none()
+                && r.died.is_none()
         }) {
             self.rare = None;
         }
@@ -192,8 +204,54 @@ impl Memory {
             if let Some(m) = i.memos.get_mut(key) {
                 if m.judged_rv.as_deref() != Some(resource_version) {
                     m.judged_rv = Some(resource_version.into());
+                    // Known only for a version read live (set_shaped).
+                    m.shaped = false;
                 }
                 m.settled = settled;
+            }
+        });
+    }
+
+    /// The terminal-pod watch says the holder `uid` of this lock died: its
+    /// next judgement is urgent, once per lock and holder.
+    pub fn died(&self, key: &LockKey, uid: &str) {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        uid.hash(&mut h);
+        let uid = h.finish();
+        self.with_memo(key, |m| {
+            let r = m.rare();
+            if r.died != Some(uid) {
+                r.died = Some(uid);
+                m.urgent = true;
+            }
+        });
+    }
+
+    /// Whether this judgement follows a death notice (and clears it).
+    pub fn take_urgent(&self, key: &LockKey) -> bool {
+        self.with(|i| {
+            i.memos
+                .get_mut(key)
+                .is_some_and(|m| std::mem::take(&mut m.urgent))
+        })
+    }
+
+    /// Whether `resource_version` of this lock was read live and held no
+    /// data (see `Memo::shaped`).
+    pub fn known_shaped(&self, key: &LockKey, resource_version: &str) -> bool {
+        self.with(|i| {
+            i.memos
+                .get(key)
+                .is_some_and(|m| m.shaped && m.judged_rv.as_deref() == Some(resource_version))
+        })
+    }
+
+    /// Records whether the version just judged was read live lock-shaped.
+    pub fn set_shaped(&self, key: &LockKey, shaped: bool) {
+        self.with(|i| {
+            if let Some(m) = i.memos.get_mut(key) {
+                m.shaped = shaped;
             }
         });
     }

@@ -107,6 +107,10 @@ pub enum Purpose {
 #[derive(Clone)]
 pub struct Observer {
     client: Client,
+    /// For the reads a holder's death makes necessary (the lock and its
+    /// holder, once per lock and dead holder): outside the idle budget, so a
+    /// mass eviction is not paced by it. The same as `client` unless set.
+    urgent: Client,
     selector: Selector,
     /// Where a holder may be looked for when cluster-wide lists are refused.
     namespaces: Vec<String>,
@@ -121,6 +125,7 @@ impl Observer {
         policy: Policy,
     ) -> Self {
         Observer {
+            urgent: client.clone(),
             client,
             selector,
             namespaces,
@@ -132,6 +137,21 @@ impl Observer {
         &self.policy
     }
 
+    /// Reads made necessary by a death go through `client` (one outside the
+    /// budget).
+    pub fn with_urgent(mut self, client: Client) -> Self {
+        self.urgent = client;
+        self
+    }
+
+    fn api(&self, urgent: bool) -> &Client {
+        if urgent {
+            &self.urgent
+        } else {
+            &self.client
+        }
+    }
+
     /// Reads the lock and its holder live and judges them. `None`: the lock
     /// no longer exists, or its live copy no longer carries the opt-in label.
     pub async fn judge_live(
@@ -139,11 +159,21 @@ impl Observer {
         key: &LockKey,
         clock: &impl HolderClock,
     ) -> Result<Option<Judgement>, Error> {
+        self.judge_live_with(key, clock, false).await
+    }
+
+    /// As `judge_live`; `urgent`: a death made these reads necessary.
+    pub async fn judge_live_with(
+        &self,
+        key: &LockKey,
+        clock: &impl HolderClock,
+        urgent: bool,
+    ) -> Result<Option<Judgement>, Error> {
         if key.kind == LockKind::Lease {
             return self.judge_live_lease(key, clock).await;
         }
         // The whole object: a ConfigMap that holds data is not a lock.
-        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
+        let cms: Api<ConfigMap> = Api::namespaced(self.api(urgent).clone(), &key.namespace);
         let Some(live) = call(format!("reading lock {key}"), cms.get_opt(&key.name)).await? else {
             return Ok(None);
         };
@@ -152,16 +182,60 @@ impl Observer {
             return Ok(None);
         }
         let holds_data = lock::holds_data(&live);
+        let holder = self
+            .read_holder_of(&live.metadata, holds_data, urgent)
+            .await?;
         self.judge(
             key.clone(),
             live.metadata,
             holds_data,
-            None,
+            holder,
             clock,
             Purpose::BeforeWrite,
         )
         .await
         .map(Some)
+    }
+
+    /// Judges a ConfigMap lock from its cached metadata, without reading it:
+    /// only when this very resourceVersion was read live before and held no
+    /// data (the DELETE's uid and resourceVersion preconditions refuse any
+    /// other version, and the watch that cached it selects by the opt-in
+    /// label). The holder is read live, the one read safety needs: a pod
+    /// recreated under the holder's name may believe it leads, and no
+    /// precondition can see that.
+    pub async fn judge_known(
+        &self,
+        key: &LockKey,
+        meta: ObjectMeta,
+        clock: &impl HolderClock,
+        urgent: bool,
+    ) -> Result<Judgement, Error> {
+        let holder = self.read_holder_of(&meta, false, urgent).await?;
+        self.judge(
+            key.clone(),
+            meta,
+            false,
+            holder,
+            clock,
+            Purpose::BeforeWrite,
+        )
+        .await
+    }
+
+    /// The holder read for a lock read as `meta`, through the urgent client
+    /// when `urgent`; `None` when the lock names no holder to read (the
+    /// judgement says why).
+    async fn read_holder_of(
+        &self,
+        meta: &ObjectMeta,
+        holds_data: bool,
+        urgent: bool,
+    ) -> Result<Option<Option<Pod>>, Error> {
+        match lock::parse_shaped(meta, holds_data) {
+            Ok(lock) => self.read_holder_with(&lock, urgent).await.map(Some),
+            Err(_) => Ok(None),
+        }
     }
 
     /// Judges a lock read as `meta` (and whether it `holds_data`). Its
@@ -242,7 +316,11 @@ impl Observer {
 
     /// A live GET of the holder by name in the lock's namespace.
     pub async fn read_holder(&self, lock: &Lock) -> Result<Option<Pod>, Error> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &lock.namespace);
+        self.read_holder_with(lock, false).await
+    }
+
+    async fn read_holder_with(&self, lock: &Lock, urgent: bool) -> Result<Option<Pod>, Error> {
+        let pods: Api<Pod> = Api::namespaced(self.api(urgent).clone(), &lock.namespace);
         call(
             format!("reading holder pod {}/{}", lock.namespace, lock.holder.name),
             pods.get_opt(&lock.holder.name),

@@ -61,6 +61,7 @@ pub struct Mode {
 }
 
 /// The writer of reclaims.
+#[derive(Clone)]
 pub struct Reclaimer {
     client: Client,
     /// Ends the StaleLockReclaimed note (see `takeover::reclaim_marker`).
@@ -70,6 +71,9 @@ pub struct Reclaimer {
     metrics: Metrics,
     memory: Arc<Memory>,
     mode: Mode,
+    /// What follows a reclaim off its critical path (its Event, the dead
+    /// pod's deletion), finished in the drain.
+    after: tokio_util::task::TaskTracker,
 }
 
 impl Reclaimer {
@@ -90,7 +94,15 @@ impl Reclaimer {
             metrics,
             memory,
             mode,
+            after: tokio_util::task::TaskTracker::new(),
         }
+    }
+
+    /// Waits for what follows the reclaims already made (their Events and
+    /// pod deletions); at shutdown, once no reconcile runs.
+    pub async fn finish(&self) {
+        self.after.close();
+        self.after.wait().await;
     }
 
     async fn publish(&self, j: &Judgement, say: Say) -> bool {
@@ -227,11 +239,15 @@ impl Reclaimer {
                 self.marker
             ),
         };
-        self.publish(j, say).await;
-
-        if self.mode.delete_pod {
-            self.delete_dead_pod(j, reason).await;
-        }
+        // Off the critical path: the lock is free, the waiting replica may
+        // take it now; its Event and the dead pod's deletion follow.
+        let (this, j) = (self.clone(), j.clone());
+        self.after.spawn(async move {
+            this.publish(&j, say).await;
+            if this.mode.delete_pod {
+                this.delete_dead_pod(&j, reason).await;
+            }
+        });
         Ok(Outcome::Reclaimed)
     }
 

@@ -96,6 +96,19 @@ impl Context {
 
     /// A janitor that writes only while `gate` allows it.
     pub fn with_gate(client: Client, shared: Shared, settings: Settings, gate: Gate) -> Arc<Self> {
+        Self::with_clients(client.clone(), client, shared, settings, gate)
+    }
+
+    /// As `with_gate`, with `unbudgeted` (outside `--api-qps`) for the reads
+    /// a death makes necessary and for the takeover followers, which keep
+    /// to a budget of their own.
+    pub fn with_clients(
+        client: Client,
+        unbudgeted: Client,
+        shared: Shared,
+        settings: Settings,
+        gate: Gate,
+    ) -> Arc<Self> {
         let metrics = shared.metrics.clone();
         let memory = Arc::new(Memory::new(metrics.clone()));
         let mode = Mode {
@@ -108,7 +121,8 @@ impl Context {
                 settings.selector.clone(),
                 settings.namespaces.clone(),
                 settings.policy.clone(),
-            ),
+            )
+            .with_urgent(unbudgeted.clone()),
             reclaimer: Reclaimer::new(
                 client.clone(),
                 crate::takeover::reclaim_marker(&settings.selector),
@@ -119,7 +133,7 @@ impl Context {
                 mode,
             ),
             takeovers: Takeovers::new(
-                client.clone(),
+                unbudgeted,
                 gate.clone(),
                 shared.readiness.clone(),
                 metrics.clone(),
@@ -141,10 +155,33 @@ impl Context {
     /// Reads the lock and its holder live and judges them with this
     /// janitor's memory. `None`: the lock is gone or no longer opted in.
     pub async fn judge_live(&self, key: &LockKey) -> Result<Option<Judgement>, Error> {
-        let j = self
-            .observer
-            .judge_live(key, &self.memory.clock(key))
-            .await?;
+        self.judge_with(key, None, false).await
+    }
+
+    /// As `judge_live`, but without reading a ConfigMap lock whose `cached`
+    /// version was read live before and held no data; `urgent`: a death
+    /// made these reads necessary (they skip the idle budget).
+    pub async fn judge_with(
+        &self,
+        key: &LockKey,
+        cached: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+        urgent: bool,
+    ) -> Result<Option<Judgement>, Error> {
+        let clock = self.memory.clock(key);
+        let known = cached.filter(|m| {
+            key.kind == LockKind::ConfigMap
+                && m.resource_version
+                    .as_deref()
+                    .is_some_and(|rv| self.memory.known_shaped(key, rv))
+        });
+        let j = match known {
+            Some(meta) => Some(
+                self.observer
+                    .judge_known(key, meta.clone(), &clock, urgent)
+                    .await?,
+            ),
+            None => self.observer.judge_live_with(key, &clock, urgent).await?,
+        };
         if let Some(lock) = j.as_ref().and_then(|j| j.lock.as_ref()) {
             self.memory.set_holder(key, &lock.holder);
         }
@@ -190,6 +227,12 @@ pub trait Watched:
     fn version(&self) -> String;
     /// The holder the cached copy names, when it can tell.
     fn cached_holder(&self) -> Option<Holder>;
+    /// The cached metadata a judgement may stand on instead of a read of
+    /// the lock (ConfigMaps: see `Observer::judge_known`); none for Leases,
+    /// whose release is an update of the very object read.
+    fn cached_meta(&self) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta> {
+        None
+    }
 }
 
 impl Watched for LockMeta {
@@ -199,6 +242,9 @@ impl Watched for LockMeta {
     }
     fn cached_holder(&self) -> Option<Holder> {
         lock::parse(&self.metadata).ok().map(|l| l.holder)
+    }
+    fn cached_meta(&self) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta> {
+        Some(&self.metadata)
     }
 }
 
@@ -249,7 +295,8 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
         // Known before any read can fail: whose lock to follow if it goes.
         ctx.memory.set_holder(&key, &holder);
     }
-    let Some(judgement) = ctx.judge_live(&key).await? else {
+    let urgent = ctx.memory.take_urgent(&key);
+    let Some(judgement) = ctx.judge_with(&key, obj.cached_meta(), urgent).await? else {
         debug!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, "lock is gone");
         ctx.forget(&key);
         return Ok(Action::await_change());
@@ -269,12 +316,16 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
     // event names it (they name pods), so it is judged again each resync.
     let mut settles = settles(&judgement.verdict) && !judgement.matched_by_hostname_only();
     let reported_rv = judgement.reported_version();
+    let shaped = key.kind == LockKind::ConfigMap && judgement.lock.is_some();
     let action = act(&ctx, judgement).await?;
     if let Some(reason) = untouchable {
         // Settled only once its Event is written (a standby writes none).
         settles &= ctx.memory.was_reported(&key, &reported_rv, reason);
     }
     ctx.memory.judged(&key, &judged, settles);
+    // A ConfigMap lock-shaped at this version: its next judgement needs no
+    // read of the lock while the version stands.
+    ctx.memory.set_shaped(&key, shaped);
     ctx.memory.succeeded(&key);
     if settles && !ctx.memory.needs_judging(&key, &judged) {
         // Settled and not suspected while it was judged: no timer.

@@ -124,7 +124,12 @@ pub(super) async fn run_scope(
         move |pod: PartialObjectMeta<Pod>| {
             let ns = pod.namespace().unwrap_or_default();
             let uid = pod.metadata.uid.unwrap_or_default();
-            suspects::<LockMeta>(&ctx, holders.locks_of(&ns, &uid))
+            let keys = holders.locks_of(&ns, &uid);
+            // A death: the reads it makes necessary skip the idle budget.
+            for k in &keys {
+                ctx.memory.died(k, &uid);
+            }
+            suspects::<LockMeta>(&ctx, keys)
         }
     };
 
