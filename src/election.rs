@@ -127,7 +127,9 @@ pub fn start(
                     if gate.may_write() {
                         state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
                         match release(&api, &election).await {
-                            Ok(()) => info!(lease = %election.lease, "released the leader lease while not ready"),
+                            Ok(()) => {
+                                info!(lease = %election.lease, "released the leader lease while not ready")
+                            }
                             Err(e) => {
                                 metrics.leader_renew_errors.inc();
                                 warn!(lease = %election.lease, error = %e,

@@ -246,7 +246,11 @@ impl Memory {
 
     /// Takes in a Lease as watched or read live now; what was seen of its
     /// renewals so far.
-    pub fn saw_lease(&self, key: &LockKey, lease: &k8s_openapi::api::coordination::v1::Lease) -> Renewals {
+    pub fn saw_lease(
+        &self,
+        key: &LockKey,
+        lease: &k8s_openapi::api::coordination::v1::Lease,
+    ) -> Renewals {
         let now = Instant::now();
         self.with(|i| match i.cadences.get_mut(key) {
             Some(c) => {

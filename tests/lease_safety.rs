@@ -80,8 +80,8 @@ async fn a_slow_renewer_under_a_dead_pods_identity_keeps_its_lease() {
     s.pod("op-a").await;
     s.pod("op-b").await;
     let kc = s.cp.kubeconfig_path();
-    let mut a = Peer::elect_with(kc, s.cp.dir(), &s.ns, "op-a", "op-lease", LIBRARY_GO)
-        .expect("peer a");
+    let mut a =
+        Peer::elect_with(kc, s.cp.dir(), &s.ns, "op-a", "op-lease", LIBRARY_GO).expect("peer a");
     a.wait_leading(Duration::from_secs(60))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -106,9 +106,11 @@ async fn a_slow_renewer_under_a_dead_pods_identity_keeps_its_lease() {
     assert!(last > died, "renewed after the death");
     // And one of the janitor's own judgements after that.
     let sweeps = j.logs().matches("lease sweep done").count();
-    wait_for("a sweep after the renewals", Duration::from_secs(30), || async {
-        (j.logs().matches("lease sweep done").count() > sweeps + 1).then_some(())
-    })
+    wait_for(
+        "a sweep after the renewals",
+        Duration::from_secs(30),
+        || async { (j.logs().matches("lease sweep done").count() > sweeps + 1).then_some(()) },
+    )
     .await;
 
     assert!(
@@ -143,15 +145,14 @@ async fn a_dead_slow_renewer_is_released_once_it_missed_its_renewals() {
     s.pod("op-a").await;
     s.pod("op-b").await;
     let kc = s.cp.kubeconfig_path();
-    let mut a = Peer::elect_with(kc, s.cp.dir(), &s.ns, "op-a", "op-lease", LIBRARY_GO)
-        .expect("peer a");
+    let mut a =
+        Peer::elect_with(kc, s.cp.dir(), &s.ns, "op-a", "op-lease", LIBRARY_GO).expect("peer a");
     a.wait_leading(Duration::from_secs(60))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     s.label("op-lease").await;
     let j = s.janitor().await;
-    let mut b =
-        Peer::elect_with(kc, s.cp.dir(), &s.ns, "op-b", "op-lease", EAGER).expect("peer b");
+    let mut b = Peer::elect_with(kc, s.cp.dir(), &s.ns, "op-b", "op-lease", EAGER).expect("peer b");
     // The janitor sees two renewals: it has learnt the 26 s period.
     renewed_times(&s, "op-lease", 2, Duration::from_secs(90)).await;
 
@@ -407,9 +408,11 @@ async fn delete_pod_deletes_only_a_pod_named_by_the_lease() {
     )
     .await;
     for l in ["l-named", "l-host"] {
-        wait_for(&format!("{l} released"), Duration::from_secs(30), || async {
-            s.identity(l).await.is_empty().then_some(())
-        })
+        wait_for(
+            &format!("{l} released"),
+            Duration::from_secs(30),
+            || async { s.identity(l).await.is_empty().then_some(()) },
+        )
         .await;
     }
     wait_for("the named pod deleted", Duration::from_secs(30), || async {

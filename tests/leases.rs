@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
 use kube::{Api, Client};
-use lock_janitor_testenv::peers::Peer;
 use lock_janitor_testenv::kubelet;
+use lock_janitor_testenv::peers::Peer;
 use support::lease::*;
 use support::*;
 

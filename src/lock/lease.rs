@@ -328,14 +328,21 @@ mod tests {
             Err(Unmanageable::NodeHeartbeat)
         );
         assert_eq!(
-            parse(&lease("kube-system", "apiserver-x7k2", held("apiserver-x7k2_uid"))),
+            parse(&lease(
+                "kube-system",
+                "apiserver-x7k2",
+                held("apiserver-x7k2_uid")
+            )),
             Err(Unmanageable::ApiServerIdentity)
         );
         let mut identity = lease("kube-system", "kube-apiserver-a", held("a"));
         identity.metadata.labels = Some(
-            [(APISERVER_IDENTITY_LABEL.to_string(), "kube-apiserver".to_string())]
-                .into_iter()
-                .collect(),
+            [(
+                APISERVER_IDENTITY_LABEL.to_string(),
+                "kube-apiserver".to_string(),
+            )]
+            .into_iter()
+            .collect(),
         );
         assert_eq!(parse(&identity), Err(Unmanageable::ApiServerIdentity));
         // An operator's own Lease in kube-system is a lock.

@@ -10,9 +10,9 @@ use kube::Api;
 use tracing::{debug, info, warn};
 
 use super::{Shared, FIRST_LOOK, FOLLOW_FOR};
+use crate::call;
 use crate::lock::{self, LockKey};
 use crate::optin::{self, Plan, Written};
-use crate::call;
 
 /// How long a follower that does not lead waits for the lead before it
 /// leaves the label carry-over to the leader.

@@ -255,7 +255,8 @@ impl Takeovers {
                 let leases: Api<Lease> = Api::namespaced(client, &key.namespace);
                 let lease = call("reading a released lease", leases.get_opt(&key.name)).await?;
                 Ok(
-                    if lease.is_none_or(|l| lock::lease::parse(&l).is_ok_and(|p| p.host.is_none())) {
+                    if lease.is_none_or(|l| lock::lease::parse(&l).is_ok_and(|p| p.host.is_none()))
+                    {
                         Restore::Await
                     } else {
                         Restore::Nothing

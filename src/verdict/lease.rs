@@ -49,12 +49,7 @@ pub fn renewal_window(lock: &LeaseLock, renewals: &Renewals) -> Duration {
 /// Judges a Lease from the pods of its namespace (all of them, or at least
 /// every one the identity could name) at `now`, with what the janitor saw
 /// of its renewals.
-pub fn judge_lease(
-    lock: &LeaseLock,
-    pods: &[Pod],
-    now: Timestamp,
-    renewals: &Renewals,
-) -> Verdict {
+pub fn judge_lease(lock: &LeaseLock, pods: &[Pod], now: Timestamp, renewals: &Renewals) -> Verdict {
     let Some(host) = lock.host.as_deref() else {
         return Verdict::Held(HeldBecause::Released);
     };
@@ -97,7 +92,8 @@ pub fn judge_lease(
     }
     let window = renewal_window(lock, renewals);
     let silent_from = lock.renewed.map_or(died, |r| r.max(died));
-    let Ok(until) = SignedDuration::try_from(window).and_then(|w| silent_from.checked_add(w)) else {
+    let Ok(until) = SignedDuration::try_from(window).and_then(|w| silent_from.checked_add(w))
+    else {
         return Verdict::Held(HeldBecause::DeathTimeUnknown);
     };
     let by_times = Duration::try_from(until.duration_since(now)).unwrap_or_default();
@@ -374,10 +370,7 @@ mod tests {
         // Never sooner than 5 s, whatever the period.
         assert_eq!(dead_holder(60, 31, watched(Some(1), 2)), window(3_000));
         // A period longer than the lease counts as the lease (25 s).
-        assert_eq!(
-            dead_holder(25, 31, watched(Some(600), 40)),
-            window(7_500)
-        );
+        assert_eq!(dead_holder(25, 31, watched(Some(600), 40)), window(7_500));
         // Renewed 3 s after the death: something still renews.
         assert_eq!(
             dead_holder(137, 27, watched(Some(26), 0)),

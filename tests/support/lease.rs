@@ -59,7 +59,13 @@ impl Scenario {
     }
 
     /// A Lease as client-go writes it, renewed `renewed_ago` ago, for an hour.
-    pub async fn lease(&self, name: &str, identity: &str, renewed_ago: i64, labeled: bool) -> Lease {
+    pub async fn lease(
+        &self,
+        name: &str,
+        identity: &str,
+        renewed_ago: i64,
+        labeled: bool,
+    ) -> Lease {
         self.lease_lasting(name, identity, renewed_ago, 3600, labeled)
             .await
     }
@@ -133,4 +139,3 @@ impl Scenario {
             .collect()
     }
 }
-
