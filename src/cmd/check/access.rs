@@ -15,6 +15,9 @@ use super::{Check, Install};
 use crate::call;
 use crate::lock::LockKind;
 
+/// How often an allowed dry-run DELETE is tried again (a second apart).
+const GUARD_RETRIES: usize = 3;
+
 /// One permission: (API group, resource, verb, namespace (None: all), name).
 type Need = (
     &'static str,
@@ -130,7 +133,7 @@ async fn allowed(client: &Client, i: &Install, need: &Need) -> anyhow::Result<bo
     Ok(r.status.is_some_and(|s| s.allowed))
 }
 
-/// 3. The ServiceAccount may do what the configured scope needs.
+/// Check 3: the ServiceAccount may do what the configured scope needs.
 pub async fn rbac(i: &Install) -> Check {
     const NAME: &str = "rbac";
     let needs = needs(i);
@@ -205,7 +208,7 @@ async fn target(i: &Install) -> anyhow::Result<Option<(String, String)>> {
     Ok(None)
 }
 
-/// 4. The delete guard exists where served and denies what it must.
+/// Check 4: the delete guard exists where served and denies what it must.
 pub async fn delete_guard(i: &Install) -> Check {
     const NAME: &str = "delete-guard";
     let r = async {
@@ -287,7 +290,18 @@ pub async fn delete_guard(i: &Install) -> Check {
             "a dry-run DELETE of ConfigMap {ns}/{cm} (not opted in) as {}",
             i.user()
         );
-        Ok(match call("dry-run delete", api.delete(&cm, &dp)).await {
+        // The API server applies a new or changed policy within a moment
+        // (its policy informer): an allowed DELETE is tried again, a few
+        // times, before it counts.
+        let mut result = call("dry-run delete", api.delete(&cm, &dp)).await;
+        for _ in 0..GUARD_RETRIES {
+            if result.is_err() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            result = call("dry-run delete", api.delete(&cm, &dp)).await;
+        }
+        Ok(match result {
             Ok(_) => Check::fail(
                 NAME,
                 format!("{tried} was allowed: ValidatingAdmissionPolicy {name} does not stop it"),

@@ -61,7 +61,7 @@ fn replicas(i: &Install) -> i32 {
         .unwrap_or(1)
 }
 
-/// 1. The Deployment exists (it was found) and its pods are ready.
+/// Check 1: the Deployment exists (it was found) and its pods are ready.
 pub fn install_found(i: &Install) -> Check {
     const NAME: &str = "install-found";
     let want = replicas(i);
@@ -133,7 +133,7 @@ pub fn install_found(i: &Install) -> Check {
     Check::ok(NAME, format!("{what}: {ready_replicas}/{want} pods ready"))
 }
 
-/// 2. With leader election, a pod of the Deployment holds a fresh Lease.
+/// Check 2: with leader election, a pod of the Deployment holds a fresh Lease.
 pub async fn leader(i: &Install) -> Check {
     const NAME: &str = "leader";
     let want = replicas(i);
@@ -225,7 +225,7 @@ pub async fn leader(i: &Install) -> Check {
     )
 }
 
-/// 5. The auto opt-in MutatingAdmissionPolicy, where enabled.
+/// Check 5: the auto opt-in MutatingAdmissionPolicy, where enabled.
 pub async fn auto_opt_in(i: &Install) -> Check {
     const NAME: &str = "auto-opt-in";
     let r = async {
@@ -289,7 +289,7 @@ pub async fn auto_opt_in(i: &Install) -> Check {
     )
 }
 
-/// 8. With the Prometheus Operator, a ServiceMonitor and a PrometheusRule
+/// Check 8: with the Prometheus Operator, a ServiceMonitor and a PrometheusRule
 /// of the release, labeled `release` for kube-prometheus-stack.
 pub async fn monitoring(i: &Install) -> Check {
     const NAME: &str = "monitoring";
@@ -318,9 +318,19 @@ pub async fn monitoring(i: &Install) -> Check {
             ),
         ] {
             let api = dynamic(&i.client, gv, kind, plural, ns);
-            let items = call(format!("listing {plural}"), api.list(&lp))
+            // A ServiceMonitor may live in another namespace
+            // (serviceMonitor.namespace): this release's scrapes its own.
+            let items: Vec<DynamicObject> = call(format!("listing {plural}"), api.list(&lp))
                 .await?
-                .items;
+                .items
+                .into_iter()
+                .filter(|o| {
+                    o.metadata.namespace.as_deref() == Some(i.namespace.as_str())
+                        || o.data["spec"]["namespaceSelector"]["matchNames"]
+                            .as_array()
+                            .is_some_and(|n| n.iter().any(|n| n == i.namespace.as_str()))
+                })
+                .collect();
             if items.is_empty() {
                 missing.push(kind);
             }

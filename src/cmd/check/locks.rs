@@ -59,7 +59,7 @@ pub async fn locks(cluster: &Cluster, i: &Install) -> Vec<Check> {
     ]
 }
 
-/// 6. Every lock-shaped ConfigMap and Lease in scope is opted in, opted out
+/// Check 6: every lock-shaped ConfigMap and Lease in scope is opted in, opted out
 /// on purpose, or listed.
 async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
     const NAME: &str = "locks";
@@ -154,7 +154,7 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
     ))
 }
 
-/// 7. No lock in scope is stale now.
+/// Check 7: no lock in scope is stale now.
 async fn stale(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
     const NAME: &str = "stale-now";
     let args = ScanArgs {
