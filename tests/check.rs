@@ -417,6 +417,29 @@ async fn usage_errors_and_no_install() {
     assert_eq!(out.code, 1, "{out}");
     assert_eq!(out.status("install-found"), "fail", "{out}");
     assert!(out.hint("install-found").contains("helm install"), "{out}");
+
+    // Several installs and none named: a usage error naming them.
+    let a = install("usage-a", &[]).await;
+    let b = install("usage-b", &[]).await;
+    let out = Outcome::new(
+        Command::new(janitor_bin())
+            .args(["check", "--kubeconfig"])
+            .arg(cp.kubeconfig_path())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(out.code, 2, "{out}");
+    for i in [&a, &b] {
+        assert!(out.stderr.contains(&format!("{}/{RELEASE}", i.ns)), "{out}");
+    }
+    // A release that is not there.
+    let out = a.check(&["--release", "other"]);
+    assert_eq!(out.code, 1, "{out}");
+    assert!(
+        out.detail("install-found")
+            .contains("app.kubernetes.io/instance=other"),
+        "{out}"
+    );
 }
 
 #[tokio::test]

@@ -317,6 +317,11 @@ pub async fn monitoring(i: &Install) -> Check {
                 Some(i.namespace.as_str()),
             ),
         ] {
+            // Each CRD on its own: one may be installed without the other.
+            if plural != "servicemonitors" && !served(&i.client, gv, plural).await? {
+                missing.push(kind);
+                continue;
+            }
             let api = dynamic(&i.client, gv, kind, plural, ns);
             // A ServiceMonitor may live in another namespace
             // (serviceMonitor.namespace): this release's scrapes its own.
