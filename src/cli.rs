@@ -80,6 +80,9 @@ pub enum Command {
     Scan(ScanArgs),
     /// Add the opt-in label to unlabeled lock candidates (dry run unless --apply).
     Label(LabelArgs),
+    /// Check an install: pods ready and leading, RBAC, the delete guard,
+    /// locks opted in and none stale, monitoring (exit 1 if a check fails).
+    Check(CheckArgs),
     /// Print the version.
     Version,
 }
@@ -246,6 +249,30 @@ pub enum LabelOutput {
     Name,
 }
 
+#[derive(Clone, Debug, Args)]
+pub struct CheckArgs {
+    /// Namespace of the install (default: find the janitor's Deployment,
+    /// labeled app.kubernetes.io/name=lock-janitor, in all namespaces).
+    #[arg(long = "namespace", short = 'n', value_parser = parse_namespace)]
+    pub namespace: Option<String>,
+    /// Helm release name of the install (its app.kubernetes.io/instance label).
+    #[arg(long)]
+    pub release: Option<String>,
+    /// Output format: a line per check, or a `CheckReport` document.
+    #[arg(long, short = 'o', value_enum, default_value_t = CheckOutput::Table)]
+    pub output: CheckOutput,
+    #[command(flatten)]
+    pub cluster: Cluster,
+}
+
+/// `check -o`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum CheckOutput {
+    #[default]
+    Table,
+    Json,
+}
+
 /// Longest accepted duration: a day. Longer waits are mistakes, and bounded
 /// values keep every deadline computable.
 const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
@@ -390,6 +417,8 @@ mod tests {
             vec!["lock-janitor", "run", "--leader-elect-namespace", "Bad_NS"],
             vec!["lock-janitor", "run", "--log-level", "loud"],
             vec!["lock-janitor", "scan", "-o", "xml"],
+            vec!["lock-janitor", "check", "-o", "yaml"],
+            vec!["lock-janitor", "check", "-n", "Bad_NS"],
         ] {
             let err = Cli::try_parse_checked(&args).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{args:?}");

@@ -40,7 +40,7 @@ fn init_logs(format: LogFormat, level: LogLevel) {
 async fn main() -> ExitCode {
     // Usage errors print a message and exit 2.
     // Installed (or linked) as kubectl-lock_janitor, it answers
-    // `kubectl lock-janitor scan|label|version`, and says so in its usage.
+    // `kubectl lock-janitor scan|label|check|version`, and says so in its usage.
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if argv
         .first()
@@ -63,6 +63,10 @@ async fn main() -> ExitCode {
         Command::Label(args) => {
             init_logs(LogFormat::Plain, level);
             lock_janitor::cmd::label::label_command(args).await
+        }
+        Command::Check(args) => {
+            init_logs(LogFormat::Plain, level);
+            lock_janitor::cmd::check::check_command(args).await
         }
         Command::Version => {
             println!("lock-janitor {}", env!("CARGO_PKG_VERSION"));

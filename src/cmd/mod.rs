@@ -1,7 +1,8 @@
-//! The admin commands (`scan`, `label`) and what they share: connecting as
+//! The admin commands (`scan`, `label`, `check`) and what they share: connecting as
 //! kubectl does, explaining API errors, paged listing of lock candidates,
 //! printing.
 
+pub mod check;
 pub mod label;
 pub mod leases;
 pub mod report;
@@ -36,6 +37,16 @@ pub struct Cluster {
 /// Connects as kubectl would: `--kubeconfig` (else $KUBECONFIG, then
 /// ~/.kube/config, then the in-cluster service account) and `--context`.
 pub async fn connect(flags: &crate::cli::Cluster) -> anyhow::Result<Cluster> {
+    let config = config(flags).await?;
+    let url = config.cluster_url.to_string();
+    let client = Client::try_from(config)
+        .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
+    Ok(Cluster { client, url })
+}
+
+/// The client configuration [`connect`] uses (`check` also impersonates
+/// with it).
+pub async fn config(flags: &crate::cli::Cluster) -> anyhow::Result<kube::Config> {
     let options = kube::config::KubeConfigOptions {
         context: flags.context.clone(),
         ..Default::default()
@@ -58,10 +69,7 @@ pub async fn connect(flags: &crate::cli::Cluster) -> anyhow::Result<Cluster> {
             )
         })?,
     };
-    let url = config.cluster_url.to_string();
-    let client = Client::try_from(config)
-        .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
-    Ok(Cluster { client, url })
+    Ok(config)
 }
 
 /// Turns an API error into a message that says what failed and what to do.

@@ -84,7 +84,7 @@ async fn fetch_holders(
 
 /// Lists, reads holders, judges (through `observe`, as the controller
 /// does). Everything `scan` reports.
-async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Report> {
+pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::Result<Report> {
     let started = Instant::now();
     let needs = "list and get on configmaps and get and list on pods";
     let selector = &args.admin.scope.selector;

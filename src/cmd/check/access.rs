@@ -1,0 +1,344 @@
+//! What the janitor's ServiceAccount may do: the RBAC its configured scope
+//! needs (SubjectAccessReview for the ServiceAccount, not the caller), and
+//! the delete guard that narrows it (a dry-run DELETE it must deny).
+
+use futures::StreamExt;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+
+use super::install::{dynamic, served};
+use super::{Check, Install};
+use crate::call;
+use crate::lock::LockKind;
+
+/// How often an allowed dry-run DELETE is tried again (a second apart).
+const GUARD_RETRIES: usize = 3;
+
+/// One permission: (API group, resource, verb, namespace (None: all), name).
+type Need = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Option<String>,
+    Option<String>,
+);
+
+/// What `run` with these flags does with the API (the chart's rules).
+pub fn needs(i: &Install) -> Vec<Need> {
+    let r = &i.run;
+    let mut namespaces: Vec<Option<String>> =
+        r.scope.namespaces.iter().cloned().map(Some).collect();
+    namespaces.sort();
+    namespaces.dedup();
+    if namespaces.is_empty() {
+        namespaces.push(None);
+    }
+    let mut rules: Vec<(&str, &str, &[&str])> = Vec::new();
+    if r.lock_kinds.contains(&LockKind::ConfigMap) {
+        rules.push((
+            "",
+            "configmaps",
+            &["get", "list", "watch", "delete", "patch"],
+        ));
+    }
+    if r.lock_kinds.contains(&LockKind::Lease) {
+        rules.push((
+            "coordination.k8s.io",
+            "leases",
+            &["get", "list", "watch", "update"],
+        ));
+    }
+    rules.push((
+        "",
+        "pods",
+        if r.delete_pod {
+            &["get", "list", "watch", "delete"]
+        } else {
+            &["get", "list", "watch"]
+        },
+    ));
+    rules.push(("events.k8s.io", "events", &["create", "patch", "list"]));
+    let mut out = Vec::new();
+    for ns in &namespaces {
+        for (group, resource, verbs) in &rules {
+            for verb in *verbs {
+                out.push((*group, *resource, *verb, ns.clone(), None));
+            }
+        }
+    }
+    if r.leader_elect {
+        let ns = r
+            .leader_elect_namespace
+            .clone()
+            .unwrap_or_else(|| i.namespace.clone());
+        let lease = Some(r.leader_elect_lease.clone());
+        for verb in ["get", "update"] {
+            out.push((
+                "coordination.k8s.io",
+                "leases",
+                verb,
+                Some(ns.clone()),
+                lease.clone(),
+            ));
+        }
+        out.push(("coordination.k8s.io", "leases", "create", Some(ns), None));
+    }
+    out
+}
+
+fn need_text((group, resource, verb, ns, name): &Need) -> String {
+    let res = if group.is_empty() {
+        resource.to_string()
+    } else {
+        format!("{resource}.{group}")
+    };
+    let res = match name {
+        Some(n) => format!("{res}/{n}"),
+        None => res,
+    };
+    match ns {
+        Some(ns) => format!("{verb} {res} in {ns}"),
+        None => format!("{verb} {res} (all namespaces)"),
+    }
+}
+
+async fn allowed(client: &Client, i: &Install, need: &Need) -> anyhow::Result<bool> {
+    let (group, resource, verb, ns, name) = need;
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(i.user()),
+            groups: Some(i.groups()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(group.to_string()),
+                resource: Some(resource.to_string()),
+                verb: Some(verb.to_string()),
+                namespace: ns.clone(),
+                name: name.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SubjectAccessReview> = Api::all(client.clone());
+    let r = call(
+        format!("reviewing {}", need_text(need)),
+        api.create(&PostParams::default(), &review),
+    )
+    .await?;
+    Ok(r.status.is_some_and(|s| s.allowed))
+}
+
+/// Check 3: the ServiceAccount may do what the configured scope needs.
+pub async fn rbac(i: &Install) -> Check {
+    const NAME: &str = "rbac";
+    let needs = needs(i);
+    let results: Vec<anyhow::Result<bool>> = futures::stream::iter(&needs)
+        .map(|n| allowed(&i.client, i, n))
+        .buffered(8)
+        .collect()
+        .await;
+    let mut missing = Vec::new();
+    for (n, r) in needs.iter().zip(results) {
+        match r {
+            Ok(true) => {}
+            Ok(false) => missing.push(need_text(n)),
+            Err(e) => return Check::or_failed(NAME, Err(e), "create on subjectaccessreviews"),
+        }
+    }
+    if missing.is_empty() {
+        return Check::ok(
+            NAME,
+            format!(
+                "{} may do the {} things its scope ({}) needs",
+                i.user(),
+                needs.len(),
+                i.scope_text()
+            ),
+        );
+    }
+    let role = if i.run.scope.namespaces.is_empty() {
+        format!("ClusterRole {}", i.name)
+    } else {
+        format!("Role {} in each watched namespace", i.name)
+    };
+    Check::fail(
+        NAME,
+        format!("{} may not: {}", i.user(), missing.join(", ")),
+        format!(
+            "the chart's {role} grants these; restore them: {}",
+            i.helm_upgrade("")
+        ),
+    )
+}
+
+/// A ConfigMap in the janitor's scope that is not opted in: the DELETE the
+/// guard must deny.
+async fn target(i: &Install) -> anyhow::Result<Option<(String, String)>> {
+    let Some((key, value)) = i.run.scope.selector.opt_in_label() else {
+        return Ok(None);
+    };
+    let lp = ListParams::default()
+        .labels(&format!("{key}!={value}"))
+        .limit(20);
+    let namespaces: Vec<Option<&str>> = if i.run.scope.namespaces.is_empty() {
+        vec![Some(i.namespace.as_str()), None]
+    } else {
+        i.run
+            .scope
+            .namespaces
+            .iter()
+            .map(|n| Some(n.as_str()))
+            .collect()
+    };
+    for ns in namespaces {
+        let api: Api<ConfigMap> = crate::scoped(&i.client, ns);
+        let list = call("listing configmaps", api.list_metadata(&lp)).await?;
+        if let Some(cm) = list.items.into_iter().next() {
+            return Ok(Some((
+                cm.metadata.namespace.unwrap_or_default(),
+                cm.metadata.name.unwrap_or_default(),
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Check 4: the delete guard exists where served and denies what it must.
+pub async fn delete_guard(i: &Install) -> Check {
+    const NAME: &str = "delete-guard";
+    let r = async {
+        let gv = "admissionregistration.k8s.io/v1";
+        if !served(&i.client, gv, "validatingadmissionpolicies").await? {
+            return Ok(Check::warn(
+                NAME,
+                format!(
+                    "this API server serves no ValidatingAdmissionPolicy v1 (Kubernetes before 1.30): \
+                     RBAC alone lets {} delete every ConfigMap in {}",
+                    i.user(),
+                    i.scope_text()
+                ),
+                "upgrade the cluster to Kubernetes 1.30 or later; the chart then installs the guard",
+            ));
+        }
+        let name = format!("{}-{}-guard", i.name, i.namespace);
+        let unguarded = format!(
+            "RBAC alone lets {} delete every ConfigMap in {}",
+            i.user(),
+            i.scope_text()
+        );
+        let restore = i.helm_upgrade("--set admissionPolicies.deleteGuard.enabled=true");
+        let policies = dynamic(
+            &i.client,
+            gv,
+            "ValidatingAdmissionPolicy",
+            "validatingadmissionpolicies",
+            None,
+        );
+        if call(format!("reading {name}"), policies.get_opt(&name))
+            .await?
+            .is_none()
+        {
+            return Ok(Check::fail(
+                NAME,
+                format!("no ValidatingAdmissionPolicy {name}: {unguarded}"),
+                restore,
+            ));
+        }
+        let bindings = dynamic(
+            &i.client,
+            gv,
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+            None,
+        );
+        let binding = call(format!("reading binding {name}"), bindings.get_opt(&name)).await?;
+        let denies = binding.as_ref().is_some_and(|b| {
+            b.data["spec"]["policyName"] == name.as_str()
+                && b.data["spec"]["validationActions"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|v| v == "Deny"))
+        });
+        if !denies {
+            return Ok(Check::fail(
+                NAME,
+                format!("ValidatingAdmissionPolicy {name} has no binding {name} that denies: {unguarded}"),
+                restore,
+            ));
+        }
+        let Some((ns, cm)) = target(i).await? else {
+            return Ok(Check::warn(
+                NAME,
+                format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: no ConfigMap outside the opt-in in {}", i.scope_text()),
+                "create any ConfigMap there and run check again",
+            ));
+        };
+        let mut config = i.config.clone();
+        config.auth_info.impersonate = Some(i.user());
+        config.auth_info.impersonate_groups = Some(i.groups());
+        let as_janitor = Client::try_from(config)?;
+        let api: Api<ConfigMap> = Api::namespaced(as_janitor, &ns);
+        let dp = DeleteParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let tried = format!(
+            "a dry-run DELETE of ConfigMap {ns}/{cm} (not opted in) as {}",
+            i.user()
+        );
+        // The API server applies a new or changed policy within a moment
+        // (its policy informer): an allowed DELETE is tried again, a few
+        // times, before it counts.
+        let mut result = call("dry-run delete", api.delete(&cm, &dp)).await;
+        for _ in 0..GUARD_RETRIES {
+            if result.is_err() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            result = call("dry-run delete", api.delete(&cm, &dp)).await;
+        }
+        Ok(match result {
+            Ok(_) => Check::fail(
+                NAME,
+                format!("{tried} was allowed: ValidatingAdmissionPolicy {name} does not stop it"),
+                format!("compare the policy with the chart's (kubectl get validatingadmissionpolicy {name} -o yaml); {restore}"),
+            ),
+            Err(crate::Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 403 && s.message.contains(&name) => {
+                Check::ok(NAME, format!("ValidatingAdmissionPolicy {name} denies {tried}"))
+            }
+            Err(crate::Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 403 && s.message.contains("impersonate") => Check::warn(
+                NAME,
+                format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: you may not impersonate {} ({})", i.user(), s.message),
+                "run check as a user who may impersonate serviceaccounts, users and groups (cluster-admin may) to see the guard deny",
+            ),
+            Err(crate::Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 403 => Check::warn(
+                NAME,
+                format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: RBAC denied {tried} first ({})", s.message),
+                "see the rbac check",
+            ),
+            Err(e) => Check::warn(
+                NAME,
+                format!("ValidatingAdmissionPolicy {name} and its binding exist; {tried} failed: {e}"),
+                "run check again; if it persists, look at the API server",
+            ),
+        })
+    };
+    Check::or_failed(
+        NAME,
+        r.await,
+        "get on validatingadmissionpolicies and their bindings",
+    )
+}

@@ -1,0 +1,380 @@
+//! The checks of what the chart installed: the Deployment and its pods, the
+//! leader Lease, the auto opt-in policy, the Prometheus Operator objects.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::core::GroupVersionKind;
+use kube::{Api, Client};
+
+use super::{Check, Install, INSTANCE_LABEL};
+use crate::call;
+
+/// Whether the API server serves `resource` (plural) in `group_version`.
+pub async fn served(client: &Client, group_version: &str, resource: &str) -> anyhow::Result<bool> {
+    match call(
+        format!("discovering {group_version}"),
+        client.list_api_group_resources(group_version),
+    )
+    .await
+    {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == resource)),
+        Err(crate::Error::Kube {
+            source: kube::Error::Api(s),
+            ..
+        }) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// An `Api` of a kind this crate has no type for.
+pub fn dynamic(
+    client: &Client,
+    gv: &str,
+    kind: &str,
+    plural: &str,
+    ns: Option<&str>,
+) -> Api<DynamicObject> {
+    let (group, version) = gv.split_once('/').unwrap_or(("", gv));
+    let ar =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    }
+}
+
+fn ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn replicas(i: &Install) -> i32 {
+    i.deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.replicas)
+        .unwrap_or(1)
+}
+
+/// Check 1: the Deployment exists (it was found) and its pods are ready.
+pub fn install_found(i: &Install) -> Check {
+    const NAME: &str = "install-found";
+    let want = replicas(i);
+    let ready_replicas = i
+        .deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    let what = format!(
+        "deployment {}/{}{}",
+        i.namespace,
+        i.name,
+        i.release
+            .as_ref()
+            .map(|r| format!(" (release {r})"))
+            .unwrap_or_default()
+    );
+    let look = format!(
+        "kubectl -n {ns} describe pods -l {sel}; kubectl -n {ns} logs -l {sel} (a pod is ready once every watch has synced)",
+        ns = i.namespace,
+        sel = i.pod_selector()
+    );
+    if want == 0 {
+        return Check::warn(
+            NAME,
+            format!("{what} is scaled to 0 replicas: no janitor runs"),
+            format!(
+                "kubectl -n {} scale deployment/{} --replicas=2",
+                i.namespace, i.name
+            ),
+        );
+    }
+    if ready_replicas < want {
+        let not_ready: Vec<String> = i
+            .pods
+            .iter()
+            .filter(|p| !ready(p))
+            .map(|p| {
+                let phase = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_else(|| "no status".into());
+                format!(
+                    "{} ({phase})",
+                    p.metadata.name.as_deref().unwrap_or_default()
+                )
+            })
+            .collect();
+        let pods = if not_ready.is_empty() {
+            String::new()
+        } else {
+            format!("; not ready: {}", not_ready.join(", "))
+        };
+        return Check::fail(
+            NAME,
+            format!("{what}: {ready_replicas}/{want} pods ready{pods}"),
+            look,
+        );
+    }
+    if let Some(e) = &i.args_error {
+        return Check::warn(
+            NAME,
+            format!("{what}: {ready_replicas}/{want} pods ready, but its flags do not parse ({e}); the checks assume the defaults"),
+            "compare the Deployment's args with `lock-janitor run --help`",
+        );
+    }
+    Check::ok(NAME, format!("{what}: {ready_replicas}/{want} pods ready"))
+}
+
+/// Check 2: with leader election, a pod of the Deployment holds a fresh Lease.
+pub async fn leader(i: &Install) -> Check {
+    const NAME: &str = "leader";
+    let want = replicas(i);
+    if !i.run.leader_elect {
+        if want > 1 {
+            return Check::warn(
+                NAME,
+                format!("{want} replicas without --leader-elect: every replica writes"),
+                "the chart turns on --leader-elect with replicas > 1; do not remove it with extraArgs",
+            );
+        }
+        return Check::ok(NAME, "one replica, no leader election: it writes itself");
+    }
+    let ns = i
+        .run
+        .leader_elect_namespace
+        .clone()
+        .unwrap_or_else(|| i.namespace.clone());
+    let name = &i.run.leader_elect_lease;
+    let api: Api<Lease> = Api::namespaced(i.client.clone(), &ns);
+    let lease = match call(format!("reading lease {ns}/{name}"), api.get_opt(name)).await {
+        Ok(l) => l,
+        Err(e) => {
+            return Check::or_failed(
+                NAME,
+                Err(e.into()),
+                "get on leases in the install's namespace",
+            )
+        }
+    };
+    let logs = format!(
+        "read the replicas' logs: kubectl -n {} logs -l {} --prefix | grep -i lease",
+        i.namespace,
+        i.pod_selector()
+    );
+    let Some(lease) = lease else {
+        return Check::fail(
+            NAME,
+            format!("no leader Lease {ns}/{name}: no replica has led yet"),
+            format!("a ready replica takes it within seconds; {logs}"),
+        );
+    };
+    let spec = lease.spec.unwrap_or_default();
+    let holder = spec.holder_identity.unwrap_or_default();
+    if holder.is_empty() {
+        return Check::fail(
+            NAME,
+            format!("the leader Lease {ns}/{name} is held by nobody"),
+            logs,
+        );
+    }
+    let now = Timestamp::now();
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+    let renewed = spec.renew_time.map(|t| t.0);
+    let age = renewed.map(|t| now.duration_since(t).as_secs());
+    match age {
+        Some(age) if age <= duration => {}
+        _ => {
+            let ago = age
+                .map(|a| format!("{}s ago", a - duration))
+                .unwrap_or_else(|| "(never renewed)".into());
+            return Check::fail(
+                NAME,
+                format!(
+                    "the leader Lease {ns}/{name} held by {holder} expired {ago}: nobody leads"
+                ),
+                format!("the leader stopped renewing; {logs}"),
+            );
+        }
+    }
+    let pods: Vec<&str> = i
+        .pods
+        .iter()
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    if !pods.contains(&holder.as_str()) {
+        return Check::fail(
+            NAME,
+            format!("the leader Lease {ns}/{name} is held by {holder}, which is no pod of the Deployment ({})", pods.join(", ")),
+            format!("another process elects on this Lease? Each release needs its own --leader-elect-lease; {logs}"),
+        );
+    }
+    Check::ok(
+        NAME,
+        format!(
+            "pod {holder} leads (Lease {ns}/{name}, renewed {}s ago, lasts {duration}s)",
+            age.unwrap_or(0)
+        ),
+    )
+}
+
+/// Check 5: the auto opt-in MutatingAdmissionPolicy, where enabled.
+pub async fn auto_opt_in(i: &Install) -> Check {
+    const NAME: &str = "auto-opt-in";
+    let r = async {
+        let mut gv = None;
+        for v in [
+            "admissionregistration.k8s.io/v1",
+            "admissionregistration.k8s.io/v1beta1",
+        ] {
+            if served(&i.client, v, "mutatingadmissionpolicies").await? {
+                gv = Some(v);
+                break;
+            }
+        }
+        let Some(gv) = gv else {
+            return Ok(Check::ok(
+                NAME,
+                "skipped: this API server serves no MutatingAdmissionPolicy; new locks are opted in with `lock-janitor label`",
+            ));
+        };
+        let name = format!("{}-{}-auto-opt-in", i.name, i.namespace);
+        let policy = dynamic(
+            &i.client,
+            gv,
+            "MutatingAdmissionPolicy",
+            "mutatingadmissionpolicies",
+            None,
+        );
+        let Some(p) = call(format!("reading {name}"), policy.get_opt(&name)).await? else {
+            return Ok(Check::ok(
+                NAME,
+                "skipped: not enabled (admissionPolicies.autoOptIn.enabled); new locks are opted in with `lock-janitor label`",
+            ));
+        };
+        let bindings = dynamic(
+            &i.client,
+            gv,
+            "MutatingAdmissionPolicyBinding",
+            "mutatingadmissionpolicybindings",
+            None,
+        );
+        if call(format!("reading binding {name}"), bindings.get_opt(&name))
+            .await?
+            .is_none()
+        {
+            return Ok(Check::warn(
+                NAME,
+                format!("MutatingAdmissionPolicy {name} has no binding {name}: it labels nothing"),
+                i.helm_upgrade("--set admissionPolicies.autoOptIn.enabled=true"),
+            ));
+        }
+        let selector = &p.data["spec"]["matchConstraints"]["namespaceSelector"];
+        Ok(Check::ok(
+            NAME,
+            format!("MutatingAdmissionPolicy {name} opts in new lock-shaped ConfigMaps in namespaces matching {selector}"),
+        ))
+    };
+    Check::or_failed(
+        NAME,
+        r.await,
+        "get on mutatingadmissionpolicies and their bindings",
+    )
+}
+
+/// Check 8: with the Prometheus Operator, a ServiceMonitor and a PrometheusRule
+/// of the release, labeled `release` for kube-prometheus-stack.
+pub async fn monitoring(i: &Install) -> Check {
+    const NAME: &str = "monitoring";
+    let gv = "monitoring.coreos.com/v1";
+    let r = async {
+        if !served(&i.client, gv, "servicemonitors").await? {
+            return Ok(Check::ok(
+                NAME,
+                "skipped: the Prometheus Operator is not installed (monitoring.coreos.com/v1 not served)",
+            ));
+        }
+        let mut selector = super::NAME_LABEL.to_owned();
+        if let Some(r) = &i.release {
+            selector.push_str(&format!(",{INSTANCE_LABEL}={r}"));
+        }
+        let lp = ListParams::default().labels(&selector);
+        let mut found = Vec::new();
+        let mut missing = Vec::new();
+        let mut unlabeled = Vec::new();
+        for (kind, plural, ns) in [
+            ("ServiceMonitor", "servicemonitors", None),
+            (
+                "PrometheusRule",
+                "prometheusrules",
+                Some(i.namespace.as_str()),
+            ),
+        ] {
+            // Each CRD on its own: one may be installed without the other.
+            if plural != "servicemonitors" && !served(&i.client, gv, plural).await? {
+                missing.push(kind);
+                continue;
+            }
+            let api = dynamic(&i.client, gv, kind, plural, ns);
+            // A ServiceMonitor may live in another namespace
+            // (serviceMonitor.namespace): this release's scrapes its own.
+            let items: Vec<DynamicObject> = call(format!("listing {plural}"), api.list(&lp))
+                .await?
+                .items
+                .into_iter()
+                .filter(|o| {
+                    o.metadata.namespace.as_deref() == Some(i.namespace.as_str())
+                        || o.data["spec"]["namespaceSelector"]["matchNames"]
+                            .as_array()
+                            .is_some_and(|n| n.iter().any(|n| n == i.namespace.as_str()))
+                })
+                .collect();
+            if items.is_empty() {
+                missing.push(kind);
+            }
+            for o in items {
+                let id = format!(
+                    "{kind} {}/{}",
+                    o.metadata.namespace.as_deref().unwrap_or_default(),
+                    o.metadata.name.as_deref().unwrap_or_default()
+                );
+                match o.metadata.labels.as_ref().and_then(|l| l.get("release")) {
+                    Some(r) => found.push(format!("{id} (release={r})")),
+                    None => unlabeled.push(id),
+                }
+            }
+        }
+        if !missing.is_empty() {
+            return Ok(Check::warn(
+                NAME,
+                format!(
+                    "the Prometheus Operator is installed but the release has no {}: no scrapes, no alerts",
+                    missing.join(" or ")
+                ),
+                i.helm_upgrade("--set serviceMonitor.enabled=true --set prometheusRule.enabled=true"),
+            ));
+        }
+        if !unlabeled.is_empty() {
+            return Ok(Check::warn(
+                NAME,
+                format!(
+                    "{} carry no `release` label: kube-prometheus-stack selects ServiceMonitors and PrometheusRules by it",
+                    unlabeled.join(", ")
+                ),
+                i.helm_upgrade(
+                    "--set serviceMonitor.additionalLabels.release=<kube-prometheus-stack release> \
+                     --set prometheusRule.additionalLabels.release=<kube-prometheus-stack release>",
+                ),
+            ));
+        }
+        Ok(Check::ok(NAME, found.join(", ")))
+    };
+    Check::or_failed(NAME, r.await, "list on servicemonitors and prometheusrules")
+}
