@@ -72,7 +72,7 @@ http:
 EOF
 "$REGISTRY" serve "$work/registry.yml" >"$work/registry.log" 2>&1 &
 registry_pid=$!
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
   curl -fsS "http://$reg/v2/" >/dev/null 2>&1 && break
   kill -0 "$registry_pid" 2>/dev/null || fail "the registry exited: $(tail -n 5 "$work/registry.log")"
   sleep 0.1

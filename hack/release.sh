@@ -15,8 +15,8 @@
 # The version is Cargo.toml's; the chart's version and appVersion must equal it.
 # Tools: hack/release-tools.sh (zig + cargo-zigbuild, cargo-cyclonedx, the OCI
 # layout writer), helm from testenv/build.sh. Cross builds: `cargo zigbuild
-# --release --locked --target <triple>` for the four triples, the command the
-# Dockerfile runs; the Linux ones are static (musl). macOS links against
+# --release --locked --target <triple>` for the four triples (one invocation),
+# the command the Dockerfile runs; the Linux ones are static (musl). macOS links against
 # generated stubs of CoreFoundation and Security (hack/darwin-stubs.py), so no
 # Apple SDK is needed. Timestamps come from SOURCE_DATE_EPOCH (default: the
 # commit time), so the archives and the image are reproducible.
@@ -93,12 +93,6 @@ grep -q "^appVersion: \"$version\"\$" "$chart/Chart.yaml" || fail "$chart/Chart.
 
 # --- tools ----------------------------------------------------------------
 eval "$(hack/release-tools.sh zig cyclonedx ociimage targets)"
-helm="${HELM:-}"
-if [ -z "$helm" ]; then
-  helm="$(testenv/build.sh --print)/helm"
-  [ -x "$helm" ] || helm="$(testenv/build.sh helm)/helm"
-fi
-[ -x "$helm" ] || fail "helm not found at $helm"
 export PATH="$ZIG_BIN:$PATH"
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 
@@ -107,18 +101,22 @@ stubs="$root/target/darwin-stubs"
 cargo metadata --format-version 1 --locked >"$root/target/release-metadata.json" \
   || fail "cargo metadata failed"
 python3 hack/darwin-stubs.py "$stubs" <"$root/target/release-metadata.json"
+# One cargo invocation for the four targets: cargo schedules them together
+# and builds the host parts (build scripts, proc macros) once.
+targets=()
 for p in "${PLATFORMS[@]}"; do
   t="${TRIPLE[$p]}"
+  targets+=(--target "$t")
   if [ "${p%/*}" = darwin ]; then
     var="CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$t")_RUSTFLAGS"
     export "$var=-C link-arg=-F$stubs"
   fi
-  start=$SECONDS
-  say "$p: cargo zigbuild --release --locked --target $t"
-  nice -n 10 cargo zigbuild --release --locked --target "$t" \
-    || fail "$p: cargo zigbuild --release --locked --target $t failed"
-  say "$p: built in $((SECONDS - start))s"
 done
+start=$SECONDS
+say "cargo zigbuild --release --locked ${targets[*]}"
+nice -n 10 cargo zigbuild --release --locked "${targets[@]}" \
+  || fail "cargo zigbuild --release --locked ${targets[*]} failed"
+say "built ${PLATFORMS[*]} in $((SECONDS - start))s"
 
 # --- dist/ ------------------------------------------------------------------
 rm -rf "$dist"
@@ -150,6 +148,13 @@ digest="$("$OCIIMAGE" -out "$dist/image" -version "$version" -source "$source_ur
   "linux/amd64=$(bin_of linux/amd64)" "linux/arm64=$(bin_of linux/arm64)")" || fail "writing dist/image failed"
 say "image index $digest"
 
+# helm: $HELM, else the testenv's pinned build (built alone when missing).
+helm="${HELM:-}"
+if [ -z "$helm" ]; then
+  helm="$(testenv/build.sh --print)/helm"
+  [ -x "$helm" ] || helm="$(testenv/build.sh helm)/helm"
+fi
+[ -x "$helm" ] || fail "helm not found at $helm"
 "$helm" package "$chart" --destination "$dist" >/dev/null || fail "helm package $chart failed"
 [ -f "$dist/lock-janitor-$version.tgz" ] || fail "helm package wrote no dist/lock-janitor-$version.tgz"
 
