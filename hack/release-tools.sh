@@ -8,7 +8,8 @@
 # Tools (versions in hack/release-versions.env), each under
 # ${LOCK_JANITOR_CACHE:-~/.cache/lock-janitor}/release-tools/<tool>-<version>:
 #   zig       ziglang + cargo-zigbuild from PyPI into a venv; prints ZIG_BIN
-#             (add it to PATH: cargo-zigbuild and `python3 -m ziglang`)
+#             (put it first on PATH: cargo-zigbuild then runs zig as
+#             `python3 -m ziglang` with the venv's python3)
 #   cyclonedx cargo-cyclonedx from crates.io (cargo install --locked); CARGO_CYCLONEDX
 #   crane     go-containerregistry's crane (go install); CRANE
 #   registry  the distribution registry (go install); REGISTRY
@@ -64,11 +65,6 @@ tool_zig() {
     rm -rf "$venv"
     timed "zig venv (ziglang $ZIGLANG_VERSION, cargo-zigbuild $CARGO_ZIGBUILD_VERSION)" "$log/zig-venv.log" \
       sh -c "python3 -m venv '$venv' && '$venv/bin/pip' install --disable-pip-version-check 'ziglang==$ZIGLANG_VERSION' 'cargo-zigbuild==$CARGO_ZIGBUILD_VERSION'"
-  fi
-  # cargo-zigbuild runs `zig` from PATH, else `python3 -m ziglang`: give it a zig.
-  if [ ! -x "$venv/bin/zig" ]; then
-    printf '#!/bin/sh\nexec "%s" -m ziglang "$@"\n' "$venv/bin/python3" >"$venv/bin/zig"
-    chmod +x "$venv/bin/zig"
   fi
   echo "ZIG_BIN=$venv/bin"
 }
