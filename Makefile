@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor
+.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor release release-check
 
 all: build
 
@@ -48,6 +48,17 @@ test-chart: testenv-build
 
 test-docker: setup
 	hack/docker-build-check.sh
+
+## Release artifacts in dist/ for the version in Cargo.toml: archives for linux|darwin x
+## amd64|arm64, checksums.txt, sbom.cdx.json, image/ (OCI layout, linux/amd64+arm64),
+## the chart package and the krew manifest. Cross-compiled here, no Docker engine.
+release: setup
+	hack/release.sh
+
+## Installs dist/ from a local OCI registry, for real: push the image and the chart,
+## cosign sign + verify, helm install oci:// into a test control plane, digest check.
+release-check: release testenv-build
+	hack/release-check.sh
 
 ## The janitor's main job on a local control plane: an evicted leader's lock is reclaimed and a waiting replica takes over.
 demo: testenv-build

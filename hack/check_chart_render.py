@@ -3,7 +3,9 @@
 
     helm template lj charts/lock-janitor -n NS [-f VALUES] | hack/check_chart_render.py CASE NS
 
-CASE is one of: defaults, all-on, namespaced. Called by hack/test-chart.sh.
+CASE is one of: defaults, all-on, namespaced, openshift (the defaults rendered
+with `--api-versions security.openshift.io/v1`: the pod must also pass
+OpenShift's restricted-v2 SCC). Called by hack/test-chart.sh.
 Prints one line per failed check and exits 1 if any failed.
 """
 import sys
@@ -20,6 +22,72 @@ errors = []
 def check(ok, msg):
     if not ok:
         errors.append(msg)
+
+
+def containers_of(pod):
+    return pod.get("initContainers", []) + pod.get("containers", []) + pod.get("ephemeralContainers", [])
+
+
+def pod_security_restricted(pod):
+    """Pod Security Standards "restricted" (baseline included), the checks that
+    apply to a pod template (https://kubernetes.io/docs/concepts/security/pod-security-standards/).
+    tests/chart.rs also has the API server's PodSecurity admission judge it."""
+    psc = pod.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        check(not pod.get(key), f"PSS baseline: pod sets {key}")
+    for v in pod.get("volumes", []):
+        kinds = set(v) - {"name"}
+        check(kinds <= {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"},
+              f"PSS restricted: volume {v.get('name')} of type {kinds}")
+    check(psc.get("seccompProfile", {}).get("type") in ("RuntimeDefault", "Localhost"), "PSS restricted: no pod seccompProfile RuntimeDefault")
+    check(psc.get("runAsUser") != 0, "PSS restricted: runAsUser 0")
+    for c in containers_of(pod):
+        sc = c.get("securityContext", {})
+        name = c.get("name")
+        check(not sc.get("privileged"), f"PSS: container {name} is privileged")
+        check(sc.get("allowPrivilegeEscalation") is False, f"PSS restricted: container {name} allowPrivilegeEscalation is not false")
+        check(sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True, f"PSS restricted: container {name} is not runAsNonRoot")
+        check(sc.get("runAsUser", psc.get("runAsUser")) != 0, f"PSS restricted: container {name} runs as UID 0")
+        caps = sc.get("capabilities", {})
+        check("ALL" in caps.get("drop", []), f"PSS restricted: container {name} does not drop ALL capabilities")
+        check(set(caps.get("add", [])) <= {"NET_BIND_SERVICE"}, f"PSS restricted: container {name} adds {caps.get('add')}")
+        check(sc.get("seccompProfile", {}).get("type", "RuntimeDefault") in ("RuntimeDefault", "Localhost"),
+              f"PSS restricted: container {name} seccomp {sc.get('seccompProfile')}")
+        check(not any(p.get("hostPort") for p in c.get("ports", [])), f"PSS: container {name} uses a hostPort")
+        check(sc.get("procMount", "Default") == "Default", f"PSS: container {name} procMount")
+
+
+def restricted_v2(pod):
+    """OpenShift's restricted-v2 SCC, the default for every authenticated user:
+    UID and fsGroup from the namespace's range (MustRunAsRange / MustRunAs: a
+    pod that fixes them outside the range is rejected, so the chart fixes
+    none), no privilege escalation, every capability dropped (only
+    NET_BIND_SERVICE may be added), seccomp runtime/default, SELinux assigned
+    (no seLinuxOptions of our own), no host namespaces, ports or paths, and
+    only the volume types listed below."""
+    psc = pod.get("securityContext", {})
+    for key in ("runAsUser", "runAsGroup", "fsGroup", "supplementalGroups", "seLinuxOptions"):
+        check(key not in psc, f"restricted-v2: pod securityContext fixes {key}={psc.get(key)!r}")
+    check(psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", "restricted-v2: pod seccompProfile is not RuntimeDefault")
+    check(psc.get("runAsNonRoot") is True, "restricted-v2 + Pod Security: pod runAsNonRoot is not true")
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        check(not pod.get(key), f"restricted-v2: pod sets {key}")
+    for v in pod.get("volumes", []):
+        kinds = set(v) - {"name"}
+        check(kinds <= {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"},
+              f"restricted-v2: volume {v.get('name')} of type {kinds}")
+    for c in containers_of(pod):
+        sc = c.get("securityContext", {})
+        name = c.get("name")
+        for key in ("runAsUser", "runAsGroup", "seLinuxOptions"):
+            check(key not in sc, f"restricted-v2: container {name} fixes {key}={sc.get(key)!r}")
+        check(sc.get("allowPrivilegeEscalation") is False, f"restricted-v2: container {name} allowPrivilegeEscalation is not false")
+        check(not sc.get("privileged"), f"restricted-v2: container {name} is privileged")
+        caps = sc.get("capabilities", {})
+        check(caps.get("drop") == ["ALL"], f"restricted-v2: container {name} capabilities.drop is {caps.get('drop')}, want [ALL]")
+        check(set(caps.get("add", [])) <= {"NET_BIND_SERVICE"}, f"restricted-v2: container {name} adds {caps.get('add')}")
+        check(sc.get("seccompProfile", {}).get("type", "RuntimeDefault") == "RuntimeDefault", f"restricted-v2: container {name} seccomp")
+        check(not any(p.get("hostPort") for p in c.get("ports", [])), f"restricted-v2: container {name} uses a hostPort")
 
 
 def main():
@@ -60,7 +128,11 @@ def main():
     check(pod.get("automountServiceAccountToken") is True, "pod does not automount its token")
     psc = pod.get("securityContext", {})
     check(psc.get("runAsNonRoot") is True, "pod runAsNonRoot is not true")
-    check(psc.get("runAsUser") == 65532 and psc.get("runAsGroup") == 65532, "pod runAsUser/runAsGroup are not 65532")
+    # No fixed IDs: the image's USER (65532) runs it, and OpenShift assigns its own.
+    for key in ("runAsUser", "runAsGroup", "fsGroup"):
+        check(key not in psc, f"pod securityContext fixes {key}={psc.get(key)!r}: OpenShift's restricted-v2 assigns it")
+    check(pod.get("nodeSelector") == {"kubernetes.io/os": "linux"} or case == "all-on",
+          f"nodeSelector {pod.get('nodeSelector')}, want only kubernetes.io/os: linux (the image is multi-arch)")
     check(psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", "pod seccompProfile is not RuntimeDefault")
     containers = pod.get("containers", [])
     check(len(containers) == 1, "want one container")
@@ -69,6 +141,9 @@ def main():
     check(sc.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation is not false")
     check(sc.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem is not true")
     check(sc.get("capabilities", {}).get("drop") == ["ALL"], "capabilities do not drop ALL")
+    pod_security_restricted(pod)
+    if case == "openshift":
+        restricted_v2(pod)
     check(c.get("livenessProbe", {}).get("httpGet", {}).get("path") == "/healthz", "liveness probe is not /healthz")
     check(c.get("readinessProbe", {}).get("httpGet", {}).get("path") == "/readyz", "readiness probe is not /readyz")
     env = {e["name"]: e for e in c.get("env", [])}
@@ -177,6 +252,11 @@ def main():
         np = one("NetworkPolicy")
         ing_ports = [p.get("port") for p in np.get("spec", {}).get("ingress", [{}])[0].get("ports", [])]
         check(ing_ports == ["metrics"], f"NetworkPolicy ingress ports {ing_ports}, want [metrics]")
+        # DNS: 53 and OpenShift's 5353, UDP and TCP each.
+        egress_ports = {(p.get("port"), p.get("protocol")) for r in np.get("spec", {}).get("egress", []) for p in r.get("ports", [])}
+        for port in (53, 5353):
+            for proto in ("UDP", "TCP"):
+                check((port, proto) in egress_ports, f"NetworkPolicy egress lacks DNS {port}/{proto}: {sorted(egress_ports)}")
     if case in ("all-on", "namespaced"):
         # The PrometheusRule carries exactly the rules of the plain file.
         with open(RULES_FILE) as f:

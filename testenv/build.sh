@@ -5,6 +5,9 @@
 #
 #   testenv/build.sh          build when missing, print the bin dir
 #   testenv/build.sh --print  only print the bin dir
+#   testenv/build.sh helm     build only the named binaries (of etcd kube-apiserver
+#                             kube-controller-manager kubectl helm peers), e.g. the
+#                             helm that `make release` packages the chart with
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
@@ -15,12 +18,20 @@ cache="${LOCK_JANITOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lock-janitor}/teste
 bin="$cache/bin"
 if [ "${1:-}" = "--print" ]; then echo "$bin"; exit 0; fi
 
-want=(etcd kube-apiserver kube-controller-manager kubectl helm)
+all=(etcd kube-apiserver kube-controller-manager kubectl helm peers)
+want=("${all[@]}")
+if [ $# -gt 0 ]; then
+  for b in "$@"; do
+    case " ${all[*]} " in *" $b "*) ;; *) echo "testenv: unknown binary '$b' (one of: ${all[*]})" >&2; exit 2 ;; esac
+  done
+  want=("$@")
+fi
+wanted() { case " ${want[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 missing=()
-for b in "${want[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
+for b in "${want[@]}"; do [ "$b" = peers ] || [ -x "$bin/$b" ] || missing+=("$b"); done
 # The real leader-election peers (peers/): rebuilt whenever their sources change.
 peers_sum="$(cat "$here/peers/go.mod" "$here/peers/go.sum" "$here"/peers/*.go | sha256sum | cut -c1-16)"
-if [ ! -x "$bin/peers" ] || [ "$(cat "$bin/peers.sum" 2>/dev/null)" != "$peers_sum" ]; then missing+=(peers); fi
+if wanted peers && { [ ! -x "$bin/peers" ] || [ "$(cat "$bin/peers.sum" 2>/dev/null)" != "$peers_sum" ]; }; then missing+=(peers); fi
 if [ ${#missing[@]} -eq 0 ]; then
   echo "testenv: binaries cached in $bin" >&2
   echo "$bin"; exit 0
@@ -62,17 +73,17 @@ for p in $kv $cv; do
   ld="$ld -X $p.gitVersion=${K8S_VERSION} -X $p.gitMajor=1 -X $p.gitMinor=${minor} -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
 
-if [ ! -x "$bin/etcd" ]; then
+if wanted etcd && [ ! -x "$bin/etcd" ]; then
   run etcd "$here/k8s" "$cache/log/etcd.log" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
   mv "$tmp/etcd" "$bin/etcd"
 fi
 for c in kube-apiserver kube-controller-manager kubectl; do
-  if [ ! -x "$bin/$c" ]; then
+  if wanted "$c" && [ ! -x "$bin/$c" ]; then
     run "$c" "$here/k8s" "$cache/log/$c.log" -ldflags "$ld" -o "$tmp/$c" "k8s.io/kubernetes/cmd/$c"
     mv "$tmp/$c" "$bin/$c"
   fi
 done
-if [ ! -x "$bin/helm" ]; then
+if wanted helm && [ ! -x "$bin/helm" ]; then
   # As helm's Makefile does: the Kubernetes version helm assumes for
   # .Capabilities and lint comes from its client-go (v0.37.x -> 1.37).
   hv=helm.sh/helm/v3/internal/version
@@ -85,7 +96,7 @@ if [ ! -x "$bin/helm" ]; then
   run helm "$here/helm" "$cache/log/helm.log" -ldflags "$hld" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm
   mv "$tmp/helm" "$bin/helm"
 fi
-if [ ! -x "$bin/peers" ] || [ "$(cat "$bin/peers.sum" 2>/dev/null)" != "$peers_sum" ]; then
+if wanted peers && { [ ! -x "$bin/peers" ] || [ "$(cat "$bin/peers.sum" 2>/dev/null)" != "$peers_sum" ]; }; then
   run peers "$here/peers" "$cache/log/peers.log" -ldflags "-s -w" -o "$tmp/peers" .
   mv "$tmp/peers" "$bin/peers"
   echo "$peers_sum" >"$bin/peers.sum"

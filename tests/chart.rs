@@ -1244,7 +1244,9 @@ async fn rendered_manifests_pass_server_side_dry_run() {
 }
 
 /// The Deployment's pod passes Pod Security "restricted", enforced by the
-/// API server's PodSecurity admission in a namespace labeled for it.
+/// API server's PodSecurity admission in a namespace labeled for it, also as
+/// rendered for OpenShift, and fixes no runAsUser/runAsGroup/fsGroup (the
+/// image's USER runs it; OpenShift's restricted-v2 assigns its own).
 #[tokio::test]
 async fn deployment_pod_meets_pod_security_restricted() {
     let cp = shared().await;
@@ -1282,6 +1284,12 @@ async fn deployment_pod_meets_pod_security_restricted() {
             "all-on",
             vec!["-f".to_string(), all_on.to_string_lossy().into_owned()],
         ),
+        // As on OpenShift (its security API served): the same pod, no fixed
+        // UID/GID for restricted-v2 (hack/check_chart_render.py checks the SCC rules).
+        (
+            "openshift",
+            vec!["--api-versions=security.openshift.io/v1".to_string()],
+        ),
     ] {
         let release = format!("pss-{case}");
         let docs = render(&release, &ns, &args);
@@ -1298,6 +1306,12 @@ async fn deployment_pod_meets_pod_security_restricted() {
             "metadata": template["metadata"].clone(),
             "spec": template["spec"].clone(),
         });
+        for key in ["runAsUser", "runAsGroup", "fsGroup"] {
+            assert!(
+                pod["spec"]["securityContext"].get(key).is_none(),
+                "{case}: the pod fixes {key}"
+            );
+        }
         pod["metadata"]["name"] = json!(format!("{release}-pod"));
         pod["metadata"]["namespace"] = json!(ns);
         if let Err(e) = dry_run_create(&client, &pod).await {

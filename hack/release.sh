@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# make release: builds everything a release publishes into dist/, from this
+# checkout, on this (x86_64 Linux) machine, without a Docker engine:
+#
+#   dist/lock-janitor_<v>_<os>_<arch>.tar.gz  linux|darwin x amd64|arm64: lock-janitor, LICENSE, README.md
+#   dist/sbom.cdx.json                         CycloneDX SBOM of the Rust dependencies (cargo-cyclonedx)
+#   dist/image/                                OCI layout: one index, linux/amd64 + linux/arm64
+#   dist/lock-janitor-<v>.tgz                  the chart (helm package)
+#   dist/lock-janitor.yaml                     the krew manifest, sha256 of each archive
+#   dist/checksums.txt                         sha256sum of the archives, the chart and the SBOM
+#
+#   hack/release.sh              all of it
+#   hack/release.sh --verify     only check an existing dist/ (what the end of a build checks)
+#
+# The version is Cargo.toml's; the chart's version and appVersion must equal it.
+# Tools: hack/release-tools.sh (zig + cargo-zigbuild, cargo-cyclonedx, the OCI
+# layout writer), helm from testenv/build.sh. Cross builds: `cargo zigbuild
+# --release --locked --target <triple>` for the four triples (one invocation),
+# the command the Dockerfile runs; the Linux ones are static (musl). macOS links against
+# generated stubs of CoreFoundation and Security (hack/darwin-stubs.py), so no
+# Apple SDK is needed. Timestamps come from SOURCE_DATE_EPOCH (default: the
+# commit time), so the archives and the image are reproducible.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+say() { echo "release: $*" >&2; }
+fail() { echo "release: FAIL: $*" >&2; exit 1; }
+
+verify_only=false
+case "${1:-}" in
+  "") ;;
+  --verify) verify_only=true ;;
+  *) echo "usage: $0 [--verify]" >&2; exit 2 ;;
+esac
+
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
+[ -n "$version" ] || fail "no version in Cargo.toml"
+source_url="https://github.com/lock-janitor/lock-janitor"
+dist="$root/dist"
+chart=charts/lock-janitor
+# os/arch -> Rust target triple
+declare -A TRIPLE=(
+  [linux/amd64]=x86_64-unknown-linux-musl
+  [linux/arm64]=aarch64-unknown-linux-musl
+  [darwin/amd64]=x86_64-apple-darwin
+  [darwin/arm64]=aarch64-apple-darwin
+)
+PLATFORMS=(linux/amd64 linux/arm64 darwin/amd64 darwin/arm64)
+# What `file` says of each binary.
+declare -A FILE_SAYS=(
+  [linux/amd64]="ELF 64-bit LSB .*x86-64.*static"
+  [linux/arm64]="ELF 64-bit LSB .*ARM aarch64.*static"
+  [darwin/amd64]="Mach-O 64-bit x86_64 executable"
+  [darwin/arm64]="Mach-O 64-bit arm64 executable"
+)
+archive_of() { echo "lock-janitor_${version}_${1%/*}_${1#*/}.tar.gz"; }
+bin_of() { echo "$root/target/${TRIPLE[$1]}/release/lock-janitor"; }
+
+# --- checks of dist/ (also run at the end of a build) -----------------------
+verify() {
+  command -v file >/dev/null 2>&1 || fail "'file' is needed (Debian: file; hack/setup.sh installs it)"
+  local p a desc
+  for p in "${PLATFORMS[@]}"; do
+    a="$dist/$(archive_of "$p")"
+    [ -f "$a" ] || fail "$a is missing"
+    local tmp; tmp="$(mktemp -d)"
+    tar -xzf "$a" -C "$tmp"
+    for f in lock-janitor LICENSE README.md; do [ -f "$tmp/$f" ] || fail "$a has no $f"; done
+    cmp -s "$tmp/LICENSE" LICENSE || fail "$a: LICENSE differs from the repository's"
+    desc="$(file -b "$tmp/lock-janitor")"
+    grep -Eq "${FILE_SAYS[$p]}" <<<"$desc" || fail "$a: lock-janitor is not ${FILE_SAYS[$p]}: $desc"
+    say "$(basename "$a"): $desc"
+    if [ "$p" = linux/amd64 ]; then
+      local v; v="$("$tmp/lock-janitor" --version)" || fail "$a: lock-janitor --version failed"
+      grep -Fq "$version" <<<"$v" || fail "$a: --version says '$v', want $version"
+      say "$(basename "$a"): --version: $v"
+    fi
+    rm -rf "$tmp"
+  done
+  (cd "$dist" && sha256sum --quiet -c checksums.txt) || fail "dist/checksums.txt does not verify"
+  for a in "${PLATFORMS[@]}"; do grep -q "  $(archive_of "$a")\$" "$dist/checksums.txt" || fail "checksums.txt lacks $(archive_of "$a")"; done
+  for f in "lock-janitor-$version.tgz" sbom.cdx.json; do grep -q "  $f\$" "$dist/checksums.txt" || fail "checksums.txt lacks $f"; done
+  python3 hack/check_release.py "$dist" "$version" || fail "dist/ checks (hack/check_release.py)"
+  say "dist/ verified: $(cd "$dist" && ls | tr '\n' ' ')"
+}
+
+if $verify_only; then verify; exit 0; fi
+
+# --- the chart must already say this version ------------------------------
+grep -q "^version: $version\$" "$chart/Chart.yaml" || fail "$chart/Chart.yaml version is not $version (Cargo.toml)"
+grep -q "^appVersion: \"$version\"\$" "$chart/Chart.yaml" || fail "$chart/Chart.yaml appVersion is not \"$version\" (Cargo.toml)"
+
+# --- tools ----------------------------------------------------------------
+eval "$(hack/release-tools.sh zig cyclonedx ociimage targets)"
+export PATH="$ZIG_BIN:$PATH"
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
+
+# --- binaries ---------------------------------------------------------------
+stubs="$root/target/darwin-stubs"
+cargo metadata --format-version 1 --locked >"$root/target/release-metadata.json" \
+  || fail "cargo metadata failed"
+python3 hack/darwin-stubs.py "$stubs" <"$root/target/release-metadata.json"
+# One cargo invocation for the four targets: cargo schedules them together
+# and builds the host parts (build scripts, proc macros) once.
+targets=()
+for p in "${PLATFORMS[@]}"; do
+  t="${TRIPLE[$p]}"
+  targets+=(--target "$t")
+  if [ "${p%/*}" = darwin ]; then
+    var="CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$t")_RUSTFLAGS"
+    export "$var=-C link-arg=-F$stubs"
+  fi
+done
+start=$SECONDS
+say "cargo zigbuild --release --locked ${targets[*]}"
+nice -n 10 cargo zigbuild --release --locked "${targets[@]}" \
+  || fail "cargo zigbuild --release --locked ${targets[*]} failed"
+say "built ${PLATFORMS[*]} in $((SECONDS - start))s"
+
+# --- dist/ ------------------------------------------------------------------
+rm -rf "$dist"
+mkdir -p "$dist"
+tarit() { # dir archive
+  tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner \
+      -C "$1" -cf - . | gzip -9n >"$2"
+}
+for p in "${PLATFORMS[@]}"; do
+  stage="$root/target/release-stage/${p/\//_}"
+  rm -rf "$stage"; mkdir -p "$stage"
+  install -m 0755 "$(bin_of "$p")" "$stage/lock-janitor"
+  install -m 0644 LICENSE README.md "$stage/"
+  tarit "$stage" "$dist/$(archive_of "$p")"
+done
+
+# The SBOM: the binary's dependency tree (normal dependencies; the test-only
+# crates are not shipped).
+say "sbom: cargo-cyclonedx $("$CARGO_CYCLONEDX" cyclonedx --version 2>/dev/null | awk '{print $NF}')"
+# (cargo-cyclonedx writes one file per workspace member; the testenv's is dropped.)
+"$CARGO_CYCLONEDX" cyclonedx --manifest-path Cargo.toml --format json --spec-version 1.5 \
+  --target all --override-filename lock-janitor.cdx >/dev/null \
+  || fail "cargo cyclonedx failed"
+mv lock-janitor.cdx.json "$dist/sbom.cdx.json"
+rm -f testenv/lock-janitor.cdx.json
+
+say "image: OCI layout (linux/amd64, linux/arm64)"
+digest="$("$OCIIMAGE" -out "$dist/image" -version "$version" -source "$source_url" \
+  -revision "$(git rev-parse HEAD 2>/dev/null || true)" \
+  "linux/amd64=$(bin_of linux/amd64)" "linux/arm64=$(bin_of linux/arm64)")" || fail "writing dist/image failed"
+say "image index $digest"
+
+# helm: $HELM, else the testenv's pinned build (built alone when missing).
+helm="${HELM:-}"
+if [ -z "$helm" ]; then
+  helm="$(testenv/build.sh --print)/helm"
+  [ -x "$helm" ] || helm="$(testenv/build.sh helm)/helm"
+fi
+[ -x "$helm" ] || fail "helm not found at $helm"
+"$helm" package "$chart" --destination "$dist" >/dev/null || fail "helm package $chart failed"
+[ -f "$dist/lock-janitor-$version.tgz" ] || fail "helm package wrote no dist/lock-janitor-$version.tgz"
+
+hack/krew-manifest.sh "$dist"
+
+(cd "$dist" && sha256sum lock-janitor_*.tar.gz "lock-janitor-$version.tgz" sbom.cdx.json >checksums.txt)
+
+verify
+say "OK: dist/ for $version"
