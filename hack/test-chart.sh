@@ -83,6 +83,20 @@ rm -f "$sel_values"
 refuse "a selector without a value" "the chart takes exactly one key=value label" --set selector=lock-janitor.io/watch
 refuse "a set-based selector" "the chart takes exactly one key=value label" --set "selector=lock-janitor.io/watch in (true)"
 refuse "serviceAccount.create=false without a name" "serviceAccount.create=false needs serviceAccount.name" --set serviceAccount.create=false
+# The auto opt-in policy as v1beta1 (Kubernetes 1.34-1.35) only when asked.
+beta=(--api-versions admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy
+  --set admissionPolicies.autoOptIn.enabled=true
+  --set-json 'admissionPolicies.autoOptIn.namespaceSelector={"matchLabels":{"team":"a"}}')
+"$helm" template lj "$chart" --namespace "$ns" "${beta[@]}" >"$out/beta-off.yaml" || fail "helm template (v1beta1 not allowed)"
+grep -q "kind: MutatingAdmissionPolicy" "$out/beta-off.yaml" && fail "the v1beta1 auto opt-in policy rendered without allowV1beta1"
+"$helm" template lj "$chart" --namespace "$ns" "${beta[@]}" --set admissionPolicies.autoOptIn.allowV1beta1=true >"$out/beta-on.yaml" || fail "helm template (v1beta1 allowed)"
+python3 - "$out/beta-on.yaml" <<'PY' || fail "the auto opt-in policy is not rendered as v1beta1"
+import sys, yaml
+kinds = {(d["apiVersion"], d["kind"]) for d in yaml.safe_load_all(open(sys.argv[1])) if d}
+want = {("admissionregistration.k8s.io/v1beta1", k) for k in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")}
+assert want <= kinds, kinds
+PY
+echo "test-chart: the auto opt-in policy renders as v1beta1 only with allowV1beta1"
 refuse "autoOptIn for every namespace" "namespaceSelector is empty" --set admissionPolicies.autoOptIn.enabled=true --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy
 
 echo "test-chart: OK"
