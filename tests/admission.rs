@@ -305,7 +305,15 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         assert!(m.contains(&policy_name), "{what}: {m}");
     }
     // Lease DELETE: granted here by an extra Role, refused by the policy.
-    grant_in(&admin, &ns, sa, &rel, "leases", "delete").await;
+    let rules = vec![rule(&["coordination.k8s.io"], &["leases"], &["delete"])];
+    grant_in(
+        &admin,
+        &ns,
+        "extra-leases-delete",
+        service_account(sa, &rel),
+        rules,
+    )
+    .await;
     let m = wait_for("the Role takes effect", Duration::from_secs(30), || async {
         match as_janitor_leases
             .delete("held-lease", &DeleteParams::default())
@@ -413,50 +421,6 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
             "{m}"
         );
     }
-}
-
-/// Grants the ServiceAccount `sa` of namespace `sa_ns` the `verb` on
-/// `resource` (coordination.k8s.io) in `ns`, beyond what the chart grants.
-async fn grant_in(client: &Client, ns: &str, sa: &str, sa_ns: &str, resource: &str, verb: &str) {
-    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-    let name = format!("extra-{resource}-{verb}");
-    let role = Role {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["coordination.k8s.io".into()]),
-            resources: Some(vec![resource.into()]),
-            verbs: vec![verb.into()],
-            ..Default::default()
-        }]),
-    };
-    Api::<Role>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name,
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: sa.into(),
-            namespace: Some(sa_ns.into()),
-            ..Default::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
 }
 
 /// Creates a rendered object for real, whatever its kind (the v1

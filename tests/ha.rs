@@ -9,50 +9,17 @@ mod support;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
 use support::*;
 
 async fn grant_leases(client: &Client, ns: &str) {
-    let role = Role {
-        metadata: ObjectMeta {
-            name: Some("janitor-leases".into()),
-            ..Default::default()
-        },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["coordination.k8s.io".into()]),
-            resources: Some(vec!["leases".into()]),
-            verbs: vec!["get".into(), "create".into(), "update".into()],
-            ..Default::default()
-        }]),
-    };
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some("janitor-leases".into()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: "janitor-leases".into(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: JANITOR_USER.into(),
-            ..Default::default()
-        }]),
-    };
-    Api::<Role>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    let rules = vec![rule(
+        &["coordination.k8s.io"],
+        &["leases"],
+        &["get", "create", "update"],
+    )];
+    grant_in(client, ns, "janitor-leases", user(JANITOR_USER), rules).await;
 }
 
 async fn leading(j: &Janitor) -> bool {

@@ -77,46 +77,16 @@ async fn failing_watches_turn_readiness_off_and_back_on() {
 
 /// Grants `user` the leader-election Lease of namespace `ns`.
 async fn grant_election(client: &kube::Client, ns: &str, user: &str) {
-    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-    use kube::api::{ObjectMeta, PostParams};
-    let name = format!("election-{user}");
-    let role = Role {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["coordination.k8s.io".into()]),
-            resources: Some(vec!["leases".into()]),
-            verbs: vec!["get".into(), "create".into(), "update".into()],
-            ..Default::default()
-        }]),
-    };
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name,
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: user.into(),
-            ..Default::default()
-        }]),
-    };
-    Api::<Role>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    let verbs = ["get", "create", "update"];
+    let rules = vec![rule(&["coordination.k8s.io"], &["leases"], &verbs)];
+    grant_in(
+        client,
+        ns,
+        &format!("election-{user}"),
+        support::user(user),
+        rules,
+    )
+    .await;
 }
 
 async fn leading(j: &Janitor) -> bool {
@@ -200,16 +170,11 @@ async fn election_and_lease_sweep_failures_are_counted() {
     let ns = fresh_namespace(&client, "swallowed").await;
     let user = format!("swallowed-{ns}");
     // Leases to watch, but not creating its election Lease; pods for now.
-    grant_role(
-        &client,
-        &ns,
-        &user,
-        "leases-only",
-        "coordination.k8s.io",
-        "leases",
-    )
-    .await;
-    grant_role(&client, &ns, &user, "pods", "", "pods").await;
+    let read = ["get", "list", "watch"];
+    let leases = vec![rule(&["coordination.k8s.io"], &["leases"], &read)];
+    grant_in(&client, &ns, "leases-only", support::user(&user), leases).await;
+    let pods = vec![rule(&[""], &["pods"], &read)];
+    grant_in(&client, &ns, "pods", support::user(&user), pods).await;
     let j = Janitor::start(
         &kubeconfig_as(cp, &user),
         &[
@@ -251,54 +216,4 @@ async fn election_and_lease_sweep_failures_are_counted() {
         },
     )
     .await;
-}
-
-/// A Role `name` in `ns` granting `user` get, list and watch on `resource`.
-async fn grant_role(
-    client: &kube::Client,
-    ns: &str,
-    user: &str,
-    name: &str,
-    group: &str,
-    resource: &str,
-) {
-    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-    use kube::api::{ObjectMeta, PostParams};
-    let role = Role {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![group.into()]),
-            resources: Some(vec![resource.into()]),
-            verbs: vec!["get".into(), "list".into(), "watch".into()],
-            ..Default::default()
-        }]),
-    };
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: name.into(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: user.into(),
-            ..Default::default()
-        }]),
-    };
-    Api::<Role>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
 }

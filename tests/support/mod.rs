@@ -103,7 +103,7 @@ pub fn kubeconfig_as(cp: &ControlPlane, user: &str) -> PathBuf {
     path
 }
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+pub fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
     let v = |s: &[&str]| Some(s.iter().map(|x| x.to_string()).collect());
     PolicyRule {
         api_groups: v(groups),
@@ -111,6 +111,65 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
         verbs: verbs.iter().map(|x| x.to_string()).collect(),
         ..Default::default()
     }
+}
+
+/// A user, as an RBAC subject.
+pub fn user(name: &str) -> Subject {
+    Subject {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: "User".into(),
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+/// A ServiceAccount, as an RBAC subject.
+pub fn service_account(name: &str, namespace: &str) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: name.into(),
+        namespace: Some(namespace.into()),
+        ..Default::default()
+    }
+}
+
+/// A Role `name` in `ns` with `rules`, bound to `subject` (beyond what the
+/// chart grants, or instead of it).
+pub async fn grant_in(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    subject: Subject,
+    rules: Vec<PolicyRule>,
+) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        rules: Some(rules),
+    };
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.into(),
+        },
+        subjects: Some(vec![subject]),
+    };
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap_or_else(|e| panic!("creating Role {name}: {e}"));
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap_or_else(|e| panic!("creating RoleBinding {name}: {e}"));
 }
 
 /// Grants `JANITOR_USER` what the chart grants with deletePod=true.
