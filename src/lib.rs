@@ -192,17 +192,32 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let mut out = Vec::new();
+    for_each_page(api, 500, what, |page| out.extend(page)).await?;
+    Ok(out)
+}
+
+/// Lists what `api` lists in pages of `limit`, handing each page to `f` and
+/// keeping none: memory holds one page at a time.
+pub async fn for_each_page<K>(
+    api: &kube::Api<K>,
+    limit: u32,
+    what: &str,
+    mut f: impl FnMut(Vec<K>),
+) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let mut token: Option<String> = None;
     loop {
-        let mut lp = kube::api::ListParams::default().limit(500);
+        let mut lp = kube::api::ListParams::default().limit(limit);
         if let Some(t) = &token {
             lp = lp.continue_token(t);
         }
         let page = call(what.to_owned(), api.list(&lp)).await?;
-        out.extend(page.items);
         token = page.metadata.continue_.filter(|t| !t.is_empty());
+        f(page.items);
         if token.is_none() {
-            return Ok(out);
+            return Ok(());
         }
     }
 }

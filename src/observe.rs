@@ -411,7 +411,12 @@ impl Observer {
             Some(p) => p,
             None if parsed.host.is_none() || parsed.expired(now) => &[],
             None => {
-                listed = self.pods_in(&parsed.namespace).await?;
+                listed = self
+                    .pods_named(
+                        &parsed.namespace,
+                        parsed.host.as_deref().unwrap_or_default(),
+                    )
+                    .await?;
                 &listed
             }
         };
@@ -438,11 +443,26 @@ impl Observer {
         })
     }
 
-    /// Every pod of a namespace, whole (a Lease's holder may be named by
-    /// `spec.hostname`), in pages.
+    /// Every pod of a namespace, whole, in pages: for `scan`, which judges
+    /// all the Leases of a namespace from one list.
     pub async fn pods_in(&self, namespace: &str) -> Result<Vec<Pod>, Error> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         crate::list_all(&api, &format!("listing pods in {namespace}")).await
+    }
+
+    /// The pods of a namespace that `host` names, by name or hostname (a
+    /// Lease's holder may be named by `spec.hostname`, which no field
+    /// selector reaches): every pod is read, in pages of 100, and only the
+    /// matches are kept, so a judgement holds one page at a time, not the
+    /// namespace's pods.
+    pub async fn pods_named(&self, namespace: &str, host: &str) -> Result<Vec<Pod>, Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let mut matching = Vec::new();
+        crate::for_each_page(&api, 100, &format!("listing pods in {namespace}"), |page| {
+            matching.extend(page.into_iter().filter(|p| lock::lease::names(host, p)))
+        })
+        .await?;
+        Ok(matching)
     }
 }
 
