@@ -816,10 +816,18 @@ async fn scan_json_carries_every_column() {
 
     // -o name: one kubectl name a line; --no-headers: the rows alone.
     let n = run(kc, &["scan", "-n", &ns, "-n", &other, "-o", "name"]).await;
+    // Sorted by namespace, then name: the namespaces' names are random.
+    let mut names: Vec<&str> = n.stdout.lines().collect();
+    names.sort();
     assert_eq!(
-        n.stdout, "configmap/memcached-operator-lock\nconfigmap/redis-operator-lock\n",
+        names,
+        [
+            "configmap/memcached-operator-lock",
+            "configmap/redis-operator-lock"
+        ],
         "{n}"
     );
+    assert!(n.stdout.ends_with('\n'), "{n}");
     let h = run(kc, &["scan", "-n", &ns, "-n", &other, "--no-headers"]).await;
     assert_eq!(h.stdout.lines().count(), 2, "{h}");
     assert!(!h.stdout.contains("NAMESPACE"), "{h}");
