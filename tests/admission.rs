@@ -109,6 +109,8 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
             format!("selector={selector}"),
             "--set".into(),
             "replicas=1".into(),
+            "--set".into(),
+            "deletePod=true".into(),
         ],
     );
     apply_rbac(&admin, &docs).await;
@@ -334,6 +336,17 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         .await
         .expect("client-go's release of an opted-in Lease passes the guard");
 
+    // deletePod: RBAC lets it delete every pod; the guard only a dead one.
+    let pods_as_janitor: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(janitor_client.clone(), &ns);
+    let m = denied(
+        pods_as_janitor
+            .delete("holder", &DeleteParams::default())
+            .await,
+    )
+    .expect("a running pod's delete is refused");
+    assert!(m.contains("only a dead holder pod"), "{m}");
+
     // Other users are unaffected.
     cms.delete("unlabeled", &DeleteParams::default())
         .await
@@ -402,6 +415,16 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
             (l.spec?.holder_identity.as_deref() == Some("")).then_some(())
         },
     )
+    .await;
+    // --delete-pod: the dead holder pod is deleted through the guard.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin.clone(), &ns);
+    wait_for("the dead pod deleted", Duration::from_secs(30), || async {
+        pods.get_opt("leader")
+            .await
+            .ok()?
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+            .then_some(())
+    })
     .await;
     // Nothing of the janitor's was refused by the guard.
     assert!(
