@@ -93,7 +93,6 @@ grep -q "^appVersion: \"$version\"\$" "$chart/Chart.yaml" || fail "$chart/Chart.
 
 # --- tools ----------------------------------------------------------------
 eval "$(hack/release-tools.sh zig cyclonedx ociimage targets)"
-export PATH="$ZIG_BIN:$PATH"
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 
 # --- binaries ---------------------------------------------------------------
@@ -114,7 +113,9 @@ for p in "${PLATFORMS[@]}"; do
 done
 start=$SECONDS
 say "cargo zigbuild --release --locked ${targets[*]}"
-nice -n 10 cargo zigbuild --release --locked "${targets[@]}" \
+# The zig venv goes first on PATH for cargo-zigbuild only (its python3 has
+# no PyYAML, which the checks below need).
+PATH="$ZIG_BIN:$PATH" nice -n 10 cargo zigbuild --release --locked "${targets[@]}" \
   || fail "cargo zigbuild --release --locked ${targets[*]} failed"
 say "built ${PLATFORMS[*]} in $((SECONDS - start))s"
 
