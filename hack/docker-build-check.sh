@@ -69,12 +69,11 @@ fi
 
 # --- 2. the Dockerfile's build, here ------------------------------------------
 eval "$(hack/release-tools.sh zig)"
-export PATH="$ZIG_BIN:$PATH"
 command -v rustup >/dev/null 2>&1 || fail "rustup not found; the musl target is added with rustup"
 rustup target list --installed | grep -qx "$target" || rustup target add "$target"
 
 say "running: $build_cmd $target"
-$build_cmd "$target" || fail "$build_cmd $target"
+PATH="$ZIG_BIN:$PATH" $build_cmd "$target" || fail "$build_cmd $target"
 
 # --- 3. the result ---------------------------------------------------------
 [ -x "$bin" ] || fail "$bin was not built"
