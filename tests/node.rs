@@ -116,7 +116,7 @@ async fn kubelet_evicts_the_leader_under_memory_pressure() {
 }
 
 #[tokio::test]
-async fn api_eviction_of_the_leader_is_left_to_the_garbage_collector() {
+async fn api_eviction_of_the_leader_frees_the_lock_once_after_its_pod_stopped() {
     require_node();
     let _one = ONE_NODE.lock().await;
     let n = RealNode::start(false).await;
@@ -127,20 +127,49 @@ async fn api_eviction_of_the_leader_is_left_to_the_garbage_collector() {
         .expect("evict the leader");
     let next = n.wait_leader(&ns, Some(&leader), Duration::from_secs(120)).await;
     assert_ne!(next, leader);
-    // The pod was deleted (not Failed): the garbage collector deleted the
-    // lock, and the janitor wrote nothing at all.
-    let deletes: Vec<_> = n
-        .audit()
-        .into_iter()
+    // The kubelet terminated the pod gracefully; the container exited 0 on
+    // SIGTERM and the kubelet wrote phase Succeeded before the pod object
+    // went away. The lock is deleted exactly once: by the garbage collector
+    // (owner gone), or by the janitor, but then only after the kubelet's
+    // terminal status write (the holder's process is gone), and the janitor
+    // never deletes the pod itself. (Seen here: the janitor, reason
+    // Succeeded, ~2 s after the eviction, ahead of the GC; see docs/real-node.md.)
+    let audit = n.audit();
+    let deletes: Vec<_> = audit
+        .iter()
         .filter(|e| e.verb == "delete" && e.namespace.as_deref() == Some(ns.as_str()))
         .filter(|e| e.resource.as_deref() == Some("configmaps") && e.name.as_deref() == Some(LOCK))
         .filter(|e| e.code == Some(200))
         .collect();
     assert_eq!(deletes.len(), 1, "{deletes:#?}");
-    assert_eq!(deletes[0].effective_user(), CONTROLLER_MANAGER_USER, "{:?}", deletes[0]);
-    assert!(n.writes(KUBELET_USER, &ns).iter().any(|e| e.name.as_deref() == Some(leader.as_str())));
+    let by = deletes[0].effective_user().to_string();
+    assert!([JANITOR_USER, CONTROLLER_MANAGER_USER].contains(&by.as_str()), "{:?}", deletes[0]);
+    let eviction = audit
+        .iter()
+        .find(|e| e.subresource.as_deref() == Some("eviction") && e.name.as_deref() == Some(leader.as_str()))
+        .expect("the eviction in the audit log");
+    let last_status = audit
+        .iter()
+        .filter(|e| e.user == KUBELET_USER && e.name.as_deref() == Some(leader.as_str()) && e.subresource.as_deref() == Some("status"))
+        .filter_map(|e| e.received.clone())
+        .max()
+        .expect("the kubelet's status writes of the leader");
+    if by == JANITOR_USER {
+        assert!(
+            deletes[0].received.as_deref() > Some(last_status.as_str()),
+            "the janitor deleted the lock before the kubelet's terminal status write"
+        );
+    }
+    eprintln!(
+        "API eviction at {:?}; kubelet's last status write {last_status}; lock deleted by {by} at {:?}",
+        eviction.received, deletes[0].received
+    );
     let jw = n.writes(JANITOR_USER, &ns);
-    assert!(jw.iter().all(|e| e.verb == "patch"), "janitor wrote: {jw:#?}\n{}", janitor.logs());
+    assert!(
+        jw.iter().all(|e| e.resource.as_deref() == Some("configmaps")),
+        "janitor wrote: {jw:#?}\n{}",
+        janitor.logs()
+    );
 }
 
 #[tokio::test]
