@@ -191,21 +191,39 @@ async fn kubelet_stopped_holds_the_lock_until_out_of_service() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     tokio::time::sleep(Duration::from_secs(20)).await;
-    assert_eq!(n.owner(&ns).await.as_deref(), Some(leader.as_str()), "lock freed while the node is only NotReady");
-    assert!(
-        n.writes(JANITOR_USER, &ns).iter().all(|e| e.verb == "patch"),
-        "the janitor wrote during NotReady:\n{}",
-        janitor.logs()
+    // The janitor frees nothing on NotReady alone (the pods may run on).
+    // operator-lib itself does: its waiting replica deletes a leader whose
+    // node is NotReady, and the garbage collector the lock (seen here; see
+    // docs/real-node.md), so the holder may have changed.
+    let janitor_deletes = |n: &RealNode| {
+        n.writes(JANITOR_USER, &ns)
+            .into_iter()
+            .filter(|e| e.verb == "delete")
+            .collect::<Vec<_>>()
+    };
+    assert!(janitor_deletes(&n).is_empty(), "the janitor deleted during NotReady:\n{}", janitor.logs());
+    let held = n.owner(&ns).await.expect("a lock during NotReady");
+    let operator_sa = format!("system:serviceaccount:{ns}:memcached-operator");
+    let by_operator: Vec<_> = n
+        .writes(&operator_sa, &ns)
+        .into_iter()
+        .filter(|e| e.verb == "delete" && e.resource.as_deref() == Some("pods"))
+        .collect();
+    eprintln!(
+        "after 20 s NotReady: lock held by {held} (first leader {leader}); operator-lib deleted pods: {:?}",
+        by_operator.iter().map(|e| e.name.clone()).collect::<Vec<_>>()
     );
     // The node is really down (its containers stop), and the admin says so
     // with the out-of-service taint: pods are force-deleted, the lock freed.
     n.node.stop_all_pods().unwrap();
     n.kubectl(&["taint", "node", lock_janitor_testenv::node::NODE_NAME, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"], None);
     let t1 = Instant::now();
-    while n.lock(&ns).await.is_some() && n.owner(&ns).await.as_deref() == Some(leader.as_str()) {
-        assert!(t1.elapsed() < Duration::from_secs(120), "lock still held after the out-of-service taint\n{}", janitor.logs());
+    while n.owner(&ns).await.as_deref() == Some(held.as_str()) {
+        assert!(t1.elapsed() < Duration::from_secs(120), "lock still held by {held} after the out-of-service taint\n{}", janitor.logs());
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    eprintln!("lock of {held} freed {:.1}s after the out-of-service taint", t1.elapsed().as_secs_f64());
+    let leader = held;
     let audit = n.audit();
     assert!(audit.iter().any(|e| e.verb == "delete"
         && e.namespace.as_deref() == Some(ns.as_str())
