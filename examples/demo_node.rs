@@ -104,6 +104,21 @@ async fn demo() -> anyhow::Result<()> {
         ev.source.as_ref().and_then(|s| s.component.as_deref()),
         ev.message.as_deref().unwrap_or("")
     );
+    if let Some(p) = n.pods(&op, OPERATOR_LABEL).await.into_iter().find(|p| p.metadata.name.as_deref() == Some(leader.as_str())) {
+        let st = p.status.unwrap_or_default();
+        let conds: Vec<String> = st
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| format!("{}={}{}", c.type_, c.status, c.reason.map(|r| format!("({r})")).unwrap_or_default()))
+            .collect();
+        println!(
+            "    pod {leader} as the kubelet left it: phase {:?}, reason {:?}, conditions [{}]",
+            st.phase,
+            st.reason,
+            conds.join(", ")
+        );
+    }
     for l in n.node.kubelet_log().lines().filter(|l| l.contains("Eviction manager: pod is evicted successfully") || l.contains("pods ranked for eviction")) {
         println!("    kubelet: {}", l.trim());
     }

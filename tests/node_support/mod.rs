@@ -251,7 +251,7 @@ impl RealNode {
             "--set".into(),
             "resync=5s".into(),
             "--set".into(),
-            "logFormat=text".into(),
+            "logFormat=plain".into(),
         ];
         for (i, w) in watch.iter().enumerate() {
             args.push("--set".into());
