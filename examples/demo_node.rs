@@ -67,7 +67,14 @@ async fn demo() -> anyhow::Result<()> {
     step("Installing the chart: two janitor pods from lock-janitor.local/lock-janitor:dev, election on");
     n.install_chart(RELEASE, &sys, &[&op]);
     n.kubectl(
-        &["rollout", "status", "-n", &sys, &format!("deployment/{RELEASE}"), "--timeout=180s"],
+        &[
+            "rollout",
+            "status",
+            "-n",
+            &sys,
+            &format!("deployment/{RELEASE}"),
+            "--timeout=180s",
+        ],
         None,
     );
     let jl = wait_some(Duration::from_secs(60), || n.janitor_leader(&sys, RELEASE)).await;
@@ -104,13 +111,25 @@ async fn demo() -> anyhow::Result<()> {
         ev.source.as_ref().and_then(|s| s.component.as_deref()),
         ev.message.as_deref().unwrap_or("")
     );
-    if let Some(p) = n.pods(&op, OPERATOR_LABEL).await.into_iter().find(|p| p.metadata.name.as_deref() == Some(leader.as_str())) {
+    if let Some(p) = n
+        .pods(&op, OPERATOR_LABEL)
+        .await
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() == Some(leader.as_str()))
+    {
         let st = p.status.unwrap_or_default();
         let conds: Vec<String> = st
             .conditions
             .unwrap_or_default()
             .into_iter()
-            .map(|c| format!("{}={}{}", c.type_, c.status, c.reason.map(|r| format!("({r})")).unwrap_or_default()))
+            .map(|c| {
+                format!(
+                    "{}={}{}",
+                    c.type_,
+                    c.status,
+                    c.reason.map(|r| format!("({r})")).unwrap_or_default()
+                )
+            })
             .collect();
         println!(
             "    pod {leader} as the kubelet left it: phase {:?}, reason {:?}, conditions [{}]",
@@ -119,23 +138,48 @@ async fn demo() -> anyhow::Result<()> {
             conds.join(", ")
         );
     }
-    for l in n.node.kubelet_log().lines().filter(|l| l.contains("Eviction manager: pod is evicted successfully") || l.contains("pods ranked for eviction")) {
+    for l in n.node.kubelet_log().lines().filter(|l| {
+        l.contains("Eviction manager: pod is evicted successfully")
+            || l.contains("pods ranked for eviction")
+    }) {
         println!("    kubelet: {}", l.trim());
     }
-    n.kubectl(&["delete", "pod", "-n", &pressure, "hog", "--grace-period=0", "--force"], None);
+    n.kubectl(
+        &[
+            "delete",
+            "pod",
+            "-n",
+            &pressure,
+            "hog",
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
     println!("    pressure relieved: hog deleted");
 
     step("Waiting for a replica to take over");
-    let next = n.wait_leader(&op, Some(&leader), Duration::from_secs(180)).await;
+    let next = n
+        .wait_leader(&op, Some(&leader), Duration::from_secs(180))
+        .await;
     let took = evicted_at.elapsed();
-    println!("    {next} leads {:.1}s after the eviction was seen", took.as_secs_f64());
+    println!(
+        "    {next} leads {:.1}s after the eviction was seen",
+        took.as_secs_f64()
+    );
 
     step("Who freed the lock (audit log)");
     let deletes: Vec<_> = n
         .audit()
         .into_iter()
-        .filter(|e| e.verb == "delete" && e.namespace.as_deref() == Some(op.as_str()) && e.stage == "ResponseComplete")
-        .filter(|e| matches!(e.resource.as_deref(), Some("configmaps" | "pods")) && e.subresource.is_none())
+        .filter(|e| {
+            e.verb == "delete"
+                && e.namespace.as_deref() == Some(op.as_str())
+                && e.stage == "ResponseComplete"
+        })
+        .filter(|e| {
+            matches!(e.resource.as_deref(), Some("configmaps" | "pods")) && e.subresource.is_none()
+        })
         .collect();
     for d in &deletes {
         println!(
@@ -150,16 +194,29 @@ async fn demo() -> anyhow::Result<()> {
     }
     let sa = format!("system:serviceaccount:{sys}:{RELEASE}");
     if let Some(r) = n.event(&op, LOCK, "StaleLockReclaimed").await {
-        println!("    janitor Event StaleLockReclaimed: {}", r.message.as_deref().unwrap_or(""));
+        println!(
+            "    janitor Event StaleLockReclaimed: {}",
+            r.message.as_deref().unwrap_or("")
+        );
     }
-    let by_janitor = deletes.iter().any(|d| d.user == sa && d.name.as_deref() == Some(LOCK) && d.code == Some(200));
+    let by_janitor = deletes
+        .iter()
+        .any(|d| d.user == sa && d.name.as_deref() == Some(LOCK) && d.code == Some(200));
     println!(
         "    the lock was freed by {}",
-        if by_janitor { "the janitor (chart pod)" } else { "operator-lib and the garbage collector (the janitor stayed out)" }
+        if by_janitor {
+            "the janitor (chart pod)"
+        } else {
+            "operator-lib and the garbage collector (the janitor stayed out)"
+        }
     );
     for p in n.pods(&sys, "app.kubernetes.io/name=lock-janitor").await {
         for l in n.pod_log(&sys, &p).lines().filter(|l| l.contains(LOCK)) {
-            println!("    janitor {}: {}", p.metadata.name.as_deref().unwrap_or(""), l.trim());
+            println!(
+                "    janitor {}: {}",
+                p.metadata.name.as_deref().unwrap_or(""),
+                l.trim()
+            );
         }
     }
     println!(

@@ -22,7 +22,7 @@ use kube::Api;
 use lock_janitor_testenv::node::KUBELET_USER;
 use lock_janitor_testenv::CONTROLLER_MANAGER_USER;
 use node_support::*;
-use support::{kubeconfig_as, grant_janitor, Janitor, JANITOR_USER};
+use support::{grant_janitor, kubeconfig_as, Janitor, JANITOR_USER};
 
 /// One node at a time: tests take this for their whole run.
 static ONE_NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -73,8 +73,21 @@ async fn kubelet_evicts_the_leader_under_memory_pressure() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    n.kubectl(&["delete", "pod", "-n", &pressure, "hog", "--grace-period=0", "--force"], None);
-    let next = n.wait_leader(&ns, Some(&leader), Duration::from_secs(180)).await;
+    n.kubectl(
+        &[
+            "delete",
+            "pod",
+            "-n",
+            &pressure,
+            "hog",
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    let next = n
+        .wait_leader(&ns, Some(&leader), Duration::from_secs(180))
+        .await;
     assert_ne!(next, leader);
 
     let audit = n.audit();
@@ -125,7 +138,9 @@ async fn api_eviction_of_the_leader_frees_the_lock_once_after_its_pod_stopped() 
         .evict(&leader, &EvictParams::default())
         .await
         .expect("evict the leader");
-    let next = n.wait_leader(&ns, Some(&leader), Duration::from_secs(120)).await;
+    let next = n
+        .wait_leader(&ns, Some(&leader), Duration::from_secs(120))
+        .await;
     assert_ne!(next, leader);
     // The kubelet terminated the pod gracefully; the container exited 0 on
     // SIGTERM and the kubelet wrote phase Succeeded before the pod object
@@ -143,14 +158,25 @@ async fn api_eviction_of_the_leader_frees_the_lock_once_after_its_pod_stopped() 
         .collect();
     assert_eq!(deletes.len(), 1, "{deletes:#?}");
     let by = deletes[0].effective_user().to_string();
-    assert!([JANITOR_USER, CONTROLLER_MANAGER_USER].contains(&by.as_str()), "{:?}", deletes[0]);
+    assert!(
+        [JANITOR_USER, CONTROLLER_MANAGER_USER].contains(&by.as_str()),
+        "{:?}",
+        deletes[0]
+    );
     let eviction = audit
         .iter()
-        .find(|e| e.subresource.as_deref() == Some("eviction") && e.name.as_deref() == Some(leader.as_str()))
+        .find(|e| {
+            e.subresource.as_deref() == Some("eviction")
+                && e.name.as_deref() == Some(leader.as_str())
+        })
         .expect("the eviction in the audit log");
     let last_status = audit
         .iter()
-        .filter(|e| e.user == KUBELET_USER && e.name.as_deref() == Some(leader.as_str()) && e.subresource.as_deref() == Some("status"))
+        .filter(|e| {
+            e.user == KUBELET_USER
+                && e.name.as_deref() == Some(leader.as_str())
+                && e.subresource.as_deref() == Some("status")
+        })
         .filter_map(|e| e.received.clone())
         .max()
         .expect("the kubelet's status writes of the leader");
@@ -166,7 +192,8 @@ async fn api_eviction_of_the_leader_frees_the_lock_once_after_its_pod_stopped() 
     );
     let jw = n.writes(JANITOR_USER, &ns);
     assert!(
-        jw.iter().all(|e| e.resource.as_deref() == Some("configmaps")),
+        jw.iter()
+            .all(|e| e.resource.as_deref() == Some("configmaps")),
         "janitor wrote: {jw:#?}\n{}",
         janitor.logs()
     );
@@ -183,7 +210,16 @@ async fn kubelet_stopped_holds_the_lock_until_out_of_service() {
     n.node.stop_kubelet();
     let t0 = Instant::now();
     loop {
-        let node = n.kubectl(&["get", "node", lock_janitor_testenv::node::NODE_NAME, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"], None);
+        let node = n.kubectl(
+            &[
+                "get",
+                "node",
+                lock_janitor_testenv::node::NODE_NAME,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ],
+            None,
+        );
         if node.trim() == "Unknown" || node.trim() == "False" {
             break;
         }
@@ -201,7 +237,11 @@ async fn kubelet_stopped_holds_the_lock_until_out_of_service() {
             .filter(|e| e.verb == "delete")
             .collect::<Vec<_>>()
     };
-    assert!(janitor_deletes(&n).is_empty(), "the janitor deleted during NotReady:\n{}", janitor.logs());
+    assert!(
+        janitor_deletes(&n).is_empty(),
+        "the janitor deleted during NotReady:\n{}",
+        janitor.logs()
+    );
     let held = n.owner(&ns).await.expect("a lock during NotReady");
     let operator_sa = format!("system:serviceaccount:{ns}:memcached-operator");
     let by_operator: Vec<_> = n
@@ -216,23 +256,51 @@ async fn kubelet_stopped_holds_the_lock_until_out_of_service() {
     // The node is really down (its containers stop), and the admin says so
     // with the out-of-service taint: pods are force-deleted, the lock freed.
     n.node.stop_all_pods().unwrap();
-    n.kubectl(&["taint", "node", lock_janitor_testenv::node::NODE_NAME, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"], None);
+    n.kubectl(
+        &[
+            "taint",
+            "node",
+            lock_janitor_testenv::node::NODE_NAME,
+            "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+        ],
+        None,
+    );
     let t1 = Instant::now();
     while n.owner(&ns).await.as_deref() == Some(held.as_str()) {
-        assert!(t1.elapsed() < Duration::from_secs(120), "lock still held by {held} after the out-of-service taint\n{}", janitor.logs());
+        assert!(
+            t1.elapsed() < Duration::from_secs(120),
+            "lock still held by {held} after the out-of-service taint\n{}",
+            janitor.logs()
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    eprintln!("lock of {held} freed {:.1}s after the out-of-service taint", t1.elapsed().as_secs_f64());
+    eprintln!(
+        "lock of {held} freed {:.1}s after the out-of-service taint",
+        t1.elapsed().as_secs_f64()
+    );
     let leader = held;
     let audit = n.audit();
-    assert!(audit.iter().any(|e| e.verb == "delete"
-        && e.namespace.as_deref() == Some(ns.as_str())
-        && e.name.as_deref() == Some(leader.as_str())
-        && e.user == CONTROLLER_MANAGER_USER), "the leader pod was not force-deleted by the controller manager");
+    assert!(
+        audit.iter().any(|e| e.verb == "delete"
+            && e.namespace.as_deref() == Some(ns.as_str())
+            && e.name.as_deref() == Some(leader.as_str())
+            && e.user == CONTROLLER_MANAGER_USER),
+        "the leader pod was not force-deleted by the controller manager"
+    );
     // Back up: the taint lifted, the kubelet started, a new leader.
-    n.kubectl(&["taint", "node", lock_janitor_testenv::node::NODE_NAME, "node.kubernetes.io/out-of-service-"], None);
+    n.kubectl(
+        &[
+            "taint",
+            "node",
+            lock_janitor_testenv::node::NODE_NAME,
+            "node.kubernetes.io/out-of-service-",
+        ],
+        None,
+    );
     n.node.start_kubelet().await.unwrap();
-    let next = n.wait_leader(&ns, Some(&leader), Duration::from_secs(180)).await;
+    let next = n
+        .wait_leader(&ns, Some(&leader), Duration::from_secs(180))
+        .await;
     assert_ne!(next, leader);
 }
 
@@ -244,7 +312,17 @@ async fn chart_janitor_pods_fail_over_when_the_leaders_container_is_killed() {
     let sys = n.namespace("lock-janitor-system").await;
     let watched = n.namespace("node-watched").await;
     n.install_chart("lock-janitor", &sys, &[&watched]);
-    n.kubectl(&["rollout", "status", "-n", &sys, "deployment/lock-janitor", "--timeout=180s"], None);
+    n.kubectl(
+        &[
+            "rollout",
+            "status",
+            "-n",
+            &sys,
+            "deployment/lock-janitor",
+            "--timeout=180s",
+        ],
+        None,
+    );
     let t0 = Instant::now();
     let first = loop {
         if let Some(h) = n.janitor_leader(&sys, "lock-janitor").await {
@@ -261,12 +339,36 @@ async fn chart_janitor_pods_fail_over_when_the_leaders_container_is_killed() {
         .find(|p| first.starts_with(p.as_str()))
         .unwrap_or_else(|| panic!("holder {first} is none of the pods"));
     // Kill the leader's container (SIGKILL: no Lease release).
-    let out = n.node.crictl(&["ps", "-q", "--label", &format!("io.kubernetes.pod.name={leader_pod}")]).unwrap();
+    let out = n
+        .node
+        .crictl(&[
+            "ps",
+            "-q",
+            "--label",
+            &format!("io.kubernetes.pod.name={leader_pod}"),
+        ])
+        .unwrap();
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert!(!id.is_empty(), "no container for {leader_pod}");
-    let inspect = n.node.crictl(&["inspect", "-o", "go-template", "--template", "{{.info.pid}}", &id]).unwrap();
-    let pid: u32 = String::from_utf8_lossy(&inspect.stdout).trim().parse().expect("pid");
-    let st = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    let inspect = n
+        .node
+        .crictl(&[
+            "inspect",
+            "-o",
+            "go-template",
+            "--template",
+            "{{.info.pid}}",
+            &id,
+        ])
+        .unwrap();
+    let pid: u32 = String::from_utf8_lossy(&inspect.stdout)
+        .trim()
+        .parse()
+        .expect("pid");
+    let st = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
     assert!(st.success(), "kill -KILL {pid}");
     let t1 = Instant::now();
     let second = loop {
@@ -274,22 +376,41 @@ async fn chart_janitor_pods_fail_over_when_the_leaders_container_is_killed() {
             Some(h) if !h.starts_with(leader_pod.as_str()) => break h,
             _ => {}
         }
-        assert!(t1.elapsed() < Duration::from_secs(90), "the other janitor pod did not take the Lease");
+        assert!(
+            t1.elapsed() < Duration::from_secs(90),
+            "the other janitor pod did not take the Lease"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    eprintln!("janitor Lease: {first} -> {second} in {:.1}s", t1.elapsed().as_secs_f64());
+    eprintln!(
+        "janitor Lease: {first} -> {second} in {:.1}s",
+        t1.elapsed().as_secs_f64()
+    );
     // The Lease writes came from the chart's ServiceAccount (in-cluster
     // config and token in real pods), and the killed container restarted.
     let sa = format!("system:serviceaccount:{sys}:lock-janitor");
-    assert!(n.writes(&sa, &sys).iter().any(|e| e.resource.as_deref() == Some("leases")));
+    assert!(n
+        .writes(&sa, &sys)
+        .iter()
+        .any(|e| e.resource.as_deref() == Some("leases")));
     let t2 = Instant::now();
     loop {
-        let p = Api::<Pod>::namespaced(n.client.clone(), &sys).get(&leader_pod).await.unwrap();
-        let restarts = p.status.and_then(|s| s.container_statuses).and_then(|c| c.first().map(|c| c.restart_count)).unwrap_or(0);
+        let p = Api::<Pod>::namespaced(n.client.clone(), &sys)
+            .get(&leader_pod)
+            .await
+            .unwrap();
+        let restarts = p
+            .status
+            .and_then(|s| s.container_statuses)
+            .and_then(|c| c.first().map(|c| c.restart_count))
+            .unwrap_or(0);
         if restarts >= 1 {
             break;
         }
-        assert!(t2.elapsed() < Duration::from_secs(60), "the killed container did not restart");
+        assert!(
+            t2.elapsed() < Duration::from_secs(60),
+            "the killed container did not restart"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

@@ -38,10 +38,12 @@ fn manifests() -> PathBuf {
 /// The static musl janitor for the image: $LOCK_JANITOR_MUSL_BIN, else
 /// target/x86_64-unknown-linux-musl/release/lock-janitor.
 pub fn musl_janitor() -> Option<PathBuf> {
-    let p = std::env::var("LOCK_JANITOR_MUSL_BIN").map(PathBuf::from).unwrap_or_else(|_| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("target/x86_64-unknown-linux-musl/release/lock-janitor")
-    });
+    let p = std::env::var("LOCK_JANITOR_MUSL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("target/x86_64-unknown-linux-musl/release/lock-janitor")
+        });
     p.exists().then_some(p)
 }
 
@@ -54,9 +56,14 @@ impl RealNode {
         let cp = ControlPlane::start(prep.control_plane_options())
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let node = Node::start(&prep, cp.kubeconfig_path(), cp.dir(), NodeOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("the real node did not start: {e}"));
+        let node = Node::start(
+            &prep,
+            cp.kubeconfig_path(),
+            cp.dir(),
+            NodeOptions::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the real node did not start: {e}"));
         let janitor = if with_janitor_image {
             Some(musl_janitor().unwrap_or_else(|| {
                 panic!("no static janitor: run `cargo build --release --target x86_64-unknown-linux-musl --bin lock-janitor` (make test-node does)")
@@ -84,7 +91,11 @@ impl RealNode {
         let mut cmd = Command::new(bin_dir().join("kubectl"));
         cmd.args(args)
             .env("KUBECONFIG", self.cp.kubeconfig_path())
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("run kubectl");
@@ -181,7 +192,10 @@ impl RealNode {
             if waiting >= 1 {
                 return;
             }
-            assert!(start.elapsed() < timeout, "no replica waiting for the lock in {ns}");
+            assert!(
+                start.elapsed() < timeout,
+                "no replica waiting for the lock in {ns}"
+            );
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
@@ -190,7 +204,11 @@ impl RealNode {
     pub fn pod_log(&self, ns: &str, pod: &Pod) -> String {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        let dir = self.node.dir().join("pod-logs").join(format!("{ns}_{name}_{uid}"));
+        let dir = self
+            .node
+            .dir()
+            .join("pod-logs")
+            .join(format!("{ns}_{name}_{uid}"));
         let mut out = String::new();
         for c in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             for f in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
@@ -207,7 +225,11 @@ impl RealNode {
             .env("KUBECONFIG", self.cp.kubeconfig_path())
             .output()
             .expect("run lock-janitor label");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     pub async fn wait_labeled(&self, ns: &str) {
@@ -223,7 +245,10 @@ impl RealNode {
             if labeled {
                 return;
             }
-            assert!(start.elapsed() < Duration::from_secs(30), "lock not labeled");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "lock not labeled"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -323,9 +348,10 @@ impl RealNode {
     /// The kubelet's Event on a pod with `reason` (e.g. Evicted), if any.
     pub async fn event(&self, ns: &str, pod: &str, reason: &str) -> Option<Event> {
         Api::<Event>::namespaced(self.client.clone(), ns)
-            .list(&ListParams::default().fields(&format!(
-                "involvedObject.name={pod},reason={reason}"
-            )))
+            .list(
+                &ListParams::default()
+                    .fields(&format!("involvedObject.name={pod},reason={reason}")),
+            )
             .await
             .ok()?
             .items
