@@ -323,80 +323,49 @@ async fn chart_janitor_pods_fail_over_when_the_leaders_container_is_killed() {
         ],
         None,
     );
-    let t0 = Instant::now();
-    let first = loop {
-        if let Some(h) = n.janitor_leader(&sys, "lock-janitor").await {
-            break h;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(60), "no janitor leader");
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    let kill_container = |n: &RealNode, pod: &str| {
+        let out = n
+            .node
+            .crictl(&[
+                "ps",
+                "-q",
+                "--label",
+                &format!("io.kubernetes.pod.name={pod}"),
+            ])
+            .unwrap();
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(!id.is_empty(), "no container for {pod}");
+        let inspect = n
+            .node
+            .crictl(&[
+                "inspect",
+                "-o",
+                "go-template",
+                "--template",
+                "{{.info.pid}}",
+                &id,
+            ])
+            .unwrap();
+        let pid = String::from_utf8_lossy(&inspect.stdout).trim().to_string();
+        let st = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill -KILL {pid}");
     };
-    let pods = n.pods(&sys, "app.kubernetes.io/name=lock-janitor").await;
-    assert_eq!(pods.len(), 2);
-    let leader_pod = pods
-        .iter()
-        .map(|p| p.metadata.name.clone().unwrap())
-        .find(|p| first.starts_with(p.as_str()))
+    let (first, _) = wait_holder(&n, &sys, None).await;
+    let first_pod = holder_pod(&n, &sys, first.clone())
+        .await
         .unwrap_or_else(|| panic!("holder {first} is none of the pods"));
-    // Kill the leader's container (SIGKILL: no Lease release).
-    let out = n
-        .node
-        .crictl(&[
-            "ps",
-            "-q",
-            "--label",
-            &format!("io.kubernetes.pod.name={leader_pod}"),
-        ])
-        .unwrap();
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(!id.is_empty(), "no container for {leader_pod}");
-    let inspect = n
-        .node
-        .crictl(&[
-            "inspect",
-            "-o",
-            "go-template",
-            "--template",
-            "{{.info.pid}}",
-            &id,
-        ])
-        .unwrap();
-    let pid: u32 = String::from_utf8_lossy(&inspect.stdout)
-        .trim()
-        .parse()
-        .expect("pid");
-    let st = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success(), "kill -KILL {pid}");
+
+    // 1. The leader's container is SIGKILLed (no release). The kubelet
+    //    restarts it in the same pod, whose identity is the same ($POD_NAME):
+    //    one holder throughout, leading again (or the other pod).
+    kill_container(&n, &first_pod);
     let t1 = Instant::now();
-    let second = loop {
-        match n.janitor_leader(&sys, "lock-janitor").await {
-            Some(h) if !h.starts_with(leader_pod.as_str()) => break h,
-            _ => {}
-        }
-        assert!(
-            t1.elapsed() < Duration::from_secs(90),
-            "the other janitor pod did not take the Lease"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
-    eprintln!(
-        "janitor Lease: {first} -> {second} in {:.1}s",
-        t1.elapsed().as_secs_f64()
-    );
-    // The Lease writes came from the chart's ServiceAccount (in-cluster
-    // config and token in real pods), and the killed container restarted.
-    let sa = format!("system:serviceaccount:{sys}:lock-janitor");
-    assert!(n
-        .writes(&sa, &sys)
-        .iter()
-        .any(|e| e.resource.as_deref() == Some("leases")));
-    let t2 = Instant::now();
     loop {
         let p = Api::<Pod>::namespaced(n.client.clone(), &sys)
-            .get(&leader_pod)
+            .get(&first_pod)
             .await
             .unwrap();
         let restarts = p
@@ -408,9 +377,73 @@ async fn chart_janitor_pods_fail_over_when_the_leaders_container_is_killed() {
             break;
         }
         assert!(
-            t2.elapsed() < Duration::from_secs(60),
+            t1.elapsed() < Duration::from_secs(60),
             "the killed container did not restart"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (after, _) = wait_holder(&n, &sys, None).await;
+    eprintln!(
+        "container of {first_pod} killed: restarted after {:.1}s; Lease holder {after}",
+        t1.elapsed().as_secs_f64()
+    );
+
+    // 2. The leading pod goes for good without releasing: its container
+    //    SIGKILLed and the pod force-deleted. The other pod takes the Lease
+    //    once it expires (leaseDuration 15 s).
+    let gone = holder_pod(&n, &sys, after.clone())
+        .await
+        .expect("holder pod");
+    n.kubectl(
+        &[
+            "delete",
+            "pod",
+            "-n",
+            &sys,
+            &gone,
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+        ],
+        None,
+    );
+    kill_container(&n, &gone);
+    let (second, took) = wait_holder(&n, &sys, Some(after.clone())).await;
+    assert_ne!(second, gone);
+    eprintln!(
+        "janitor Lease: {gone} (killed, force-deleted) -> {second} in {:.1}s",
+        took.as_secs_f64()
+    );
+    // The Lease writes came from the chart's ServiceAccount: in-cluster
+    // config through the `kubernetes` Service and the projected token, in
+    // real pods.
+    let sa = format!("system:serviceaccount:{sys}:lock-janitor");
+    assert!(n
+        .writes(&sa, &sys)
+        .iter()
+        .any(|e| e.resource.as_deref() == Some("leases") && e.code == Some(200)));
+}
+
+async fn holder_pod(n: &RealNode, sys: &str, holder: String) -> Option<String> {
+    n.pods(sys, "app.kubernetes.io/name=lock-janitor")
+        .await
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .find(|p| holder == *p)
+}
+
+/// Waits for a janitor Lease holder other than `not`; returns it and the wait.
+async fn wait_holder(n: &RealNode, sys: &str, not: Option<String>) -> (String, Duration) {
+    let t = Instant::now();
+    loop {
+        match n.janitor_leader(sys, "lock-janitor").await {
+            Some(h) if Some(&h) != not.as_ref() => return (h, t.elapsed()),
+            _ => {}
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(90),
+            "no janitor Lease holder other than {not:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
