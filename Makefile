@@ -91,3 +91,28 @@ bench-scan: testenv-build
 
 bench-janitor: testenv-build
 	hack/bench-janitor.sh
+
+## The optional real node (testenv/build-node.sh; root): kubelet, kube-scheduler,
+## containerd, runc, CNI plugins, crictl built from Go modules beside the control plane.
+## Not part of `make test`. See docs/real-node.md.
+.PHONY: node-build node-up demo-node test-node janitor-musl
+NODE_MUSL_BIN := target/x86_64-unknown-linux-musl/release/lock-janitor
+
+node-build: testenv-build
+	testenv/build-node.sh >/dev/null
+
+janitor-musl: setup
+	$(CARGO) build --locked --release --target x86_64-unknown-linux-musl --bin lock-janitor
+
+## A control plane and a real node that outlive the command; `make testenv-down` stops both.
+node-up: node-build janitor-musl
+	$(CARGO) run --locked -q -p lock-janitor-testenv --bin testenv -- up --node --janitor-bin=$(CURDIR)/$(NODE_MUSL_BIN)
+
+## The kubelet evicts a real operator-lib leader under memory pressure; the chart's janitor runs in real pods.
+demo-node: node-build janitor-musl
+	$(CARGO) build --locked -q --bin lock-janitor
+	LOCK_JANITOR_MUSL_BIN=$(CURDIR)/$(NODE_MUSL_BIN) $(CARGO) run --locked -q --example demo_node
+
+## End-to-end tests on the real node (tests/node.rs), one at a time: they fail, not skip, without it.
+test-node: node-build janitor-musl
+	LOCK_JANITOR_NODE=1 LOCK_JANITOR_MUSL_BIN=$(CURDIR)/$(NODE_MUSL_BIN) $(CARGO) test --locked --test node -- --test-threads=1

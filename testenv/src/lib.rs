@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 pub mod audit;
 mod certs;
 pub mod kubelet;
+pub mod node;
 mod paths;
 pub mod peers;
 mod process;

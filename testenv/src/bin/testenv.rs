@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! testenv up [--no-gc] [--node-lifecycle] [--apiserver-arg=ARG]... [--controller-manager-arg=ARG]...
+//!            [--node [--janitor-bin=PATH] [--memory-available=QTY]]
 //! testenv down
 //! testenv status
 //! testenv env
@@ -16,7 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use lock_janitor_testenv::{
-    pid_alive, start_time, terminate_pids, up_state_path, ControlPlane, Detached, Options,
+    node, pid_alive, start_time, terminate_pids, up_state_path, ControlPlane, Detached, Options,
 };
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +25,11 @@ const USAGE: &str = "usage: testenv <command>
 
 commands:
   up [--no-gc] [--node-lifecycle] [--apiserver-arg=ARG]... [--controller-manager-arg=ARG]...
+     [--node [--janitor-bin=PATH] [--memory-available=QTY]]
           start a control plane that outlives this command; prints `export KUBECONFIG=...`
+          --node: and a real node (containerd, runc, kubelet, kube-scheduler; root;
+          built by testenv/build-node.sh), its images imported (pause, peers, hog,
+          and lock-janitor.local/lock-janitor:dev from the static PATH)
   down    stop it and remove its files
   status  show whether it runs and answers
   env     print `export KUBECONFIG=...` for the running control plane
@@ -38,6 +43,9 @@ struct State {
     plane: Detached,
     garbage_collector: bool,
     node_lifecycle: bool,
+    /// The real node of `up --node`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node: Option<node::DetachedNode>,
 }
 
 fn state_path() -> PathBuf {
@@ -74,6 +82,7 @@ fn live_pids(state: &State) -> Vec<(String, u32)> {
         .plane
         .processes
         .iter()
+        .chain(state.node.iter().flat_map(|n| n.processes.iter()))
         .filter(|p| pid_alive(p.pid))
         .filter(|p| p.start_time.is_none() || start_time(p.pid) == p.start_time)
         .map(|p| (p.name.clone(), p.pid))
@@ -83,7 +92,18 @@ fn live_pids(state: &State) -> Vec<(String, u32)> {
 /// Stops the processes (clients first: kube-controller-manager, kube-apiserver, etcd)
 /// and removes the dir and the state file.
 fn stop(state: &State) -> Result<(), String> {
-    let live = live_pids(state);
+    if let Some(n) = &state.node {
+        node::stop_detached(n)?;
+    }
+    let live: Vec<(String, u32)> = live_pids(state)
+        .into_iter()
+        .filter(|(_, pid)| {
+            !state
+                .node
+                .iter()
+                .any(|n| n.processes.iter().any(|p| p.pid == *pid))
+        })
+        .collect();
     let mut stuck = Vec::new();
     for (name, pid) in live.iter().rev() {
         if !terminate_pids(&[*pid], Duration::from_secs(5)).is_empty() {
@@ -106,8 +126,24 @@ fn stop(state: &State) -> Result<(), String> {
 
 fn up(args: &[String]) -> Result<(), String> {
     let mut opts = Options::default();
+    let mut with_node = false;
+    let mut janitor_bin: Option<PathBuf> = None;
+    let mut node_opts = node::NodeOptions {
+        detached: true,
+        forwarder_exe: Some(
+            std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?,
+        ),
+        ..node::NodeOptions::default()
+    };
     for a in args {
         match a.as_str() {
+            "--node" => with_node = true,
+            _ if a.starts_with("--janitor-bin=") => {
+                janitor_bin = Some(PathBuf::from(&a["--janitor-bin=".len()..]))
+            }
+            _ if a.starts_with("--memory-available=") => {
+                node_opts.memory_available = a["--memory-available=".len()..].to_string()
+            }
             "--no-gc" => opts.garbage_collector = false,
             "--node-lifecycle" => opts.node_lifecycle = true,
             _ if a.starts_with("--apiserver-arg=") => opts
@@ -142,13 +178,44 @@ fn up(args: &[String]) -> Result<(), String> {
         .build()
         .map_err(|e| format!("starting a tokio runtime: {e}"))?;
     let started = std::time::Instant::now();
+    let prep = if with_node {
+        let p = node::Prepared::new().map_err(|e| e.to_string())?;
+        p.add_to(&mut opts);
+        Some(p)
+    } else {
+        None
+    };
     let cp = rt
         .block_on(ControlPlane::start_detached(opts.clone()))
         .map_err(|e| e.to_string())?;
+    let node = match &prep {
+        None => None,
+        Some(p) => {
+            let n = rt
+                .block_on(node::Node::start(
+                    p,
+                    cp.kubeconfig_path(),
+                    cp.dir(),
+                    node_opts,
+                ))
+                .map_err(|e| e.to_string())?;
+            let images = n
+                .import_images(janitor_bin.as_deref())
+                .map_err(|e| e.to_string())?;
+            eprintln!(
+                "testenv: node {} Ready (dir {}); images: {}",
+                node::NODE_NAME,
+                n.dir().display(),
+                images.join(", ")
+            );
+            Some(n.detach())
+        }
+    };
     let state = State {
         plane: cp.detach(),
         garbage_collector: opts.garbage_collector,
         node_lifecycle: opts.node_lifecycle,
+        node,
     };
     if let Err(e) = save_state(&state) {
         let _ = stop(&state);
@@ -235,7 +302,20 @@ fn status() -> Result<bool, String> {
         Ok(_) => println!("apiserver /readyz: ok"),
         Err(e) => println!("apiserver /readyz: {e}"),
     }
-    Ok(ready.is_ok() && live.len() == state.plane.processes.len())
+    let all = state.plane.processes.len() + state.node.as_ref().map_or(0, |n| n.processes.len());
+    if let Some(n) = &state.node {
+        println!("node:       {} (dir {})", node::NODE_NAME, n.dir.display());
+        for p in &n.processes {
+            let up = live.iter().any(|(_, pid)| *pid == p.pid);
+            println!(
+                "{:<24} pid {:<8} {}",
+                p.name,
+                p.pid,
+                if up { "running" } else { "NOT RUNNING" }
+            );
+        }
+    }
+    Ok(ready.is_ok() && live.len() == all)
 }
 
 fn env() -> Result<bool, String> {
@@ -258,6 +338,13 @@ fn main() -> ExitCode {
         Some("down") => down().map(|()| true),
         Some("status") => status(),
         Some("env") => env(),
+        // The `kubernetes` Service of `up --node` (started by it, not for users).
+        Some("node-forward") if args.len() == 3 => match (args[1].parse(), args[2].parse()) {
+            (Ok(l), Ok(t)) => node::run_forwarder(l, t)
+                .map(|()| true)
+                .map_err(|e| format!("node-forward: {e}")),
+            _ => Err("node-forward LISTEN TARGET: two socket addresses".to_string()),
+        },
         // (`demo` goes here.)
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");

@@ -1,0 +1,449 @@
+//! End-to-end on a real node (`make test-node`): a kubelet, containerd and
+//! runc run the real operator-lib operator and the chart's janitor in real
+//! containers. What the simulated tests cannot show: what a real kubelet
+//! writes when it evicts under memory pressure, what the Eviction API and
+//! the node lifecycle controllers do to real pods, and the chart's pods
+//! (image, security context, in-cluster config, token, election) running.
+//!
+//! Not part of `make test`: these tests need root, the node binaries
+//! (testenv/build-node.sh) and the static janitor, and they drive one node
+//! at a time. `make test-node` sets LOCK_JANITOR_NODE=1; without it every
+//! test fails at once, saying so (never a silent skip).
+
+#[path = "node_support/mod.rs"]
+mod node_support;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::EvictParams;
+use kube::Api;
+use lock_janitor_testenv::node::KUBELET_USER;
+use lock_janitor_testenv::CONTROLLER_MANAGER_USER;
+use node_support::*;
+use support::{grant_janitor, kubeconfig_as, Janitor, JANITOR_USER};
+
+/// One node at a time: tests take this for their whole run.
+static ONE_NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn require_node() {
+    if std::env::var(ENV).as_deref() != Ok("1") {
+        panic!(
+            "tests/node.rs runs on a real node: run `make test-node` (it builds the node, the static janitor and sets {ENV}=1); as root"
+        );
+    }
+}
+
+/// An operator with a leader and a waiting replica, the lock opted in, and
+/// the janitor running on the host as its least-privilege user.
+async fn operator(n: &RealNode, prefix: &str) -> (String, String, Janitor) {
+    grant_janitor(&n.client).await;
+    let ns = n.namespace(prefix).await;
+    n.deploy_operator(&ns);
+    let leader = n.wait_leader(&ns, None, Duration::from_secs(120)).await;
+    n.wait_standby(&ns, Duration::from_secs(60)).await;
+    n.label_locks(&ns);
+    n.wait_labeled(&ns).await;
+    let kc = kubeconfig_as(&n.cp, JANITOR_USER);
+    let janitor = Janitor::start(&kc, &["--namespace", &ns, "--resync", "5s"]).await;
+    (ns, leader, janitor)
+}
+
+#[tokio::test]
+async fn kubelet_evicts_the_leader_under_memory_pressure() {
+    require_node();
+    let _one = ONE_NODE.lock().await;
+    let n = RealNode::start(false).await;
+    let (ns, leader, janitor) = operator(&n, "node-pressure").await;
+    let pressure = n.namespace("node-hog").await;
+
+    let avail = RealNode::memory_available_mib();
+    n.node
+        .set_memory_available(&format!("{}Mi", avail.saturating_sub(1024)))
+        .await
+        .unwrap();
+    n.hog(&pressure, "hog", 2048);
+    let t0 = Instant::now();
+    while n.event(&ns, &leader, "Evicted").await.is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(240),
+            "the kubelet did not evict {leader}:\n{}",
+            tail(&n.node.kubelet_log(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    n.kubectl(
+        &[
+            "delete",
+            "pod",
+            "-n",
+            &pressure,
+            "hog",
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    let next = n
+        .wait_leader(&ns, Some(&leader), Duration::from_secs(180))
+        .await;
+    assert_ne!(next, leader);
+
+    let audit = n.audit();
+    // The kubelet itself wrote the leader's Failed/Evicted status.
+    assert!(
+        audit.iter().any(|e| e.user == KUBELET_USER
+            && e.namespace.as_deref() == Some(ns.as_str())
+            && e.name.as_deref() == Some(leader.as_str())
+            && e.subresource.as_deref() == Some("status")
+            && e.code == Some(200)),
+        "no status write of {leader} by the kubelet"
+    );
+    assert!(n
+        .node
+        .kubelet_log()
+        .lines()
+        .any(|l| l.contains("pod is evicted successfully") && l.contains(&leader)));
+    // The lock was freed by the janitor or by operator-lib + the garbage
+    // collector (operator-lib deletes an evicted leader's pod itself); the
+    // janitor deleted nothing but the lock and wrote no pod.
+    let deletes: Vec<_> = audit
+        .iter()
+        .filter(|e| e.verb == "delete" && e.namespace.as_deref() == Some(ns.as_str()))
+        .filter(|e| e.resource.as_deref() == Some("configmaps") && e.name.as_deref() == Some(LOCK))
+        .filter(|e| e.code == Some(200))
+        .collect();
+    assert_eq!(deletes.len(), 1, "{deletes:#?}");
+    assert!(
+        [JANITOR_USER, CONTROLLER_MANAGER_USER].contains(&deletes[0].effective_user()),
+        "{:?}",
+        deletes[0]
+    );
+    let janitor_writes = n.writes(JANITOR_USER, &ns);
+    assert!(
+        janitor_writes.iter().all(|e| e.resource.as_deref() == Some("configmaps") && e.name.as_deref() == Some(LOCK)),
+        "{janitor_writes:#?}\n{}",
+        janitor.logs()
+    );
+}
+
+#[tokio::test]
+async fn api_eviction_of_the_leader_frees_the_lock_once_after_its_pod_stopped() {
+    require_node();
+    let _one = ONE_NODE.lock().await;
+    let n = RealNode::start(false).await;
+    let (ns, leader, janitor) = operator(&n, "node-api-evict").await;
+    Api::<Pod>::namespaced(n.client.clone(), &ns)
+        .evict(&leader, &EvictParams::default())
+        .await
+        .expect("evict the leader");
+    let next = n
+        .wait_leader(&ns, Some(&leader), Duration::from_secs(120))
+        .await;
+    assert_ne!(next, leader);
+    // The kubelet terminated the pod gracefully; the container exited 0 on
+    // SIGTERM and the kubelet wrote phase Succeeded before the pod object
+    // went away. The lock is deleted exactly once: by the garbage collector
+    // (owner gone), or by the janitor, but then only after the kubelet's
+    // terminal status write (the holder's process is gone), and the janitor
+    // never deletes the pod itself. (Seen here: the janitor, reason
+    // Succeeded, ~2 s after the eviction, ahead of the GC; see docs/real-node.md.)
+    let audit = n.audit();
+    let deletes: Vec<_> = audit
+        .iter()
+        .filter(|e| e.verb == "delete" && e.namespace.as_deref() == Some(ns.as_str()))
+        .filter(|e| e.resource.as_deref() == Some("configmaps") && e.name.as_deref() == Some(LOCK))
+        .filter(|e| e.code == Some(200))
+        .collect();
+    assert_eq!(deletes.len(), 1, "{deletes:#?}");
+    let by = deletes[0].effective_user().to_string();
+    assert!(
+        [JANITOR_USER, CONTROLLER_MANAGER_USER].contains(&by.as_str()),
+        "{:?}",
+        deletes[0]
+    );
+    let eviction = audit
+        .iter()
+        .find(|e| {
+            e.subresource.as_deref() == Some("eviction")
+                && e.name.as_deref() == Some(leader.as_str())
+        })
+        .expect("the eviction in the audit log");
+    let last_status = audit
+        .iter()
+        .filter(|e| {
+            e.user == KUBELET_USER
+                && e.name.as_deref() == Some(leader.as_str())
+                && e.subresource.as_deref() == Some("status")
+        })
+        .filter_map(|e| e.received.clone())
+        .max()
+        .expect("the kubelet's status writes of the leader");
+    if by == JANITOR_USER {
+        assert!(
+            deletes[0].received.as_deref() > Some(last_status.as_str()),
+            "the janitor deleted the lock before the kubelet's terminal status write"
+        );
+    }
+    eprintln!(
+        "API eviction at {:?}; kubelet's last status write {last_status}; lock deleted by {by} at {:?}",
+        eviction.received, deletes[0].received
+    );
+    let jw = n.writes(JANITOR_USER, &ns);
+    assert!(
+        jw.iter()
+            .all(|e| e.resource.as_deref() == Some("configmaps")),
+        "janitor wrote: {jw:#?}\n{}",
+        janitor.logs()
+    );
+}
+
+#[tokio::test]
+async fn kubelet_stopped_holds_the_lock_until_out_of_service() {
+    require_node();
+    let _one = ONE_NODE.lock().await;
+    let n = RealNode::start(false).await;
+    let (ns, leader, janitor) = operator(&n, "node-notready").await;
+    // The node goes silent: NotReady after the 10 s grace period. Its pods
+    // may still run: the lock must stay.
+    n.node.stop_kubelet();
+    let t0 = Instant::now();
+    loop {
+        let node = n.kubectl(
+            &[
+                "get",
+                "node",
+                lock_janitor_testenv::node::NODE_NAME,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ],
+            None,
+        );
+        if node.trim() == "Unknown" || node.trim() == "False" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(90), "node still Ready");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    // The janitor frees nothing on NotReady alone (the pods may run on).
+    // operator-lib itself does: its waiting replica deletes a leader whose
+    // node is NotReady, and the garbage collector the lock (seen here; see
+    // docs/real-node.md), so the holder may have changed.
+    let janitor_deletes = |n: &RealNode| {
+        n.writes(JANITOR_USER, &ns)
+            .into_iter()
+            .filter(|e| e.verb == "delete")
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        janitor_deletes(&n).is_empty(),
+        "the janitor deleted during NotReady:\n{}",
+        janitor.logs()
+    );
+    let held = n.owner(&ns).await.expect("a lock during NotReady");
+    let operator_sa = format!("system:serviceaccount:{ns}:memcached-operator");
+    let by_operator: Vec<_> = n
+        .writes(&operator_sa, &ns)
+        .into_iter()
+        .filter(|e| e.verb == "delete" && e.resource.as_deref() == Some("pods"))
+        .collect();
+    eprintln!(
+        "after 20 s NotReady: lock held by {held} (first leader {leader}); operator-lib deleted pods: {:?}",
+        by_operator.iter().map(|e| e.name.clone()).collect::<Vec<_>>()
+    );
+    // The node is really down (its containers stop), and the admin says so
+    // with the out-of-service taint: pods are force-deleted, the lock freed.
+    n.node.stop_all_pods().unwrap();
+    n.kubectl(
+        &[
+            "taint",
+            "node",
+            lock_janitor_testenv::node::NODE_NAME,
+            "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+        ],
+        None,
+    );
+    let t1 = Instant::now();
+    while n.owner(&ns).await.as_deref() == Some(held.as_str()) {
+        assert!(
+            t1.elapsed() < Duration::from_secs(120),
+            "lock still held by {held} after the out-of-service taint\n{}",
+            janitor.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "lock of {held} freed {:.1}s after the out-of-service taint",
+        t1.elapsed().as_secs_f64()
+    );
+    let leader = held;
+    let audit = n.audit();
+    assert!(
+        audit.iter().any(|e| e.verb == "delete"
+            && e.namespace.as_deref() == Some(ns.as_str())
+            && e.name.as_deref() == Some(leader.as_str())
+            && e.user == CONTROLLER_MANAGER_USER),
+        "the leader pod was not force-deleted by the controller manager"
+    );
+    // Back up: the taint lifted, the kubelet started, a new leader.
+    n.kubectl(
+        &[
+            "taint",
+            "node",
+            lock_janitor_testenv::node::NODE_NAME,
+            "node.kubernetes.io/out-of-service-",
+        ],
+        None,
+    );
+    n.node.start_kubelet().await.unwrap();
+    let next = n
+        .wait_leader(&ns, Some(&leader), Duration::from_secs(180))
+        .await;
+    assert_ne!(next, leader);
+}
+
+#[tokio::test]
+async fn chart_janitor_pods_fail_over_when_the_leaders_container_is_killed() {
+    require_node();
+    let _one = ONE_NODE.lock().await;
+    let n = RealNode::start(true).await;
+    let sys = n.namespace("lock-janitor-system").await;
+    let watched = n.namespace("node-watched").await;
+    n.install_chart("lock-janitor", &sys, &[&watched]);
+    n.kubectl(
+        &[
+            "rollout",
+            "status",
+            "-n",
+            &sys,
+            "deployment/lock-janitor",
+            "--timeout=180s",
+        ],
+        None,
+    );
+    let kill_container = |n: &RealNode, pod: &str| {
+        let out = n
+            .node
+            .crictl(&[
+                "ps",
+                "-q",
+                "--label",
+                &format!("io.kubernetes.pod.name={pod}"),
+            ])
+            .unwrap();
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(!id.is_empty(), "no container for {pod}");
+        let inspect = n
+            .node
+            .crictl(&[
+                "inspect",
+                "-o",
+                "go-template",
+                "--template",
+                "{{.info.pid}}",
+                &id,
+            ])
+            .unwrap();
+        let pid = String::from_utf8_lossy(&inspect.stdout).trim().to_string();
+        let st = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill -KILL {pid}");
+    };
+    let (first, _) = wait_holder(&n, &sys, None).await;
+    let first_pod = holder_pod(&n, &sys, first.clone())
+        .await
+        .unwrap_or_else(|| panic!("holder {first} is none of the pods"));
+
+    // 1. The leader's container is SIGKILLed (no release). The kubelet
+    //    restarts it in the same pod, whose identity is the same ($POD_NAME):
+    //    one holder throughout, leading again (or the other pod).
+    kill_container(&n, &first_pod);
+    let t1 = Instant::now();
+    loop {
+        let p = Api::<Pod>::namespaced(n.client.clone(), &sys)
+            .get(&first_pod)
+            .await
+            .unwrap();
+        let restarts = p
+            .status
+            .and_then(|s| s.container_statuses)
+            .and_then(|c| c.first().map(|c| c.restart_count))
+            .unwrap_or(0);
+        if restarts >= 1 {
+            break;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(60),
+            "the killed container did not restart"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (after, _) = wait_holder(&n, &sys, None).await;
+    eprintln!(
+        "container of {first_pod} killed: restarted after {:.1}s; Lease holder {after}",
+        t1.elapsed().as_secs_f64()
+    );
+
+    // 2. The leading pod goes for good without releasing: its container
+    //    SIGKILLed and the pod force-deleted. The other pod takes the Lease
+    //    once it expires (leaseDuration 15 s).
+    let gone = holder_pod(&n, &sys, after.clone())
+        .await
+        .expect("holder pod");
+    n.kubectl(
+        &[
+            "delete",
+            "pod",
+            "-n",
+            &sys,
+            &gone,
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+        ],
+        None,
+    );
+    kill_container(&n, &gone);
+    let (second, took) = wait_holder(&n, &sys, Some(after.clone())).await;
+    assert_ne!(second, gone);
+    eprintln!(
+        "janitor Lease: {gone} (killed, force-deleted) -> {second} in {:.1}s",
+        took.as_secs_f64()
+    );
+    // The Lease writes came from the chart's ServiceAccount: in-cluster
+    // config through the `kubernetes` Service and the projected token, in
+    // real pods.
+    let sa = format!("system:serviceaccount:{sys}:lock-janitor");
+    assert!(n
+        .writes(&sa, &sys)
+        .iter()
+        .any(|e| e.resource.as_deref() == Some("leases") && e.code == Some(200)));
+}
+
+async fn holder_pod(n: &RealNode, sys: &str, holder: String) -> Option<String> {
+    n.pods(sys, "app.kubernetes.io/name=lock-janitor")
+        .await
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .find(|p| holder == *p)
+}
+
+/// Waits for a janitor Lease holder other than `not`; returns it and the wait.
+async fn wait_holder(n: &RealNode, sys: &str, not: Option<String>) -> (String, Duration) {
+    let t = Instant::now();
+    loop {
+        match n.janitor_leader(sys, "lock-janitor").await {
+            Some(h) if Some(&h) != not.as_ref() => return (h, t.elapsed()),
+            _ => {}
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(90),
+            "no janitor Lease holder other than {not:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
