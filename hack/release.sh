@@ -111,7 +111,6 @@ grep -q "^appVersion: \"$version\"\$" "$chart/Chart.yaml" || fail "$chart/Chart.
 
 # --- tools ----------------------------------------------------------------
 eval "$(hack/release-tools.sh zig cyclonedx ociimage targets)"
-export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 
 # --- binaries ---------------------------------------------------------------
 stubs="$root/target/darwin-stubs"
@@ -138,6 +137,9 @@ PATH="$ZIG_BIN:$PATH" nice -n 10 cargo zigbuild --release --locked "${targets[@]
 say "built ${PLATFORMS[*]} in $((SECONDS - start))s"
 
 # --- dist/ ------------------------------------------------------------------
+# Set only now: exported during the build it would change with every commit and
+# make cargo rebuild the crates whose build scripts read it.
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 rm -rf "$dist"
 mkdir -p "$dist"
 tarit() { # dir archive
