@@ -1,0 +1,227 @@
+//! What the kinds' scopes share in their wiring: the terminal-pod watch,
+//! the sweeps' health, the suspects they name, the lead trigger, the filter
+//! that keeps settled locks from the Controller, and `drive`, which runs a
+//! scope's Controller for one kind.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use futures::future;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::Store;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{error_policy, key_of, reconcile, Context, Watched};
+use crate::memory::Memory;
+use crate::{lock::LockKey, Error};
+
+/// A sweep (a list of pods) answered: said once it recovers from failing.
+pub(super) fn sweep_ok(ctx: &Context, health: &str) {
+    if ctx.shared.readiness.watch_ok(health) {
+        info!(sweep = %health, "resync sweep recovered");
+    }
+}
+
+/// A sweep failed: counted as a pod watch error, and in readiness as a
+/// watch of its own (not ready after a minute of failures).
+pub(super) fn sweep_failed(ctx: &Context, health: &str, e: &Error) {
+    ctx.shared
+        .metrics
+        .watch_errors
+        .with_label_values(&["pods"])
+        .inc();
+    if let crate::readiness::Report::Warn {
+        errors,
+        failing_for,
+    } = ctx.shared.readiness.watch_failed(health)
+    {
+        warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
+              "resync sweep failed; retrying (not ready after a minute of this)");
+    }
+}
+
+/// The terminal-pod watch of a scope: health counted under `scope`, and
+/// `on_sync` once it has listed.
+pub(super) fn terminal_pods(
+    ctx: &Context,
+    namespace: Option<&str>,
+    scope: &str,
+    on_sync: impl FnMut() + Send + 'static,
+) -> impl futures::Stream<
+    Item = Result<
+        PartialObjectMeta<k8s_openapi::api::core::v1::Pod>,
+        kube::runtime::watcher::Error,
+    >,
+> + Send
+       + 'static {
+    use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
+    use kube::runtime::watcher::{self, watcher};
+    use kube::runtime::WatchStreamExt;
+    let pods: kube::Api<PartialObjectMeta<k8s_openapi::api::core::v1::Pod>> =
+        crate::scoped(&ctx.client, namespace);
+    let stream = watcher(
+        pods,
+        watcher::Config::default().fields(crate::TERMINAL_PODS),
+    )
+    .backoff(watch_backoff());
+    let stream = watch_health(stream, ctx.shared.clone(), "pods", scope);
+    objects_only(on_first_sync(stream, on_sync).touched_objects())
+}
+
+/// Marks these locks suspect (judged from live reads at their next
+/// reconcile) and names them for the Controller.
+pub(super) fn suspects<K: Watched>(
+    ctx: &Context,
+    keys: impl IntoIterator<Item = LockKey>,
+) -> Vec<kube::runtime::reflector::ObjectRef<K>> {
+    keys.into_iter()
+        .map(|k| {
+            ctx.memory.suspect(&k);
+            kube::runtime::reflector::ObjectRef::new(&k.name).within(&k.namespace)
+        })
+        .collect()
+}
+
+/// Queues every lock of `reader` whose last judgement does not stand (see
+/// `Memory::needs_judging`): what the lock watch's own events did not queue
+/// (before the first sweep, or during a re-list, whose objects reach the
+/// store only at its end).
+pub(super) fn queue_unsettled<K: Watched>(
+    memory: &Memory,
+    reader: &Store<K>,
+    tx: &futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<K>>,
+) {
+    for m in reader.state() {
+        if memory.needs_judging(&key_of(&*m), &m.version()) {
+            let _ = tx.unbounded_send(kube::runtime::reflector::ObjectRef::from_obj(&*m));
+        }
+    }
+}
+
+/// On taking the lead, every lock of `reader` that is not settled is judged
+/// at once: a standby judged stale locks without writing. The settled ones
+/// are not queued at all (see `needs_judging_only`), nor anything before the
+/// scope queues locks at all (`accepting`: before the first sweep, which
+/// queues them itself). A lock whose reconcile is running as the lead comes
+/// may look settled and be skipped here; that reconcile, as a standby's,
+/// ends in `NotLeader` and looks again after `STANDBY_RETRY`.
+fn on_lead<K: Watched>(
+    ctx: &Context,
+    reader: Store<K>,
+    accepting: Arc<AtomicBool>,
+    tx: futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<K>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let memory = ctx.memory.clone();
+    ctx.gate.changes().map(|mut changes| {
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                if *changes.borrow_and_update() && accepting.load(Ordering::SeqCst) {
+                    queue_unsettled(&memory, &reader, &tx);
+                }
+            }
+        })
+    })
+}
+
+/// Keeps from the Controller the lock events that come before the scope
+/// queues locks at all (`accepting`), and those of settled, unchanged locks
+/// (a re-list lists every lock again): their reconcile would return at once,
+/// but queued all together they would grow the Controller's scheduler to
+/// the number of locks, and that memory is kept for good.
+fn needs_judging_only<K: Watched>(
+    ctx: &Arc<Context>,
+    accepting: Arc<AtomicBool>,
+    locks: impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>>,
+) -> impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> {
+    use futures::StreamExt;
+    let memory = ctx.memory.clone();
+    locks.filter(move |r| {
+        future::ready(match r {
+            Ok(obj) => {
+                accepting.load(Ordering::SeqCst)
+                    && memory.needs_judging(&key_of(obj), &obj.version())
+            }
+            Err(_) => true,
+        })
+    })
+}
+
+/// One kind's wiring of a scope, ready to run.
+pub(super) struct Wiring<K: Watched, L, P, M> {
+    /// The lock watch (reflected into `reader`) and the terminal-pod watch
+    /// with its mapping to locks.
+    pub(super) locks: L,
+    pub(super) reader: Store<K>,
+    pub(super) terminal_pods: P,
+    pub(super) held_by: M,
+    /// Suspects from the sweeper, the lead trigger and the end of a re-list.
+    pub(super) suspects:
+        futures::channel::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<K>>,
+    pub(super) suspects_tx:
+        futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<K>>,
+    /// Whether the lock watch's events reach the Controller yet (ConfigMaps:
+    /// after the first sweep; Leases: from the start).
+    pub(super) accepting: Arc<AtomicBool>,
+    pub(super) sweeper: tokio::task::JoinHandle<()>,
+    pub(super) concurrency: u16,
+}
+
+/// Runs a scope's Controller for one kind until `shutdown`, then stops its
+/// sweeper and lead trigger.
+pub(super) async fn drive<K, L, P, M, I>(
+    ctx: Arc<Context>,
+    w: Wiring<K, L, P, M>,
+    scope: &str,
+    shutdown: CancellationToken,
+) where
+    K: Watched,
+    L: futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static,
+    P: futures::Stream<
+            Item = Result<
+                PartialObjectMeta<k8s_openapi::api::core::v1::Pod>,
+                kube::runtime::watcher::Error,
+            >,
+        > + Send
+        + 'static,
+    M: Fn(PartialObjectMeta<k8s_openapi::api::core::v1::Pod>) -> I + Sync + Send + 'static,
+    I: IntoIterator<Item = kube::runtime::reflector::ObjectRef<K>> + 'static,
+    I::IntoIter: Send,
+{
+    use futures::StreamExt;
+    use kube::runtime::controller::{Config as ControllerConfig, Controller};
+    let lead = on_lead(&ctx, w.reader.clone(), w.accepting.clone(), w.suspects_tx);
+    let locks = needs_judging_only(&ctx, w.accepting, w.locks);
+    info!(scope = %scope, kind = %K::KIND, selector = %ctx.settings.selector, "watching locks");
+    let ctx_errors = ctx
+        .shared
+        .metrics
+        .reconcile_errors
+        .with_label_values(&[crate::ErrorKind::Controller.as_str()]);
+    Controller::for_stream(locks, w.reader)
+        .watches_stream(w.terminal_pods, w.held_by)
+        .reconcile_on(w.suspects)
+        .with_config(ControllerConfig::default().concurrency(w.concurrency))
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile::<K>, error_policy::<K>, ctx)
+        .for_each(|res| {
+            match res {
+                Ok((obj, _)) => debug!(lock = %obj, "reconciled"),
+                // A reconcile's own failure is counted and said in
+                // error_policy; this is anything else the Controller
+                // reports (a queue or trigger failure).
+                Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+                Err(e) => {
+                    ctx_errors.inc();
+                    warn!(scope = %scope, kind = %K::KIND, error = %e, "controller error; the lock is judged again at the next event or sweep");
+                }
+            }
+            future::ready(())
+        })
+        .await;
+    w.sweeper.abort();
+    if let Some(t) = lead {
+        t.abort();
+    }
+    info!(scope = %scope, kind = %K::KIND, "stopped watching");
+}
