@@ -185,9 +185,16 @@ fn up(args: &[String]) -> Result<(), String> {
     } else {
         None
     };
-    let cp = rt
-        .block_on(ControlPlane::start_detached(opts.clone()))
-        .map_err(|e| e.to_string())?;
+    let cp = match rt.block_on(ControlPlane::start_detached(opts.clone())) {
+        Ok(cp) => cp,
+        Err(e) => {
+            // The node never started: its dir holds only the token file.
+            if let Some(p) = &prep {
+                let _ = std::fs::remove_dir_all(&p.dir);
+            }
+            return Err(e.to_string());
+        }
+    };
     let node = match &prep {
         None => None,
         Some(p) => {
