@@ -153,45 +153,70 @@ async fn kubectl_runs_the_plugin_with_its_conventions() {
     );
 }
 
-/// The krew manifest names the plugin binary kubectl runs and the crate's
-/// version, and `hack/krew-manifest.sh` packs an archive whose sha256 it
-/// writes into it (checked here on a copy of the repository's manifest).
+/// The krew manifest template names the binary krew links as the plugin
+/// (`kubectl-lock_janitor`, which the binary answers to) and the crate's
+/// version, and `hack/krew-manifest.sh` writes from it a manifest whose
+/// sha256s are those of the four archives it names (checked on a copy of
+/// the repository with archives of the real binary).
 #[test]
 fn krew_manifest_matches_the_plugin() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(root.join("krew/lock-janitor.yaml")).unwrap();
     let m: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
     assert_eq!(m["kind"], "Plugin");
+    // krew links the plugin as kubectl-<name with _ for ->.
     assert_eq!(m["metadata"]["name"], "lock-janitor");
     assert_eq!(
-        m["spec"]["version"],
-        format!("v{}", env!("CARGO_PKG_VERSION"))
+        format!(
+            "kubectl-{}",
+            m["metadata"]["name"].as_str().unwrap().replace('-', "_")
+        ),
+        lock_janitor::cli::PLUGIN_NAME
     );
-    let p = &m["spec"]["platforms"][0];
-    assert_eq!(p["bin"], lock_janitor::cli::PLUGIN_NAME);
-    assert_eq!(p["files"][0]["from"], lock_janitor::cli::PLUGIN_NAME);
-    // The script, run on a copy: a real archive and its real sha256.
+    assert_eq!(m["spec"]["version"], "vVERSION");
+    let platforms = m["spec"]["platforms"].as_array().unwrap();
+    assert_eq!(platforms.len(), 4);
+    // The script, run on a copy, with archives of the real binary.
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("repo");
+    let dist = dir.path().join("dist");
     for d in ["hack", "krew"] {
         std::fs::create_dir_all(copy.join(d)).unwrap();
     }
-    std::fs::copy(
-        root.join("hack/krew-manifest.sh"),
-        copy.join("hack/krew-manifest.sh"),
-    )
-    .unwrap();
-    std::fs::copy(
-        root.join("krew/lock-janitor.yaml"),
-        copy.join("krew/lock-janitor.yaml"),
-    )
-    .unwrap();
-    std::fs::copy(root.join("Cargo.toml"), copy.join("Cargo.toml")).unwrap();
-    let bin = std::fs::canonicalize(janitor_bin()).unwrap();
+    std::fs::create_dir_all(&dist).unwrap();
+    for f in [
+        "hack/krew-manifest.sh",
+        "krew/lock-janitor.yaml",
+        "Cargo.toml",
+    ] {
+        std::fs::copy(root.join(f), copy.join(f)).unwrap();
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    let stage = dir.path().join("stage");
+    std::fs::create_dir_all(&stage).unwrap();
+    std::fs::copy(janitor_bin(), stage.join("lock-janitor")).unwrap();
+    std::fs::copy(root.join("LICENSE"), stage.join("LICENSE")).unwrap();
+    std::fs::copy(root.join("README.md"), stage.join("README.md")).unwrap();
+    for (os, arch) in [
+        ("linux", "amd64"),
+        ("linux", "arm64"),
+        ("darwin", "amd64"),
+        ("darwin", "arm64"),
+    ] {
+        let archive = dist.join(format!("lock-janitor_{version}_{os}_{arch}.tar.gz"));
+        let ok = Command::new("tar")
+            .arg("-czf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&stage)
+            .args(["lock-janitor", "LICENSE", "README.md"])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
     let out = Command::new("bash")
         .arg(copy.join("hack/krew-manifest.sh"))
-        .arg(&bin)
-        .arg(dir.path().join("out"))
+        .arg(&dist)
         .output()
         .unwrap();
     assert!(
@@ -199,25 +224,22 @@ fn krew_manifest_matches_the_plugin() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let written = std::fs::read_to_string(copy.join("krew/lock-janitor.yaml")).unwrap();
+    let written = std::fs::read_to_string(dist.join("lock-janitor.yaml")).unwrap();
     let m: serde_json::Value = serde_saphyr::from_str(&written).unwrap();
-    let sum = m["spec"]["platforms"][0]["sha256"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let archive = dir.path().join(format!(
-        "out/kubectl-lock_janitor-v{}-linux-amd64.tar.gz",
-        env!("CARGO_PKG_VERSION")
-    ));
-    let real = Command::new("sha256sum").arg(&archive).output().unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&real.stdout).split(' ').next(),
-        Some(sum.as_str())
-    );
-    let list = Command::new("tar")
-        .arg("-tzf")
-        .arg(&archive)
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&list.stdout).contains("kubectl-lock_janitor"));
+    assert_eq!(m["spec"]["version"], format!("v{version}"));
+    for p in m["spec"]["platforms"].as_array().unwrap() {
+        let uri = p["uri"].as_str().unwrap();
+        let name = uri.rsplit('/').next().unwrap();
+        assert!(uri.contains(&format!("/v{version}/")), "{uri}");
+        let real = Command::new("sha256sum")
+            .arg(dist.join(name))
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&real.stdout).split(' ').next(),
+            p["sha256"].as_str(),
+            "{name}"
+        );
+        assert_eq!(p["bin"], "lock-janitor");
+    }
 }
