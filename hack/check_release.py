@@ -97,7 +97,9 @@ def main():
     check(chart.get("version") == version and chart.get("appVersion") == version,
           f"chart version {chart.get('version')} appVersion {chart.get('appVersion')}, want {version}")
     img = values.get("image", {})
-    check(img.get("repository") == "ghcr.io/lock-janitor/lock-janitor" and not img.get("tag") and not img.get("digest"),
+    # [registry/]repository, as the chart's lock-janitor.image helper joins them.
+    repo = "/".join(p for p in (img.get("registry"), img.get("repository")) if p)
+    check(repo == "ghcr.io/lock-janitor/lock-janitor" and not img.get("tag") and not img.get("digest"),
           f"chart default image {img}")
 
     for e in errors:
