@@ -2,7 +2,7 @@
 //! events, so that a terminal pod finds its locks without walking them all.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
@@ -151,6 +151,17 @@ impl HolderIndex {
         })
     }
 
+    /// Adds, per namespace, the name of every pod some lock names (what a
+    /// sweep asks about).
+    pub fn holder_names(&self, out: &mut BTreeMap<String, BTreeSet<String>>) {
+        self.with(|i| {
+            for (k, hs) in &i.by_lock {
+                let names = out.entry(k.namespace.clone()).or_default();
+                names.extend(hs.iter().map(|(name, _)| name.to_string()));
+            }
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.with(|i| i.by_lock.len())
     }
@@ -214,6 +225,15 @@ impl LeaseIndex {
 
     pub fn delete(&self, key: &LockKey) {
         self.with(|i| unindex_lease(i, key))
+    }
+
+    /// Adds, per namespace, every host some Lease names.
+    pub fn hosts(&self, out: &mut BTreeMap<String, BTreeSet<String>>) {
+        self.with(|i| {
+            for (ns, host) in i.by_host.keys() {
+                out.entry(ns.clone()).or_default().insert(host.clone());
+            }
+        })
     }
 
     /// The Leases a pod of this name may hold: by its name, and by its

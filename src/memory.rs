@@ -400,3 +400,51 @@ impl HolderClock for MemoryClock<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memory() -> Memory {
+        Memory::new(Metrics::new().expect("metrics"))
+    }
+
+    /// What lets a judgement skip the read of a lock: this very version
+    /// read live lock-shaped. A new version, a forget or a cleared flag
+    /// (a 409, a re-list) each take it away.
+    #[test]
+    fn lock_shaped_holds_for_the_version_read_only() {
+        let m = memory();
+        let k = LockKey::configmap("ops", "lock");
+        m.suspect(&k);
+        m.judged(&k, "7", true);
+        assert!(!m.known_shaped(&k, "7"), "not before it is said");
+        m.set_shaped(&k, true);
+        assert!(m.known_shaped(&k, "7"));
+        assert!(!m.known_shaped(&k, "8"), "another version");
+        m.judged(&k, "8", true);
+        assert!(!m.known_shaped(&k, "8") && !m.known_shaped(&k, "7"));
+        m.set_shaped(&k, true);
+        m.set_shaped(&k, false);
+        assert!(!m.known_shaped(&k, "8"));
+        m.set_shaped(&k, true);
+        m.forget(&k);
+        assert!(!m.known_shaped(&k, "8"), "forgotten");
+    }
+
+    /// A death makes one judgement urgent per lock and holder uid; the same
+    /// death said again (a re-list, a repeated event) does not.
+    #[test]
+    fn a_death_is_urgent_once_per_holder() {
+        let m = memory();
+        let k = LockKey::configmap("ops", "lock");
+        assert!(!m.take_urgent(&k));
+        m.died(&k, "uid-1");
+        assert!(m.take_urgent(&k));
+        assert!(!m.take_urgent(&k), "taken");
+        m.died(&k, "uid-1");
+        assert!(!m.take_urgent(&k), "the same death again");
+        m.died(&k, "uid-2");
+        assert!(m.take_urgent(&k), "another holder's");
+    }
+}

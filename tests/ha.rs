@@ -151,3 +151,49 @@ async fn the_standby_takes_over_after_a_kill_and_a_clean_stop() {
         after_term.as_secs_f64()
     );
 }
+
+/// Only the leader sweeps after the first sweep (every replica's first one
+/// settles its own memory and readiness waits for it); a standby that takes
+/// the lead sweeps at once.
+#[tokio::test]
+async fn only_the_leader_sweeps_and_a_new_leader_sweeps_at_once() {
+    let cp = shared().await;
+    let client = cp.client().await.unwrap();
+    grant_janitor(&client).await;
+    let ns = fresh_namespace(&client, "ha-sweeps").await;
+    grant_leases(&client, &ns).await;
+    let node = format!("node-{ns}");
+    kubelet::create_node(&client, &node).await.unwrap();
+    let p1 = running_pod(&client, &ns, "p1", &node).await;
+    create_lock(&client, &lock_for("lock-1", &p1, true)).await;
+    let kc = kubeconfig_as(cp, JANITOR_USER);
+    let args = [
+        "--namespace",
+        ns.as_str(),
+        "--leader-elect",
+        "--leader-elect-namespace",
+        ns.as_str(),
+        "--leader-elect-lease-duration",
+        "4s",
+        "--resync",
+        "1s",
+    ];
+    let a = Janitor::start(&kc, &args).await;
+    let b = Janitor::start(&kc, &args).await;
+    let first = one_leader(&[&a, &b]).await;
+    let (mut leader, standby) = if first == 0 { (a, b) } else { (b, a) };
+    leader.wait_sweeps(4).await;
+    assert_eq!(standby.sweeps(), 1, "the standby swept only once, at start");
+
+    leader.kill();
+    wait_for("the standby leads", Duration::from_secs(30), || async {
+        leading(&standby).await.then_some(())
+    })
+    .await;
+    standby.wait_sweeps(2).await;
+    assert!(
+        standby.logs().contains("took the lead: sweeping now"),
+        "{}",
+        standby.logs()
+    );
+}

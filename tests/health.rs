@@ -194,7 +194,7 @@ async fn election_and_lease_sweep_failures_are_counted() {
         .delete("pods", &DeleteParams::default())
         .await
         .unwrap();
-    let scope = format!("pods sweep in {ns} (Lease locks)");
+    let scope = format!("pods sweep in {ns}");
     wait_for(
         "both failures counted and said",
         Duration::from_secs(60),

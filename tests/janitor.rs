@@ -716,6 +716,68 @@ async fn bad_flags_exit_2_with_a_message() {
 /// The race: the lock is deleted and re-created by a live pod between the
 /// judgement and the DELETE. The library's reclaim is driven directly with
 /// the stale judgement; the API server's preconditions refuse the delete.
+/// The fast path (a lock version read live lock-shaped is not read again)
+/// meets a lock that changed while the watch is behind: the DELETE of the
+/// cached version gets 409, and the next judgement reads the lock live
+/// instead of retrying the same DELETE blindly: here the lock was opted
+/// out meanwhile, so it is left alone.
+#[tokio::test]
+async fn a_409_on_the_fast_path_is_judged_again_from_a_live_read() {
+    use lock_janitor::lock::LockKey;
+    let s = scenario("fast409").await;
+    let holder = s.pod("holder").await;
+    s.lock("op-lock", &holder).await;
+    let state = lock_janitor::shared::Shared::new().unwrap();
+    state.readiness.expect(0);
+    let ctx = s.context_as(JANITOR_USER, state).await;
+    let key = LockKey::configmap(s.ns.clone(), "op-lock");
+    let metas: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.ns);
+    let mut cached = metas.get_metadata("op-lock").await.unwrap();
+    lock_janitor::controller::strip_cached(&mut cached);
+    let cached = std::sync::Arc::new(cached);
+    let judged_rv = cached.metadata.resource_version.clone().unwrap();
+
+    // Judged held from a live read: this version is known lock-shaped.
+    ctx.memory.suspect(&key);
+    lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
+        .await
+        .unwrap();
+    assert!(ctx.memory.known_shaped(&key, &judged_rv));
+
+    // The holder dies, and the lock is opted out before the watch says so.
+    fail_with(&s, "holder", "Evicted").await;
+    let opt_out = serde_json::json!({"metadata": {"labels": {WATCH_LABEL.0: "false"}}});
+    Api::<ConfigMap>::namespaced(s.client.clone(), &s.ns)
+        .patch("op-lock", &PatchParams::default(), &Patch::Merge(&opt_out))
+        .await
+        .unwrap();
+    ctx.memory.suspect(&key);
+    ctx.memory
+        .died(&key, holder.metadata.uid.as_deref().unwrap());
+    lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
+        .await
+        .unwrap();
+    assert!(
+        !ctx.memory.known_shaped(&key, &judged_rv),
+        "after a 409 the cached version is not trusted"
+    );
+    // The watch is still behind: the same cached copy comes again.
+    lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
+        .await
+        .unwrap();
+    assert!(
+        lock_exists(&s.client, &s.ns, "op-lock").await,
+        "opted out: kept"
+    );
+    let deletes: Vec<_> = s
+        .janitor_writes()
+        .into_iter()
+        .filter(|e| e.verb == "delete" && e.resource.as_deref() == Some("configmaps"))
+        .collect();
+    assert_eq!(deletes.len(), 1, "one DELETE, refused: {deletes:?}");
+    assert_eq!(deletes[0].code, Some(409), "{deletes:?}");
+}
+
 #[tokio::test]
 async fn lock_recreated_between_judgement_and_delete_survives() {
     use lock_janitor::lock::LockKey;

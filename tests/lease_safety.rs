@@ -74,11 +74,11 @@ async fn a_slow_renewer_under_a_dead_pods_identity_keeps_its_lease() {
         .await;
     assert!(last > died, "renewed after the death");
     // And one of the janitor's own judgements after that.
-    let sweeps = j.logs().matches("lease sweep done").count();
+    let sweeps = j.logs().matches("resync sweep done").count();
     wait_for(
         "a sweep after the renewals",
         Duration::from_secs(30),
-        || async { (j.logs().matches("lease sweep done").count() > sweeps + 1).then_some(()) },
+        || async { (j.logs().matches("resync sweep done").count() > sweeps + 1).then_some(()) },
     )
     .await;
 
@@ -295,9 +295,9 @@ async fn leases_that_are_no_application_lock_are_never_written() {
         assert!(note.contains(&format!("({word})")), "{name}: {note}");
     }
     // A few more judgements, then the audit log: one write, the release.
-    let sweeps = j.logs().matches("lease sweep done").count();
+    let sweeps = j.logs().matches("resync sweep done").count();
     wait_for("two more lease sweeps", Duration::from_secs(30), || async {
-        (j.logs().matches("lease sweep done").count() >= sweeps + 6).then_some(())
+        (j.logs().matches("resync sweep done").count() >= sweeps + 6).then_some(())
     })
     .await;
     let writes: Vec<AuditEvent> = lock_janitor_testenv::audit::read(s.cp.audit_log_path())

@@ -231,7 +231,7 @@ async fn every_lease_verdict_end_to_end() {
     wait_event(&s.client, &s.ns, "AmbiguousLock", "l-twin").await;
     wait_event(&s.client, &s.ns, "UnmanageableLock", "l-ip").await;
     // Two more sweeps of the Leases' scope find nothing else to release.
-    let sweeps = |j: &Janitor| j.logs().matches("lease sweep done").count();
+    let sweeps = |j: &Janitor| j.logs().matches("resync sweep done").count();
     let before = sweeps(&j);
     wait_for("two more lease sweeps", Duration::from_secs(30), || async {
         (sweeps(&j) >= before + 2).then_some(())

@@ -1,35 +1,35 @@
 //! The wiring of one scope (a namespace, or all) for Lease locks: a watch
-//! of the opted-in Leases (whole: the holder identity is in the spec), a
-//! watch of terminal pods that finds the Leases each may hold by name (the
-//! Lease index), a resync sweep, and the trigger on taking the lead.
+//! of the opted-in Leases (whole: the holder identity is in the spec) and
+//! the Lease index it keeps (the scope's pod side, `pods`, finds the Leases
+//! a terminal pod may hold by name in it), and the trigger on taking the
+//! lead.
 
 use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
-use kube::{Api, ResourceExt};
+use kube::Api;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
 
-use super::{drive, error_backoff, key_of, resync_after, suspects, terminal_pods, Context, Wiring};
+use super::pods::Leases;
+use super::{drive, key_of, Context, Wiring};
 use crate::index::LeaseIndex;
 use crate::lock;
+use crate::scoped;
 use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
-use crate::{scoped, sweep};
 
-/// Runs the Lease controller for one scope until `shutdown`.
-pub(super) async fn run_scope(
+/// The Lease controller of one scope, to run until `shutdown`, and what the
+/// scope's pod side needs of it. `listed` counts the Lease watch's first
+/// list.
+pub(super) fn run_scope(
     ctx: Arc<Context>,
     namespace: Option<String>,
+    listed: Arc<tokio::sync::watch::Sender<u8>>,
     shutdown: CancellationToken,
-) {
-    // Its watches' health is its own (a healthy ConfigMap pod watch must
-    // not cover for a failing one here).
+) -> (impl std::future::Future<Output = ()> + Send, Leases) {
     let scope = format!(
         "{} (Lease locks)",
         namespace.as_deref().unwrap_or("all namespaces")
@@ -41,7 +41,7 @@ pub(super) async fn run_scope(
     let readiness = shared.readiness.clone();
 
     // Leases to judge that the Lease watch's own events do not name: from
-    // the sweeper, the lead trigger and the end of a re-list.
+    // the pod side, the lead trigger and the end of a re-list.
     let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<Lease>>();
     let locks = {
         let (ctx, index, reader, ns, readiness, tx) = (
@@ -52,7 +52,7 @@ pub(super) async fn run_scope(
             readiness.clone(),
             suspects_tx.clone(),
         );
-        let mut listed = false;
+        let mut listed_once = false;
         let config = watcher::Config::default()
             .labels(ctx.settings.selector.as_str())
             .any_semantic();
@@ -82,91 +82,35 @@ pub(super) async fn run_scope(
                     // A re-list's objects were queued before they reached
                     // the store; now that they have, what changed is queued
                     // again (the first list's are judged as they come).
-                    if listed {
+                    if listed_once {
                         super::queue_unsettled(&ctx.memory, &reader, &tx);
                     }
-                    listed = true;
+                    listed_once = true;
                 }
                 _ => {}
             });
         let stream = watch_health(stream, shared.clone(), "leases", &scope);
-        let synced = on_first_sync(stream, move || readiness.synced());
+        let synced = on_first_sync(stream, move || {
+            readiness.synced();
+            listed.send_modify(|n| *n += 1);
+        });
         objects_only(synced.touched_objects())
     };
 
-    let terminal_pods = {
-        let readiness = readiness.clone();
-        terminal_pods(&ctx, namespace.as_deref(), &scope, move || {
-            readiness.synced()
-        })
+    let side = Leases {
+        index,
+        tx: suspects_tx.clone(),
     };
-    // A terminal pod finds the Leases that may name it.
-    let held_by = {
-        let (ctx, index) = (ctx.clone(), index.clone());
-        move |pod: PartialObjectMeta<Pod>| {
-            let ns = pod.namespace().unwrap_or_default();
-            suspects::<Lease>(&ctx, index.leases_of(&ns, &pod.name_any()))
-        }
-    };
-
-    // Each --resync, one list of terminal pods names the suspects.
-    let sweeper = {
-        let (ctx, ns, shutdown, index, tx) = (
-            ctx.clone(),
-            namespace.clone(),
-            shutdown.clone(),
-            index.clone(),
-            suspects_tx.clone(),
-        );
-        tokio::spawn(async move {
-            let mut failures = 0;
-            let health = format!(
-                "pods sweep in {} (Lease locks)",
-                ns.as_deref().unwrap_or("all namespaces")
-            );
-            loop {
-                let wait = if failures > 0 {
-                    error_backoff(failures).min(std::time::Duration::from_secs(30))
-                } else {
-                    resync_after(ctx.settings.resync)
-                };
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(wait) => {}
-                }
-                match sweep::sweep_leases(&ctx.client, ns.as_deref(), &index).await {
-                    Ok(found) => {
-                        failures = 0;
-                        super::sweep_ok(&ctx, &health);
-                        debug!(
-                            scope = ns.as_deref().unwrap_or("all namespaces"),
-                            pods = found.pods,
-                            suspects = found.suspects.len(),
-                            "lease sweep done"
-                        );
-                        for r in suspects::<Lease>(&ctx, found.suspects) {
-                            let _ = tx.unbounded_send(r);
-                        }
-                    }
-                    Err(e) => {
-                        failures += 1;
-                        super::sweep_failed(&ctx, &health, &e);
-                    }
-                }
-            }
-        })
-    };
-
     let wiring = Wiring {
         locks,
         reader,
-        terminal_pods,
-        held_by,
         suspects: suspects_rx,
         suspects_tx,
         accepting: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-        sweeper,
         concurrency: 2,
     };
-    drive(ctx, wiring, &scope, shutdown).await;
+    (
+        async move { drive(ctx, wiring, &scope, shutdown).await },
+        side,
+    )
 }

@@ -295,7 +295,9 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
         // Known before any read can fail: whose lock to follow if it goes.
         ctx.memory.set_holder(&key, &holder);
     }
-    let urgent = ctx.memory.take_urgent(&key);
+    // A standby's judgement ends in NotLeader: it keeps the death notice
+    // for when it leads, and reads within the budget meanwhile.
+    let urgent = ctx.gate.may_write() && ctx.memory.take_urgent(&key);
     let Some(judgement) = ctx.judge_with(&key, obj.cached_meta(), urgent).await? else {
         debug!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, "lock is gone");
         ctx.forget(&key);
@@ -316,16 +318,22 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
     // event names it (they name pods), so it is judged again each resync.
     let mut settles = settles(&judgement.verdict) && !judgement.matched_by_hostname_only();
     let reported_rv = judgement.reported_version();
-    let shaped = key.kind == LockKind::ConfigMap && judgement.lock.is_some();
-    let action = act(&ctx, judgement).await?;
+    // Lock-shaped at this version, and not on its way out (a copy stripped
+    // of its finalizers would tell them wrong).
+    let shaped = key.kind == LockKind::ConfigMap
+        && judgement.lock.is_some()
+        && judgement.meta.deletion_timestamp.is_none();
+    let (action, changed) = act(&ctx, judgement).await?;
     if let Some(reason) = untouchable {
         // Settled only once its Event is written (a standby writes none).
         settles &= ctx.memory.was_reported(&key, &reported_rv, reason);
     }
     ctx.memory.judged(&key, &judged, settles);
     // A ConfigMap lock-shaped at this version: its next judgement needs no
-    // read of the lock while the version stands.
-    ctx.memory.set_shaped(&key, shaped);
+    // read of the lock while the version stands. Not after a 409: the cache
+    // is behind the lock, and the next judgement reads it live (a 409 is
+    // never retried blindly).
+    ctx.memory.set_shaped(&key, shaped && !changed);
     ctx.memory.succeeded(&key);
     if settles && !ctx.memory.needs_judging(&key, &judged) {
         // Settled and not suspected while it was judged: no timer.
@@ -348,8 +356,9 @@ fn settles(v: &Verdict) -> bool {
     )
 }
 
-/// Acts on a judgement: reports, reclaims, and says when to look again.
-pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
+/// Acts on a judgement: reports, reclaims, and says when to look again,
+/// and whether the lock had changed under the write (409).
+pub async fn act(ctx: &Context, j: Judgement) -> Result<(Action, bool), Error> {
     let resync = Action::requeue(resync_after(ctx.settings.resync));
     ctx.memory.set_state(&j.key, j.verdict.state());
     if !matches!(j.verdict, Verdict::Stale { .. }) {
@@ -362,29 +371,29 @@ pub async fn act(ctx: &Context, j: Judgement) -> Result<Action, Error> {
                 info!(namespace = %j.key.namespace, lock = %j.key.name,
                       "holder pod is missing; reclaiming after the owner-gone grace unless it reappears");
                 let wait = remaining.saturating_add(Duration::from_millis(100));
-                return Ok(Action::requeue(wait.min(ctx.settings.resync)));
+                return Ok((Action::requeue(wait.min(ctx.settings.resync)), false));
             }
             if let verdict::HeldBecause::RenewalWindow { remaining } = why {
                 debug!(namespace = %j.key.namespace, lock = %j.key.name, remaining_seconds = remaining.as_secs_f64(),
                        "Lease holder died moments ago; releasing once nothing renewed it");
                 let wait = remaining.saturating_add(Duration::from_millis(100));
-                return Ok(Action::requeue(wait.min(ctx.settings.resync)));
+                return Ok((Action::requeue(wait.min(ctx.settings.resync)), false));
             }
-            Ok(resync)
+            Ok((resync, false))
         }
         Verdict::Ambiguous { .. } | Verdict::AmbiguousHolders(_) | Verdict::Unmanageable(_) => {
             ctx.reclaimer.report_untouchable(&j).await;
-            Ok(resync)
+            Ok((resync, false))
         }
         Verdict::Stale { .. } => match ctx.reclaimer.reclaim(&j).await? {
             reclaim::Outcome::Reclaimed | reclaim::Outcome::AlreadyGone => {
                 ctx.forget(&j.key);
-                Ok(Action::await_change())
+                Ok((Action::await_change(), false))
             }
-            reclaim::Outcome::Changed => Ok(Action::requeue(REJUDGE_AFTER)),
-            reclaim::Outcome::DryRun | reclaim::Outcome::Blocked => Ok(resync),
+            reclaim::Outcome::Changed => Ok((Action::requeue(REJUDGE_AFTER), true)),
+            reclaim::Outcome::DryRun | reclaim::Outcome::Blocked => Ok((resync, false)),
             // A standby looks again soon: it writes once it leads.
-            reclaim::Outcome::NotLeader => Ok(Action::requeue(STANDBY_RETRY)),
+            reclaim::Outcome::NotLeader => Ok((Action::requeue(STANDBY_RETRY), false)),
         },
     }
 }
@@ -416,38 +425,44 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         ctx.settings.namespaces.iter().cloned().map(Some).collect()
     };
     let kinds = &ctx.settings.kinds;
-    // Per scope: for ConfigMaps two watches (locks, terminal pods) and the
-    // first sweep, for Leases two watches, must list before anything is
-    // judged.
-    let per_scope = kinds
-        .iter()
-        .map(|k| match k {
-            LockKind::ConfigMap => 3,
-            LockKind::Lease => 2,
-        })
-        .sum::<usize>();
-    ctx.shared.readiness.expect(per_scope * scopes.len());
+    // Per scope, before anything is judged: each kind's lock watch, the
+    // terminal-pod watch and the first sweep.
+    ctx.shared
+        .readiness
+        .expect((kinds.len() + 2) * scopes.len());
     let mut runs: Vec<future::BoxFuture<'static, ()>> = Vec::new();
     for ns in scopes {
+        // How many of the scope's watches have listed once.
+        let (listed_tx, listed_rx) = tokio::sync::watch::channel(0u8);
+        let listed_tx = Arc::new(listed_tx);
+        let mut sides = pods::Sides::default();
         if kinds.contains(&LockKind::ConfigMap) {
-            runs.push(Box::pin(scope::run_scope(
-                ctx.clone(),
-                ns.clone(),
-                shutdown.clone(),
-            )));
+            let (run, side) =
+                scope::run_scope(ctx.clone(), ns.clone(), listed_tx.clone(), shutdown.clone());
+            runs.push(Box::pin(run));
+            sides.configmaps = Some(side);
         }
         if kinds.contains(&LockKind::Lease) {
-            runs.push(Box::pin(leases::run_scope(
-                ctx.clone(),
-                ns.clone(),
-                shutdown.clone(),
-            )));
+            let (run, side) =
+                leases::run_scope(ctx.clone(), ns.clone(), listed_tx.clone(), shutdown.clone());
+            runs.push(Box::pin(run));
+            sides.leases = Some(side);
         }
+        let expect = u8::try_from(kinds.len() + 1).unwrap_or(u8::MAX);
+        runs.push(Box::pin(pods::run(
+            ctx.clone(),
+            ns,
+            sides,
+            (listed_tx, listed_rx),
+            expect,
+            shutdown.clone(),
+        )));
     }
     future::join_all(runs).await;
 }
 
 mod leases;
+mod pods;
 mod scope;
 mod wiring;
 pub use scope::strip_cached;

@@ -1,7 +1,8 @@
 //! What the kinds' scopes share in their wiring: the terminal-pod watch,
 //! the sweeps' health, the suspects they name, the lead trigger, the filter
 //! that keeps settled locks from the Controller, and `drive`, which runs a
-//! scope's Controller for one kind.
+//! scope's Controller for one kind (its triggers: the lock watch, and the
+//! suspects the scope's pod side, the lead trigger and re-lists name).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -148,14 +149,12 @@ fn needs_judging_only<K: Watched>(
 }
 
 /// One kind's wiring of a scope, ready to run.
-pub(super) struct Wiring<K: Watched, L, P, M> {
-    /// The lock watch (reflected into `reader`) and the terminal-pod watch
-    /// with its mapping to locks.
+pub(super) struct Wiring<K: Watched, L> {
+    /// The lock watch (reflected into `reader`).
     pub(super) locks: L,
     pub(super) reader: Store<K>,
-    pub(super) terminal_pods: P,
-    pub(super) held_by: M,
-    /// Suspects from the sweeper, the lead trigger and the end of a re-list.
+    /// Suspects from the pod side, the lead trigger and the end of a
+    /// re-list.
     pub(super) suspects:
         futures::channel::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<K>>,
     pub(super) suspects_tx:
@@ -163,30 +162,19 @@ pub(super) struct Wiring<K: Watched, L, P, M> {
     /// Whether the lock watch's events reach the Controller yet (ConfigMaps:
     /// after the first sweep; Leases: from the start).
     pub(super) accepting: Arc<AtomicBool>,
-    pub(super) sweeper: tokio::task::JoinHandle<()>,
     pub(super) concurrency: u16,
 }
 
 /// Runs a scope's Controller for one kind until `shutdown`, then stops its
-/// sweeper and lead trigger.
-pub(super) async fn drive<K, L, P, M, I>(
+/// lead trigger.
+pub(super) async fn drive<K, L>(
     ctx: Arc<Context>,
-    w: Wiring<K, L, P, M>,
+    w: Wiring<K, L>,
     scope: &str,
     shutdown: CancellationToken,
 ) where
     K: Watched,
     L: futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static,
-    P: futures::Stream<
-            Item = Result<
-                PartialObjectMeta<k8s_openapi::api::core::v1::Pod>,
-                kube::runtime::watcher::Error,
-            >,
-        > + Send
-        + 'static,
-    M: Fn(PartialObjectMeta<k8s_openapi::api::core::v1::Pod>) -> I + Sync + Send + 'static,
-    I: IntoIterator<Item = kube::runtime::reflector::ObjectRef<K>> + 'static,
-    I::IntoIter: Send,
 {
     use futures::StreamExt;
     use kube::runtime::controller::{Config as ControllerConfig, Controller};
@@ -199,7 +187,6 @@ pub(super) async fn drive<K, L, P, M, I>(
         .reconcile_errors
         .with_label_values(&[crate::ErrorKind::Controller.as_str()]);
     Controller::for_stream(locks, w.reader)
-        .watches_stream(w.terminal_pods, w.held_by)
         .reconcile_on(w.suspects)
         .with_config(ControllerConfig::default().concurrency(w.concurrency))
         .graceful_shutdown_on(shutdown.cancelled_owned())
@@ -219,7 +206,6 @@ pub(super) async fn drive<K, L, P, M, I>(
             future::ready(())
         })
         .await;
-    w.sweeper.abort();
     if let Some(t) = lead {
         t.abort();
     }

@@ -1,0 +1,277 @@
+//! The pod side of one scope, shared by both lock kinds: one watch of
+//! terminal pods and one resync sweeper name the locks whose holder may have
+//! ended, ConfigMaps by the holder's uid (the holder index), Leases by its
+//! name (the Lease index). Only the leader sweeps after the first sweep: a
+//! standby keeps its watches warm and sweeps once it takes the lead.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::channel::mpsc::UnboundedSender;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::ResourceExt;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta};
+use crate::index::{HolderIndex, LeaseIndex};
+use crate::lock::{self, LockKey};
+use crate::sweep::{self, Plan, Sweep};
+
+/// The ConfigMap side of a scope, as the pod side needs it.
+pub(super) struct ConfigMaps {
+    pub(super) index: Arc<HolderIndex>,
+    pub(super) reader: Store<LockMeta>,
+    pub(super) tx: UnboundedSender<ObjectRef<LockMeta>>,
+    /// Set by the first sweep: from then on the lock watch's events reach
+    /// the Controller.
+    pub(super) swept: Arc<AtomicBool>,
+}
+
+/// The Lease side of a scope.
+pub(super) struct Leases {
+    pub(super) index: Arc<LeaseIndex>,
+    pub(super) tx: UnboundedSender<ObjectRef<Lease>>,
+}
+
+/// The kinds a scope watches.
+#[derive(Default)]
+pub(super) struct Sides {
+    pub(super) configmaps: Option<ConfigMaps>,
+    pub(super) leases: Option<Leases>,
+}
+
+impl Sides {
+    fn watched(&self) -> sweep::Watched<'_> {
+        sweep::Watched {
+            configmaps: self.configmaps.as_ref().map(|c| &*c.index),
+            leases: self.leases.as_ref().map(|l| &*l.index),
+        }
+    }
+
+    /// A terminal pod: the locks it may hold are judged from live reads.
+    /// A death makes those reads necessary: they skip the idle budget.
+    fn ended(&self, ctx: &Context, pod: &PartialObjectMeta<Pod>) {
+        let ns = pod.namespace().unwrap_or_default();
+        if let Some(c) = &self.configmaps {
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            let keys = c.index.locks_of(&ns, uid);
+            for k in &keys {
+                ctx.memory.died(k, uid);
+            }
+            for r in suspects::<LockMeta>(ctx, keys) {
+                let _ = c.tx.unbounded_send(r);
+            }
+        }
+        if let Some(l) = &self.leases {
+            for r in suspects::<Lease>(ctx, l.index.leases_of(&ns, &pod.name_any())) {
+                let _ = l.tx.unbounded_send(r);
+            }
+        }
+    }
+
+    /// Names a sweep's suspects to their Controllers.
+    fn send(&self, ctx: &Context, found: Sweep) {
+        if let Some(c) = &self.configmaps {
+            for r in suspects::<LockMeta>(ctx, found.configmaps) {
+                let _ = c.tx.unbounded_send(r);
+            }
+        }
+        if let Some(l) = &self.leases {
+            for r in suspects::<Lease>(ctx, found.leases) {
+                let _ = l.tx.unbounded_send(r);
+            }
+        }
+    }
+}
+
+impl ConfigMaps {
+    /// The locks and versions before the first sweep: only these, unchanged
+    /// since, may be settled by it.
+    fn snapshot(&self) -> HashMap<LockKey, String> {
+        self.reader
+            .state()
+            .iter()
+            .map(|m| {
+                (
+                    key_of(&**m),
+                    m.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    /// After the first sweep: every lock it found nothing against, unchanged
+    /// since the snapshot, is settled without a read (start-up does not read
+    /// each lock and holder one by one); from now on the lock watch queues
+    /// what changes, and what is there and not settled is queued here (a
+    /// lock whose event came before this is in the store by now, or, listed
+    /// again by a re-list still under way, is queued at its end).
+    fn settle(&self, ctx: &Context, before: &HashMap<LockKey, String>) {
+        for m in self.reader.state() {
+            let key = key_of(&*m);
+            let Ok(lock) = lock::parse(&m.metadata) else {
+                continue;
+            };
+            if before.get(&key) == Some(&lock.resource_version) {
+                ctx.memory
+                    .seed_held(&key, &lock.resource_version, &lock.holder);
+            }
+        }
+        self.swept.store(true, Ordering::SeqCst);
+        super::queue_unsettled(&ctx.memory, &self.reader, &self.tx);
+    }
+}
+
+/// Runs a scope's pod side until `shutdown`: the terminal-pod watch, and
+/// the sweeper once `listed` counts `expect_listed` watches listed (this
+/// one's and each kind's lock watch).
+pub(super) async fn run(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    sides: Sides,
+    listed: (
+        Arc<tokio::sync::watch::Sender<u8>>,
+        tokio::sync::watch::Receiver<u8>,
+    ),
+    expect_listed: u8,
+    shutdown: CancellationToken,
+) {
+    let scope = namespace.as_deref().unwrap_or("all namespaces").to_owned();
+    let sides = Arc::new(sides);
+    let (listed_tx, listed_rx) = listed;
+    let watch = {
+        let readiness = ctx.shared.readiness.clone();
+        let (ctx, sides) = (ctx.clone(), sides.clone());
+        terminal_pods(&ctx.clone(), namespace.as_deref(), &scope, move || {
+            readiness.synced();
+            listed_tx.send_modify(|n| *n += 1);
+        })
+        .for_each(move |pod| {
+            if let Ok(pod) = pod {
+                sides.ended(&ctx, &pod);
+            }
+            futures::future::ready(())
+        })
+    };
+    let sweeper = sweeper(ctx, namespace, sides, listed_rx, expect_listed, shutdown);
+    tokio::select! {
+        _ = watch => {}
+        _ = sweeper => {}
+    }
+}
+
+/// Resolves when this replica takes the lead (never without an election:
+/// it always leads, and sweeps on its timer).
+async fn took_lead(changes: &mut Option<tokio::sync::watch::Receiver<bool>>) {
+    if let Some(rx) = changes {
+        while rx.changed().await.is_ok() {
+            if *rx.borrow_and_update() {
+                return;
+            }
+        }
+    }
+    futures::future::pending::<()>().await
+}
+
+/// Once the watches have listed, and every --resync while this replica
+/// leads (and at once when it takes the lead), one sweep names the suspects
+/// of both kinds (see `sweep`). The first sweep runs on every replica: it
+/// settles the locks it finds nothing against and is the last thing
+/// readiness waits for. Later ones prune ghosts: a lock deleted while its
+/// reconcile was in flight may be remembered after the watch said it was
+/// gone.
+async fn sweeper(
+    ctx: Arc<Context>,
+    ns: Option<String>,
+    sides: Arc<Sides>,
+    mut listed: tokio::sync::watch::Receiver<u8>,
+    expect_listed: u8,
+    shutdown: CancellationToken,
+) {
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        _ = listed.wait_for(|n| *n >= expect_listed) => {}
+    }
+    let scope = ns.as_deref().unwrap_or("all namespaces");
+    let health = format!("pods sweep in {scope}");
+    let mut plan = Plan::default();
+    let mut lead = ctx.gate.changes();
+    let mut first = true;
+    let mut failures = 0;
+    loop {
+        if first || ctx.gate.may_write() {
+            let before = match (&sides.configmaps, first) {
+                (Some(c), true) => c.snapshot(),
+                _ => HashMap::new(),
+            };
+            match sweep::sweep(&ctx.client, ns.as_deref(), sides.watched(), &mut plan).await {
+                Ok(found) => {
+                    failures = 0;
+                    super::sweep_ok(&ctx, &health);
+                    debug!(
+                        scope,
+                        pods = found.pods,
+                        requests = found.requests,
+                        namespaces = found.namespaces,
+                        cluster = found.cluster,
+                        suspects = found.configmaps.len() + found.leases.len(),
+                        "resync sweep done"
+                    );
+                    // Suspects first, so that seeding leaves them alone.
+                    for key in found.configmaps.iter().chain(&found.leases) {
+                        ctx.memory.suspect(key);
+                    }
+                    if first {
+                        if let Some(c) = &sides.configmaps {
+                            c.settle(&ctx, &before);
+                        }
+                        // What was awaited before a restart or a failover.
+                        match ctx.takeovers.restore(ns.as_deref()).await {
+                            Ok(n) if n > 0 => {
+                                info!(awaited = n, "takeovers awaited again after a restart")
+                            }
+                            Ok(_) => {}
+                            Err(e) => warn!(error = %e,
+                                "could not read the janitor's reclaim Events; takeovers awaited before a restart are not followed"),
+                        }
+                        ctx.shared.readiness.synced();
+                        first = false;
+                    } else {
+                        if let Some(c) = &sides.configmaps {
+                            ctx.forget_missing(ns.as_deref(), &c.reader);
+                        }
+                        ctx.shared
+                            .metrics
+                            .prune_reclaims(crate::metrics::RECLAIM_SERIES_TTL);
+                    }
+                    sides.send(&ctx, found);
+                }
+                Err(e) => {
+                    failures += 1;
+                    super::sweep_failed(&ctx, &health, &e);
+                }
+            }
+        }
+        // A failing sweep retries at least every 30 s, so readiness sees it
+        // failing rather than recovered.
+        let wait = if failures > 0 {
+            error_backoff(failures).min(Duration::from_secs(30))
+        } else {
+            resync_after(ctx.settings.resync)
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(wait) => {}
+            _ = took_lead(&mut lead), if !first => {
+                debug!(scope, "took the lead: sweeping now");
+            }
+        }
+    }
+}
