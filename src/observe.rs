@@ -21,11 +21,13 @@ use crate::selector::Selector;
 use crate::verdict::{self, HolderSeen, Policy, StaleReason, Verdict};
 use crate::{call, Error, ErrorKind};
 
-/// A lock as judged from live reads: what `reclaim` acts on, and nothing else.
+/// A lock as judged from live reads (the holder always; the lock itself,
+/// or the cached copy of a version read live before and found empty): what
+/// `reclaim` acts on, and nothing else.
 #[derive(Clone, Debug)]
 pub struct Judgement {
     pub key: LockKey,
-    /// The lock's metadata exactly as read (uid and resourceVersion guard the delete).
+    /// The lock's metadata as judged (uid and resourceVersion guard the delete).
     pub meta: ObjectMeta,
     pub lock: Option<Lock>,
     pub holder: Option<Pod>,

@@ -1,6 +1,7 @@
 //! Every write that frees a lock: the guarded DELETE of a stale lock, the
 //! dead holder pod (`--delete-pod`), and the Events and metrics that report
-//! them. Called only with a judgement made from live reads; takes what it
+//! them. Called only with a judgement made from live reads (see
+//! `observe::Judgement`); takes what it
 //! needs (client, Events, metrics, memory, mode) and nothing else.
 
 use std::sync::Arc;

@@ -21,7 +21,9 @@ use crate::scoped;
 use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
 
 /// Keeps of a watched lock only what the cache is used for (identity,
-/// version, owner references): every judgement re-reads the lock whole.
+/// version, owner references). A judgement reads the lock whole, unless
+/// this version was read live before and held no data (`judge_known`): the
+/// copy is then the version the guarded DELETE names.
 pub fn strip_cached(m: &mut LockMeta) {
     let meta = &mut m.metadata;
     meta.managed_fields = None;
