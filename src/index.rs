@@ -204,6 +204,8 @@ pub struct LeaseIndex {
 struct LeaseInner {
     by_host: HashMap<(String, String), HashSet<LockKey>>,
     by_lease: HashMap<LockKey, (String, String)>,
+    /// During a re-list: the Leases seen since it started.
+    relisting: Option<HashSet<LockKey>>,
 }
 
 impl LeaseIndex {
@@ -214,6 +216,9 @@ impl LeaseIndex {
     /// A Lease was listed, created or changed: index the host it names.
     pub fn apply(&self, key: LockKey, host: Option<String>) {
         self.with(|i| {
+            if let Some(seen) = i.relisting.as_mut() {
+                seen.insert(key.clone());
+            }
             unindex_lease(i, &key);
             if let Some(h) = host {
                 let id = (key.namespace.clone(), h);
@@ -225,6 +230,29 @@ impl LeaseIndex {
 
     pub fn delete(&self, key: &LockKey) {
         self.with(|i| unindex_lease(i, key))
+    }
+
+    /// A re-list starts: what it does not list again is gone afterwards
+    /// (a Lease deleted while the watch was down).
+    pub fn relist_started(&self) {
+        self.with(|i| i.relisting = Some(HashSet::new()));
+    }
+
+    pub fn relist_done(&self) {
+        self.with(|i| {
+            let Some(seen) = i.relisting.take() else {
+                return;
+            };
+            let gone: Vec<LockKey> = i
+                .by_lease
+                .keys()
+                .filter(|k| !seen.contains(*k))
+                .cloned()
+                .collect();
+            for k in gone {
+                unindex_lease(i, &k);
+            }
+        })
     }
 
     /// Adds, per namespace, every host some Lease names.
@@ -313,5 +341,21 @@ mod tests {
         idx.relist_done();
         assert!(idx.locks_of("ops", "u2").is_empty());
         assert_eq!(idx.len(), 1);
+    }
+
+    #[test]
+    fn a_lease_relist_forgets_what_it_no_longer_lists() {
+        let idx = LeaseIndex::default();
+        let (a, b) = (LockKey::lease("ops", "a"), LockKey::lease("ops", "b"));
+        idx.apply(a.clone(), Some("op-0".into()));
+        idx.apply(b.clone(), Some("op-1".into()));
+        idx.relist_started();
+        idx.apply(a.clone(), Some("op-0".into()));
+        idx.relist_done();
+        assert_eq!(idx.leases_of("ops", "op-0"), vec![a]);
+        assert!(idx.leases_of("ops", "op-1").is_empty());
+        let mut hosts = BTreeMap::new();
+        idx.hosts(&mut hosts);
+        assert_eq!(hosts["ops"].len(), 1);
     }
 }

@@ -56,37 +56,100 @@ pub struct Watched<'a> {
 /// A sweep's memory of what reading cost, for the next one to choose.
 #[derive(Debug, Default)]
 pub struct Plan {
-    /// Per namespace: requests its lists took last time.
-    list_cost: HashMap<String, usize>,
+    /// Per namespace: the pages its two lists took when last listed.
+    learned: HashMap<String, Pages>,
     /// Requests a sweep of the whole cluster at once takes (estimated or
     /// last seen), and at which sweep that was learned.
     cluster_cost: Option<(usize, u64)>,
     sweeps: u64,
 }
 
+/// Pages of a namespace's lists: its terminal pods, all its pods.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Pages {
+    terminal: usize,
+    all: usize,
+}
+
 /// How often (in sweeps) the cluster's size is asked again.
 const CLUSTER_COST_TTL: u64 = 12;
 
+/// The pods one namespace's locks name.
+#[derive(Debug, Default)]
+struct Named {
+    /// ConfigMap holders: is each there, under its uid, and alive?
+    holders: BTreeSet<String>,
+    /// Lease hosts: has one ended? A host may be a pod name cut to a
+    /// hostname, which only a list finds (`LeaseIndex::leases_of`).
+    hosts: BTreeSet<String>,
+}
+
 /// How one namespace is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Way {
-    /// List its pods: terminal ones (both kinds), then all (ConfigMap
-    /// holders' presence).
-    List,
-    /// Read each named pod.
-    ByName,
+struct Reads {
+    /// List its terminal pods (both kinds).
+    terminal: bool,
+    /// List all its pods (the holders' presence).
+    all: bool,
+    /// Read each ConfigMap holder by name instead.
+    by_name: bool,
 }
 
 impl Plan {
-    /// The way to read a namespace naming `names` pods, and its cost.
-    fn way(&self, namespace: &str, names: usize) -> (Way, usize) {
-        match self.list_cost.get(namespace) {
-            Some(&list) if list <= names => (Way::List, list),
-            Some(_) => (Way::ByName, names),
-            // Not listed yet: a list costs at least two requests.
-            None if names <= 2 => (Way::ByName, names),
-            None => (Way::List, 2),
+    /// How to read a namespace, and what it costs in requests: its Lease
+    /// hosts by a list of its terminal pods (complete, usually one page);
+    /// its ConfigMap holders by name or by listing, whichever took fewer
+    /// requests (not listed yet: by name for one or two holders).
+    fn reads(&self, namespace: &str, named: &Named) -> (Reads, usize) {
+        let learned = self.learned.get(namespace).copied();
+        let pages = learned.unwrap_or(Pages {
+            terminal: 1,
+            all: 1,
+        });
+        let h = named.holders.len();
+        if named.hosts.is_empty() {
+            let list = match learned {
+                Some(p) => p.terminal + p.all <= h,
+                None => h > 2,
+            };
+            return if list {
+                let r = Reads {
+                    terminal: true,
+                    all: true,
+                    by_name: false,
+                };
+                (r, pages.terminal + pages.all)
+            } else {
+                let r = Reads {
+                    terminal: false,
+                    all: false,
+                    by_name: true,
+                };
+                (r, h)
+            };
         }
+        // The terminal list is read anyway; the holders' presence by the
+        // other list, or by name.
+        let all = h > 0
+            && match learned {
+                Some(p) => p.all <= h,
+                None => h > 2,
+            };
+        let by_name = h > 0 && !all;
+        let cost = pages.terminal
+            + if all {
+                pages.all
+            } else if by_name {
+                h
+            } else {
+                0
+            };
+        let r = Reads {
+            terminal: true,
+            all,
+            by_name,
+        };
+        (r, cost)
     }
 }
 
@@ -248,42 +311,43 @@ async fn cluster_size(client: &Client) -> Result<Option<usize>, Error> {
 }
 
 /// Sweeps one scope (a namespace, or all) for the locks of `watched`,
-/// reading only the namespaces they name pods in (see the module's words).
+/// reading only the namespaces they name pods in (see the module's words),
+/// into `out`. On an error, `out` holds the suspects found before it (the
+/// missing holders are named only by a sweep that read everything).
 pub async fn sweep(
     client: &Client,
     scope: Option<&str>,
     watched: Watched<'_>,
     plan: &mut Plan,
-) -> Result<Sweep, Error> {
+    out: &mut Sweep,
+) -> Result<(), Error> {
     plan.sweeps += 1;
-    let mut out = Sweep::default();
-    // namespace -> the pod names its locks name (holders and Lease hosts).
-    let mut names: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut named: BTreeMap<String, Named> = BTreeMap::new();
     if let Some(cms) = watched.configmaps {
-        cms.holder_names(&mut names);
+        let mut by_ns = BTreeMap::new();
+        cms.holder_names(&mut by_ns);
+        for (ns, names) in by_ns {
+            named.entry(ns).or_default().holders = names;
+        }
     }
     if let Some(leases) = watched.leases {
-        leases.hosts(&mut names);
+        let mut by_ns = BTreeMap::new();
+        leases.hosts(&mut by_ns);
+        for (ns, hosts) in by_ns {
+            named.entry(ns).or_default().hosts = hosts;
+        }
     }
     if let Some(ns) = scope {
-        names.retain(|n, _| n == ns);
+        named.retain(|n, _| n == ns);
     }
-    plan.list_cost.retain(|ns, _| names.contains_key(ns));
-    if names.is_empty() {
-        return Ok(out);
+    plan.learned.retain(|ns, _| named.contains_key(ns));
+    if named.is_empty() {
+        return Ok(());
     }
-    let by_namespace: usize = names.iter().map(|(ns, n)| plan.way(ns, n.len()).1).sum();
+    let by_namespace: usize = named.iter().map(|(ns, n)| plan.reads(ns, n).1).sum();
 
-    // namespace -> name -> uid of the named pods that exist.
+    // namespace -> name -> uid of the ConfigMap holders that exist.
     let mut found: HashMap<String, HashMap<String, String>> = HashMap::new();
-    let mut terminal = |out: &mut Sweep, p: &PodId| {
-        if let Some(cms) = watched.configmaps {
-            out.configmaps.extend(cms.locks_of(&p.namespace, &p.uid));
-        }
-        if let Some(leases) = watched.leases {
-            out.leases.extend(leases.leases_of(&p.namespace, &p.name));
-        }
-    };
 
     if scope.is_none() && by_namespace > 2 {
         let stale = plan
@@ -291,10 +355,16 @@ pub async fn sweep(
             .is_none_or(|(_, at)| plan.sweeps - at >= CLUSTER_COST_TTL);
         if stale {
             out.requests += 1;
-            let lists = if watched.configmaps.is_some() { 2 } else { 1 };
-            let cost = cluster_size(client).await?.map_or(usize::MAX, |pods| {
-                pods.div_ceil(PAGE_SIZE as usize).max(1) * lists
-            });
+            let lists = if named.values().any(|n| !n.holders.is_empty()) {
+                2
+            } else {
+                1
+            };
+            // Not answered: read namespace by namespace this time.
+            let cost = match cluster_size(client).await {
+                Ok(Some(pods)) => pods.div_ceil(PAGE_SIZE as usize).max(1) * lists,
+                Ok(None) | Err(_) => usize::MAX,
+            };
             plan.cluster_cost = Some((cost, plan.sweeps));
         }
         if plan
@@ -303,105 +373,140 @@ pub async fn sweep(
         {
             out.cluster = true;
             let before = out.requests;
-            list(
-                client,
-                None,
-                watched,
-                &names,
-                &mut out,
-                &mut found,
-                &mut terminal,
-            )
-            .await?;
+            let all = named.values().any(|n| !n.holders.is_empty());
+            list(client, None, watched, &named, all, out, &mut found).await?;
             plan.cluster_cost = Some((out.requests - before, plan.sweeps));
-            finish(watched, &found, &names, &mut out);
-            return Ok(out);
+            finish(watched, &found, &named, out);
+            return Ok(());
         }
     }
 
-    for (ns, wanted) in &names {
+    for (ns, wanted) in &named {
         out.namespaces += 1;
-        match plan.way(ns, wanted.len()).0 {
-            Way::List => {
-                let before = out.requests;
-                list(
-                    client,
-                    Some(ns),
-                    watched,
-                    &names,
-                    &mut out,
-                    &mut found,
-                    &mut terminal,
-                )
-                .await?;
-                plan.list_cost.insert(ns.clone(), out.requests - before);
-            }
-            Way::ByName => {
-                // A few at a time, as a list's pages would not be.
-                let wanted: Vec<&String> = wanted.iter().collect();
-                let mut reads = Vec::with_capacity(wanted.len());
-                for names in wanted.chunks(4) {
-                    let each = names.iter().map(|name| pod_named(client, ns, name));
-                    reads.extend(futures::future::join_all(each).await);
-                }
-                for pod in reads {
-                    out.requests += 1;
-                    let Some(pod) = pod? else { continue };
-                    out.pods += 1;
-                    let p = pod.metadata;
-                    if matches!(pod.status.phase.as_deref(), Some("Failed" | "Succeeded")) {
-                        terminal(&mut out, &p);
-                    }
-                    found
-                        .entry(p.namespace.clone())
-                        .or_default()
-                        .insert(p.name, p.uid);
-                }
-            }
+        let (reads, _) = plan.reads(ns, wanted);
+        if reads.terminal {
+            let pages = list(
+                client,
+                Some(ns),
+                watched,
+                &named,
+                reads.all,
+                out,
+                &mut found,
+            )
+            .await?;
+            plan.learned.insert(ns.clone(), pages);
+        }
+        if reads.by_name {
+            by_name(client, ns, watched, wanted, out, &mut found).await?;
         }
     }
-    finish(watched, &found, &names, &mut out);
-    Ok(out)
+    finish(watched, &found, &named, out);
+    Ok(())
+}
+
+/// Reads a namespace's ConfigMap holders one by one (a few at a time).
+async fn by_name(
+    client: &Client,
+    ns: &str,
+    watched: Watched<'_>,
+    wanted: &Named,
+    out: &mut Sweep,
+    found: &mut HashMap<String, HashMap<String, String>>,
+) -> Result<(), Error> {
+    // A name no pod can have is not read: its locks are suspects (judged
+    // from live reads, which say what they are).
+    let names: Vec<&String> = wanted
+        .holders
+        .iter()
+        .filter(|n| crate::lock::is_pod_name(n))
+        .collect();
+    for chunk in names.chunks(4) {
+        let reads = futures::future::join_all(chunk.iter().map(|n| pod_named(client, ns, n))).await;
+        for pod in reads {
+            out.requests += 1;
+            let pod = match pod {
+                Ok(Some(pod)) => pod,
+                Ok(None) => continue,
+                // Refused for this pod alone (403, 422, ...): its locks are
+                // suspects; a server or network error fails the sweep.
+                Err(Error::Kube {
+                    source: kube::Error::Api(s),
+                    ..
+                }) if (400..500).contains(&s.code) && s.code != 429 => continue,
+                Err(e) => return Err(e),
+            };
+            out.pods += 1;
+            let p = pod.metadata;
+            if matches!(pod.status.phase.as_deref(), Some("Failed" | "Succeeded")) {
+                if let Some(cms) = watched.configmaps {
+                    out.configmaps.extend(cms.locks_of(&p.namespace, &p.uid));
+                }
+            }
+            found
+                .entry(p.namespace.clone())
+                .or_default()
+                .insert(p.name, p.uid);
+        }
+    }
+    Ok(())
 }
 
 /// Lists a namespace's pods (or the cluster's): the terminal ones, then,
-/// when ConfigMap locks are watched, all of them, keeping of those only the
-/// pods some lock names.
+/// if `all`, all of them, keeping of those only the pods some ConfigMap
+/// lock names. Returns the pages each list took.
 async fn list(
     client: &Client,
     namespace: Option<&str>,
     watched: Watched<'_>,
-    names: &BTreeMap<String, BTreeSet<String>>,
+    named: &BTreeMap<String, Named>,
+    all: bool,
     out: &mut Sweep,
     found: &mut HashMap<String, HashMap<String, String>>,
-    terminal: &mut impl FnMut(&mut Sweep, &PodId),
-) -> Result<(), Error> {
+) -> Result<Pages, Error> {
     let mut seen = 0;
-    let mut hits = Sweep::default();
-    out.requests += pages(
+    let (mut cms, mut leases) = (Vec::new(), Vec::new());
+    let terminal = pages(
         client,
         namespace,
         Some(TERMINAL_PODS),
         "sweeping terminal pods",
         |p| {
             seen += 1;
-            terminal(&mut hits, &p);
+            if let Some(index) = watched.configmaps {
+                cms.extend(index.locks_of(&p.namespace, &p.uid));
+            }
+            if let Some(index) = watched.leases {
+                leases.extend(index.leases_of(&p.namespace, &p.name));
+            }
         },
     )
-    .await?;
-    out.configmaps.extend(hits.configmaps);
-    out.leases.extend(hits.leases);
-    if watched.configmaps.is_some() {
-        out.requests += pages(client, namespace, None, "sweeping pods", |p| {
+    .await;
+    out.configmaps.extend(cms);
+    out.leases.extend(leases);
+    out.pods += seen;
+    let terminal = terminal?;
+    out.requests += terminal;
+    let mut every = 0;
+    if all {
+        let mut seen = 0;
+        every = pages(client, namespace, None, "sweeping pods", |p| {
             seen += 1;
-            if names.get(&p.namespace).is_some_and(|n| n.contains(&p.name)) {
+            if named
+                .get(&p.namespace)
+                .is_some_and(|n| n.holders.contains(&p.name))
+            {
                 found.entry(p.namespace).or_default().insert(p.name, p.uid);
             }
         })
         .await?;
+        out.requests += every;
+        out.pods += seen;
     }
-    out.pods += seen;
-    Ok(())
+    Ok(Pages {
+        terminal,
+        all: every,
+    })
 }
 
 /// The ConfigMap locks whose holder is not there under its uid, among the
@@ -409,7 +514,7 @@ async fn list(
 fn finish(
     watched: Watched<'_>,
     found: &HashMap<String, HashMap<String, String>>,
-    names: &BTreeMap<String, BTreeSet<String>>,
+    named: &BTreeMap<String, Named>,
     out: &mut Sweep,
 ) {
     let Some(cms) = watched.configmaps else {
@@ -418,7 +523,7 @@ fn finish(
     out.configmaps.extend(cms.missing_holders(|ns, name, uid| {
         // A namespace not read this time (none: every one a lock names is)
         // says nothing against its locks.
-        !names.contains_key(ns)
+        !named.contains_key(ns)
             || found
                 .get(ns)
                 .and_then(|n| n.get(name))
@@ -430,19 +535,82 @@ fn finish(
 mod tests {
     use super::*;
 
-    /// A namespace not listed yet is read by name when it names one or two
-    /// pods, else listed; once listed, the cheaper of its list's cost and
-    /// the number of names.
+    fn named(holders: &[&str], hosts: &[&str]) -> Named {
+        Named {
+            holders: holders.iter().map(|s| s.to_string()).collect(),
+            hosts: hosts.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// ConfigMap holders: by name when one or two and not listed yet, else
+    /// by list; once listed, the cheaper of the lists' pages and the names.
+    /// Lease hosts: always the terminal list (a cut hostname is found only
+    /// there).
     #[test]
     fn reads_each_namespace_the_cheaper_way() {
+        let (list, names, terminal_only) = (
+            Reads {
+                terminal: true,
+                all: true,
+                by_name: false,
+            },
+            Reads {
+                terminal: false,
+                all: false,
+                by_name: true,
+            },
+            Reads {
+                terminal: true,
+                all: false,
+                by_name: false,
+            },
+        );
         let mut plan = Plan::default();
-        assert_eq!(plan.way("ops", 1), (Way::ByName, 1));
-        assert_eq!(plan.way("ops", 2), (Way::ByName, 2));
-        assert_eq!(plan.way("ops", 3), (Way::List, 2));
-        plan.list_cost.insert("ops".into(), 12);
-        assert_eq!(plan.way("ops", 3), (Way::ByName, 3));
-        assert_eq!(plan.way("ops", 12), (Way::List, 12));
-        assert_eq!(plan.way("ops", 40), (Way::List, 12));
+        assert_eq!(plan.reads("ops", &named(&["a"], &[])), (names, 1));
+        assert_eq!(plan.reads("ops", &named(&["a", "b"], &[])), (names, 2));
+        assert_eq!(plan.reads("ops", &named(&["a", "b", "c"], &[])), (list, 2));
+        assert_eq!(plan.reads("ops", &named(&[], &["h"])), (terminal_only, 1));
+        let mixed = Reads {
+            by_name: true,
+            ..terminal_only
+        };
+        assert_eq!(plan.reads("ops", &named(&["a"], &["h"])), (mixed, 2));
+        plan.learned.insert(
+            "ops".into(),
+            Pages {
+                terminal: 2,
+                all: 10,
+            },
+        );
+        assert_eq!(plan.reads("ops", &named(&["a", "b", "c"], &[])), (names, 3));
+        let twelve: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
+        let twelve: Vec<&str> = twelve.iter().map(String::as_str).collect();
+        assert_eq!(plan.reads("ops", &named(&twelve, &[])), (list, 12));
+        let both = Reads {
+            all: true,
+            ..terminal_only
+        };
+        assert_eq!(plan.reads("ops", &named(&twelve, &["h"])), (both, 12));
+    }
+
+    #[test]
+    fn only_pod_names_are_read_by_name() {
+        use crate::lock::is_pod_name;
+        for ok in ["op-0", "a", "web.1", "x".repeat(253).as_str()] {
+            assert!(is_pod_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "a b",
+            "p/eviction",
+            "Op",
+            "-a",
+            "a-",
+            "..",
+            &"x".repeat(254),
+        ] {
+            assert!(!is_pod_name(bad), "{bad}");
+        }
     }
 
     /// A page as the API server sends it: identities are read, the rest

@@ -59,9 +59,25 @@ async fn a_sweep_reads_only_the_pods_its_locks_name() {
         .await
         .unwrap();
 
+    // Beside it, a lock whose owner name no pod can have (written by hand):
+    // never put in a URL, it fails no sweep, and is reported unmanageable.
+    let mut odd = lock("odd", &p0);
+    if let Some(o) = odd.metadata.owner_references.as_mut() {
+        o[0].name = "a b/eviction".into();
+    }
+    api.create(&PostParams::default(), &odd).await.unwrap();
+
     let kc = kubeconfig_as(cp, USER);
     let j = Janitor::start(&kc, &["--selector", &selector, "--resync", "1s"]).await;
     j.wait_sweeps(3).await;
+    let ev = wait_event(&client, &ns, "UnmanageableLock", "odd").await;
+    assert!(
+        ev.note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("OwnerNameNotAPod"),
+        "{ev:?}"
+    );
 
     // One holder: read by name, and nothing listed but the terminal-pod
     // watch's own list of the cluster.

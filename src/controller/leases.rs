@@ -77,7 +77,9 @@ pub(super) fn run_scope(
                     index.delete(&key);
                     ctx.forget(&key);
                 }
+                Ok(watcher::Event::Init) => index.relist_started(),
                 Ok(watcher::Event::InitDone) => {
+                    index.relist_done();
                     ctx.forget_missing(ns.as_deref(), &reader);
                     // A re-list's objects were queued before they reached
                     // the store; now that they have, what changed is queued

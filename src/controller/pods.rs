@@ -206,13 +206,21 @@ async fn sweeper(
     let mut first = true;
     let mut failures = 0;
     loop {
-        if first || ctx.gate.may_write() {
+        // A replica whose sweep fails keeps trying, leading or not: its
+        // readiness must see the sweep work again, not merely stop failing.
+        if first || failures > 0 || ctx.gate.may_write() {
             let before = match (&sides.configmaps, first) {
                 (Some(c), true) => c.snapshot(),
                 _ => HashMap::new(),
             };
-            match sweep::sweep(&ctx.client, ns.as_deref(), sides.watched(), &mut plan).await {
-                Ok(found) => {
+            let mut found = Sweep::default();
+            // Read-only: dropped at shutdown rather than holding the drain.
+            let swept = tokio::select! {
+                r = sweep::sweep(&ctx.client, ns.as_deref(), sides.watched(), &mut plan, &mut found) => r,
+                _ = shutdown.cancelled() => break,
+            };
+            match swept {
+                Ok(()) => {
                     failures = 0;
                     super::sweep_ok(&ctx, &health);
                     debug!(
@@ -243,21 +251,33 @@ async fn sweeper(
                         }
                         ctx.shared.readiness.synced();
                         first = false;
-                    } else {
-                        if let Some(c) = &sides.configmaps {
-                            ctx.forget_missing(ns.as_deref(), &c.reader);
+                        // Leading already counts as taken: no second sweep.
+                        if let Some(rx) = lead.as_mut() {
+                            rx.borrow_and_update();
                         }
-                        ctx.shared
-                            .metrics
-                            .prune_reclaims(crate::metrics::RECLAIM_SERIES_TTL);
                     }
                     sides.send(&ctx, found);
                 }
                 Err(e) => {
                     failures += 1;
                     super::sweep_failed(&ctx, &health, &e);
+                    // What it found before the error is judged (never
+                    // settled: the first sweep settles only when whole).
+                    if !first {
+                        sides.send(&ctx, found);
+                    }
                 }
             }
+        }
+        if !first {
+            // Local, on every replica: ghosts of locks deleted while their
+            // reconcile was in flight, and reclaim series past their time.
+            if let Some(c) = &sides.configmaps {
+                ctx.forget_missing(ns.as_deref(), &c.reader);
+            }
+            ctx.shared
+                .metrics
+                .prune_reclaims(crate::metrics::RECLAIM_SERIES_TTL);
         }
         // A failing sweep retries at least every 30 s, so readiness sees it
         // failing rather than recovered.

@@ -32,6 +32,9 @@ pub fn parse(meta: &ObjectMeta) -> Result<Lock, Unmanageable> {
     if owner.name.is_empty() {
         return Err(Unmanageable::EmptyOwnerName);
     }
+    if !super::is_pod_name(&owner.name) {
+        return Err(Unmanageable::OwnerNameNotAPod);
+    }
     if owner.uid.is_empty() {
         return Err(Unmanageable::EmptyOwnerUid);
     }
@@ -152,6 +155,14 @@ mod tests {
             (
                 meta(Some(vec![pod_owner("", "1")])),
                 Unmanageable::EmptyOwnerName,
+            ),
+            (
+                meta(Some(vec![pod_owner("a b", "1")])),
+                Unmanageable::OwnerNameNotAPod,
+            ),
+            (
+                meta(Some(vec![pod_owner("op/eviction", "1")])),
+                Unmanageable::OwnerNameNotAPod,
             ),
             (
                 meta(Some(vec![pod_owner("a", "")])),

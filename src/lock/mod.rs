@@ -123,6 +123,9 @@ pub enum Unmanageable {
         kind: String,
     },
     EmptyOwnerName,
+    /// The Pod ownerReference's name is no pod's name (not a DNS-1123
+    /// subdomain): written by hand, and never read as a URL.
+    OwnerNameNotAPod,
     EmptyOwnerUid,
     /// The holder's uid belongs to a pod in another namespace. Owner
     /// references cannot cross namespaces; something wrote this lock by hand.
@@ -154,6 +157,7 @@ impl Unmanageable {
             Unmanageable::SeveralOwners(_) => "SeveralOwners",
             Unmanageable::NotAPod { .. } => "NotAPod",
             Unmanageable::EmptyOwnerName => "EmptyOwnerName",
+            Unmanageable::OwnerNameNotAPod => "OwnerNameNotAPod",
             Unmanageable::EmptyOwnerUid => "EmptyOwnerUid",
             Unmanageable::OwnerInOtherNamespace(_) => "OwnerInOtherNamespace",
             Unmanageable::HoldsData => "HoldsData",
@@ -182,6 +186,10 @@ impl fmt::Display for Unmanageable {
                 "its owner is a {kind} ({api_version}), not a v1 Pod"
             ),
             Unmanageable::EmptyOwnerName => write!(f, "its Pod ownerReference has an empty name"),
+            Unmanageable::OwnerNameNotAPod => write!(
+                f,
+                "its Pod ownerReference's name is not a pod name (a DNS-1123 subdomain)"
+            ),
             Unmanageable::EmptyOwnerUid => write!(f, "its Pod ownerReference has an empty uid"),
             Unmanageable::HoldsData => write!(
                 f,
@@ -212,4 +220,16 @@ impl fmt::Display for Unmanageable {
             ),
         }
     }
+}
+
+/// Whether `name` can be a pod's (a DNS-1123 subdomain: lowercase letters,
+/// digits, `-` and `.`, starting and ending alphanumeric, at most 253).
+pub fn is_pod_name(name: &str) -> bool {
+    let ok = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 253
+        && ok(b[0])
+        && ok(b[b.len() - 1])
+        && b.iter().all(|&c| ok(c) || c == b'-' || c == b'.')
 }

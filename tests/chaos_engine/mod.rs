@@ -792,8 +792,21 @@ pub async fn run(cfg: Config) -> Report {
     }
     let carried_within = carry.elapsed().as_secs_f64();
     {
+        // Two more sweeps by whoever sweeps: the leader (a standby sweeps
+        // once it leads), or every janitor without an election.
         let js = std::mem::take(&mut *run.janitors.lock().unwrap());
-        for j in &js {
+        let leaders = wait_for("a janitor leads", Duration::from_secs(60), || async {
+            let mut leaders = Vec::new();
+            for j in &js {
+                let m = j.metrics().await;
+                if sample(&m, "lock_janitor_leader", &[]) == Some(1.0) {
+                    leaders.push(j);
+                }
+            }
+            (!leaders.is_empty()).then_some(leaders)
+        })
+        .await;
+        for j in leaders {
             j.wait_sweeps(2).await;
         }
         *run.janitors.lock().unwrap() = js;
