@@ -43,6 +43,8 @@ use lock_janitor_testenv::kubelet;
 use support::*;
 
 const WRITERS: usize = 32;
+/// The floor reclaimer's user.
+const FLOOR_USER: &str = "lock-janitor-bench-floor";
 const LOCK_NAMESPACES: usize = 10;
 /// Pods that can no longer run (the janitor's own field selector).
 const TERMINAL_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
@@ -379,6 +381,71 @@ fn floor_deleter(
     })
 }
 
+/// Where each reclaim of `seq` spent its time, from the API server's audit
+/// log (request-received times, on the API server's clock): from the
+/// eviction's status write to the reclaimer's first request about the lock
+/// (the watch event, the queue), from there to its DELETE (the reads on
+/// the critical path), and how many reads it made (lock and holder GETs).
+fn where_time_goes(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[Made]) -> String {
+    let events = lock_janitor_testenv::audit::read(cp.audit_log_path());
+    let at = |e: &lock_janitor_testenv::audit::AuditEvent| {
+        e.received
+            .as_deref()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+    };
+    let secs = |a: k8s_openapi::jiff::Timestamp, b: k8s_openapi::jiff::Timestamp| {
+        b.duration_since(a).as_secs_f64()
+    };
+    let (mut to_first, mut to_delete, mut reads) = (Vec::new(), Vec::new(), Vec::new());
+    for m in seq {
+        let ns = Some(m.ns.as_str());
+        let Some(evicted) = events
+            .iter()
+            .filter(|e| {
+                e.namespace.as_deref() == ns
+                    && e.resource.as_deref() == Some("pods")
+                    && e.subresource.as_deref() == Some("status")
+                    && e.name.as_deref() == Some(m.holder.as_str())
+                    && e.effective_user() != user
+            })
+            .filter_map(at)
+            .max()
+        else {
+            continue;
+        };
+        let mine: Vec<(k8s_openapi::jiff::Timestamp, &str)> = events
+            .iter()
+            .filter(|e| e.effective_user() == user && e.namespace.as_deref() == ns)
+            .filter(|e| {
+                (e.resource.as_deref() == Some("pods")
+                    && e.name.as_deref() == Some(m.holder.as_str()))
+                    || (e.resource.as_deref() == Some("configmaps")
+                        && e.name.as_deref() == Some(m.lock.as_str()))
+            })
+            .filter(|e| e.subresource.is_none())
+            .filter_map(|e| Some((at(e)?, e.verb.as_str())))
+            .filter(|(t, _)| *t >= evicted)
+            .collect();
+        let Some(delete) = mine.iter().find(|(_, v)| *v == "delete").map(|(t, _)| *t) else {
+            continue;
+        };
+        let first = mine.iter().map(|(t, _)| *t).min().unwrap_or(delete);
+        to_first.push(secs(evicted, first));
+        to_delete.push(secs(first, delete));
+        reads.push(
+            mine.iter()
+                .filter(|(t, v)| *v == "get" && *t <= delete)
+                .count() as f64,
+        );
+    }
+    format!(
+        "status write -> first request: {}\n    first request -> DELETE:       {}\n    reads before the DELETE:       {}",
+        distribution(to_first),
+        distribution(to_delete),
+        distribution(reads)
+    )
+}
+
 #[tokio::main]
 async fn main() {
     let run = Instant::now();
@@ -414,17 +481,30 @@ async fn main() {
     let j = Janitor::start(&kubeconfig, &[]).await;
     all_held(&j, top, "every lock held").await;
     let (j_seq, j_burst) = reclaim_latency(&client, &deleted, &made[..s], &made[s..s + b]).await;
+    let j_breakdown = where_time_goes(&cp, JANITOR_USER, &made[..s]);
     drop(j);
     step("Reclaim latency: the floor (a bare terminal-pod watcher, one guarded DELETE per death)");
     let rest = &made[s + b..];
+    // The floor as a user of its own, so that the audit log tells its
+    // requests from the benchmark's.
+    bind_cluster_role(&client, FLOOR_USER, JANITOR_USER).await;
+    let floor_client = {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig_as(&cp, FLOOR_USER))
+            .unwrap_or_else(|e| die(&e.to_string()));
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap_or_else(|e| die(&e.to_string()));
+        Client::try_from(config).unwrap_or_else(|e| die(&e.to_string()))
+    };
     let floor = floor_deleter(
-        &client,
+        &floor_client,
         rest.iter()
             .map(|m| ((m.ns.clone(), m.holder.clone()), m.clone()))
             .collect(),
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (f_seq, f_burst) = reclaim_latency(&client, &deleted, &rest[..s], &rest[s..s + b]).await;
+    let f_breakdown = where_time_goes(&cp, FLOOR_USER, &rest[..s]);
     floor.abort();
     watch.abort();
 
@@ -479,6 +559,9 @@ async fn main() {
     println!("  floor,   one at a time: {}", distribution(f_seq));
     println!("  janitor, burst of {b}:   {}", distribution(j_burst));
     println!("  floor,   burst of {b}:   {}", distribution(f_burst));
+    println!("where one reclaim's time goes (one at a time; the API server's audit log):");
+    println!("  janitor: {j_breakdown}");
+    println!("  floor:   {f_breakdown}");
     println!("\nwhole run {}", secs(run.elapsed()));
     drop(client);
     cp.stop();

@@ -160,11 +160,10 @@ async fn a_leader_whose_watches_fail_hands_over_to_the_ready_standby() {
 }
 
 /// Nothing swallowed: an election that cannot create its Lease counts
-/// lock_janitor_leader_renew_errors_total, and a Lease sweep that cannot
-/// list pods (RBAC taken away after start-up) counts as a pod watch error
-/// and is said under its own name.
+/// lock_janitor_leader_renew_errors_total and says so. (A failing sweep:
+/// `a_failing_sweep_is_counted_and_said`.)
 #[tokio::test]
-async fn election_and_lease_sweep_failures_are_counted() {
+async fn election_failures_are_counted() {
     let cp = lock_janitor_testenv::shared().await;
     let client = cp.client().await.unwrap();
     let ns = fresh_namespace(&client, "swallowed").await;
@@ -190,17 +189,57 @@ async fn election_and_lease_sweep_failures_are_counted() {
         ],
     )
     .await;
-    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), &ns)
-        .delete("pods", &DeleteParams::default())
-        .await
-        .unwrap();
-    let scope = format!("pods sweep in {ns}");
     wait_for(
-        "both failures counted and said",
+        "the failure counted and said",
         Duration::from_secs(60),
         || async {
             let m = j.metrics().await;
             let renew = sample(&m, "lock_janitor_leader_renew_errors_total", &[]).unwrap_or(0.0);
+            (renew > 0.0
+                && j.logs()
+                    .contains("could not renew or acquire the leader lease"))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
+/// A leader's sweep that cannot read pods (RBAC taken away after start-up)
+/// counts as a pod watch error and is said under the sweep's own name.
+#[tokio::test]
+async fn a_failing_sweep_is_counted_and_said() {
+    let s = support::lease::scenario("sweep-fails").await;
+    let user = format!("sweep-fails-{}", s.ns);
+    let read = ["get", "list", "watch"];
+    let leases = vec![rule(&["coordination.k8s.io"], &["leases"], &read)];
+    grant_in(&s.client, &s.ns, "leases", support::user(&user), leases).await;
+    let pods = vec![rule(&[""], &["pods"], &read)];
+    grant_in(&s.client, &s.ns, "pods", support::user(&user), pods).await;
+    // A Lease lock for the sweep to look at: its holder's terminal pods.
+    s.pod("op-0").await;
+    s.lease("op-lease", "op-0", 0, true).await;
+    let j = Janitor::start(
+        &kubeconfig_as(s.cp, &user),
+        &[
+            "--namespace",
+            &s.ns,
+            "--lock-kinds",
+            "lease",
+            "--resync",
+            "1s",
+        ],
+    )
+    .await;
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(s.client.clone(), &s.ns)
+        .delete("pods", &DeleteParams::default())
+        .await
+        .unwrap();
+    let scope = format!("pods sweep in {}", s.ns);
+    wait_for(
+        "the sweep's failure counted and said",
+        Duration::from_secs(60),
+        || async {
+            let m = j.metrics().await;
             let pods = sample(
                 &m,
                 "lock_janitor_watch_errors_total",
@@ -208,11 +247,8 @@ async fn election_and_lease_sweep_failures_are_counted() {
             )
             .unwrap_or(0.0);
             let logs = j.logs();
-            (renew > 0.0
-                && pods > 0.0
-                && logs.contains("resync sweep failed")
-                && logs.contains(&scope))
-            .then_some(())
+            (pods > 0.0 && logs.contains("resync sweep failed") && logs.contains(&scope))
+                .then_some(())
         },
     )
     .await;
