@@ -235,18 +235,13 @@ pub struct LabelArgs {
     /// Skip locks whose name matches this glob (repeatable).
     #[arg(long, value_parser = parse_glob)]
     pub exclude: Vec<glob::Pattern>,
-    /// Output format: a line per lock candidate, or only the names
-    /// (`configmap/<name>`) of those labeled (or that would be).
-    #[arg(long, short = 'o', value_enum, default_value_t = LabelOutput::Table)]
-    pub output: LabelOutput,
-}
-
-/// `label -o`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum LabelOutput {
-    #[default]
-    Table,
-    Name,
+    /// Output format: `name` prints only the locks labeled (or that would
+    /// be); `json` and `yaml` a `LockList` of what label did or would do.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    /// Print tables without their header line.
+    #[arg(long)]
+    pub no_headers: bool,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -417,6 +412,7 @@ mod tests {
             vec!["lock-janitor", "run", "--leader-elect-namespace", "Bad_NS"],
             vec!["lock-janitor", "run", "--log-level", "loud"],
             vec!["lock-janitor", "scan", "-o", "xml"],
+            vec!["lock-janitor", "label", "-o", "xml"],
             vec!["lock-janitor", "check", "-o", "yaml"],
             vec!["lock-janitor", "check", "-n", "Bad_NS"],
         ] {

@@ -1,26 +1,21 @@
-//! The opt-in label selector: parsed once, matched client-side with the API
-//! server's semantics, and the one `key=value` that `label` and the label
-//! carry-over write.
+//! The opt-in label selector: parsed once (kube has no parser for the
+//! text form), matched client-side with kube's own [`Expression`] and
+//! [`SelectorExt`] (the API server's semantics), and the one `key=value`
+//! that `label` and the label carry-over write.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-/// One term of an equality-based label selector.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Term {
-    Eq(String, String),
-    NotEq(String, String),
-    Exists(String),
-    NotExists(String),
-}
+use kube::core::{Expression, SelectorExt as _};
 
 /// An equality-based label selector (`key=value`, `key==value`,
 /// `key!=value`, `key`, `!key`, comma-separated). The API server has the
-/// last word; parsing catches typos before any watch starts.
+/// last word; parsing catches typos before any watch starts. Set-based
+/// terms (`in`, `notin`) are refused: the opt-in is a single value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Selector {
     text: String,
-    terms: Vec<Term>,
+    terms: Vec<Expression>,
 }
 
 impl Selector {
@@ -33,7 +28,7 @@ impl Selector {
         for term in s.split(',') {
             let term = term.trim();
             let (key, t) = if let Some(k) = term.strip_prefix('!') {
-                (k.trim(), Term::NotExists(k.trim().to_owned()))
+                (k.trim(), Expression::DoesNotExist(k.trim().to_owned()))
             } else if let Some((k, v, eq)) = term
                 .split_once("!=")
                 .map(|(k, v)| (k, v, false))
@@ -44,14 +39,14 @@ impl Selector {
                 if !valid_label_value(v) {
                     return bad(&format!("{v:?} is not a label value"));
                 }
-                let t = if eq {
-                    Term::Eq(k.to_owned(), v.to_owned())
+                let op = if eq {
+                    Expression::Equal
                 } else {
-                    Term::NotEq(k.to_owned(), v.to_owned())
+                    Expression::NotEqual
                 };
-                (k, t)
+                (k, op(k.to_owned(), v.to_owned()))
             } else {
-                (term, Term::Exists(term.to_owned()))
+                (term, Expression::Exists(term.to_owned()))
             };
             if !valid_label_key(key) {
                 return bad(&format!("{key:?} is not a label key"));
@@ -70,13 +65,9 @@ impl Selector {
     }
 
     pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
-        let get = |k: &str| labels.and_then(|l| l.get(k));
-        self.terms.iter().all(|t| match t {
-            Term::Eq(k, v) => get(k) == Some(v),
-            Term::NotEq(k, v) => get(k) != Some(v),
-            Term::Exists(k) => get(k).is_some(),
-            Term::NotExists(k) => get(k).is_none(),
-        })
+        static NONE: BTreeMap<String, String> = BTreeMap::new();
+        let labels = labels.unwrap_or(&NONE);
+        self.terms.iter().all(|t| t.matches(labels))
     }
 
     /// `run` manages only locks that opted in: the selector must hold a
@@ -85,7 +76,11 @@ impl Selector {
     /// alone would select locks labeled `k=false` (the documented opt-out)
     /// or every ConfigMap without `k`.
     pub fn require_opt_in(&self) -> Result<(), String> {
-        if self.terms.iter().any(|t| matches!(t, Term::Eq(..))) {
+        if self
+            .terms
+            .iter()
+            .any(|t| matches!(t, Expression::Equal(..)))
+        {
             return Ok(());
         }
         Err(format!(
@@ -102,7 +97,7 @@ impl Selector {
     /// `key=value`: what `label` and the carry-over after a takeover write.
     pub fn opt_in_label(&self) -> Option<(&str, &str)> {
         match self.terms.as_slice() {
-            [Term::Eq(k, v)] => Some((k, v)),
+            [Expression::Equal(k, v)] => Some((k, v)),
             _ => None,
         }
     }

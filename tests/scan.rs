@@ -356,6 +356,22 @@ fn assert_cells(row: &[String], want: &[(usize, &str)], run: &Run) {
     }
 }
 
+const LABEL_HEADERS: [&str; 4] = ["NAMESPACE", "NAME", "HOLDER", "RESULT"];
+
+/// The `label` table has a row `NAMESPACE NAME HOLDER RESULT` for the lock.
+fn assert_label_row(r: &Run, ns: &str, name: &str, holder: &str, result: &str) {
+    let header: Vec<&str> = r
+        .stdout
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(header, LABEL_HEADERS, "{r}");
+    let row = table_row(&r.stdout, name).unwrap_or_else(|| panic!("no row for {name}\n{r}"));
+    assert_eq!(row, [ns, name, holder, result], "{r}");
+}
+
 fn names(events: &[AuditEvent]) -> BTreeSet<String> {
     events.iter().filter_map(|e| e.name.clone()).collect()
 }
@@ -1083,24 +1099,20 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
     let mark = audit_mark(cp);
     let r = run(kc, &["label", "-n", &ns]).await;
     assert_eq!(r.code, 0, "{r}");
-    for name in ["a-lock", "b-lock", "skip-lock"] {
-        assert!(
-            r.stdout.contains(&format!("would label  {ns}/{name}")),
-            "{name}\n{r}"
-        );
-    }
+    assert_label_row(&r, &ns, "a-lock", "a-op", "would-label");
+    assert_label_row(&r, &ns, "b-lock", "b-op", "would-label");
+    assert_label_row(&r, &ns, "skip-lock", "c-op", "would-label");
+    assert_label_row(&r, &ns, "already-lock", "a-op", "unchanged");
+    assert_label_row(&r, &ns, "optout-lock", "c-op", "skipped");
+    // Why it was skipped: a note on stderr.
     assert!(
-        r.stdout
-            .contains(&format!("unchanged    {ns}/already-lock")),
-        "{r}"
-    );
-    assert!(
-        r.stdout
-            .contains(&format!("skipped      {ns}/optout-lock: has {WATCH}=false")),
+        r.stderr.contains(&format!(
+            "{ns}/optout-lock: has {WATCH}=false; not overwriting it"
+        )),
         "{r}"
     );
     for name in ["plain", "deployment-owned", "two-owners"] {
-        assert!(!r.stdout.contains(&format!("/{name}")), "{name}\n{r}");
+        assert!(table_row(&r.stdout, name).is_none(), "{name}\n{r}");
     }
     assert!(
         r.stderr
@@ -1114,14 +1126,8 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
     let mark = audit_mark(cp);
     let r = run(kc, &["label", "-n", &ns, "--apply", "--exclude", "skip-*"]).await;
     assert_eq!(r.code, 0, "{r}");
-    assert!(
-        r.stdout.contains(&format!("labeled      {ns}/a-lock")),
-        "{r}"
-    );
-    assert!(
-        r.stdout.contains(&format!("labeled      {ns}/b-lock")),
-        "{r}"
-    );
+    assert_label_row(&r, &ns, "a-lock", "a-op", "labeled");
+    assert_label_row(&r, &ns, "b-lock", "b-op", "labeled");
     assert!(!r.stdout.contains("skip-lock"), "{r}");
     assert!(
         r.stderr.contains("1 left out by --include/--exclude"),
@@ -1175,10 +1181,7 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
     let mark = audit_mark(cp);
     let r = run(kc, &["label", "-n", &ns, "--apply", "--include", "skip-*"]).await;
     assert_eq!(r.code, 0, "{r}");
-    assert!(
-        r.stdout.contains(&format!("labeled      {ns}/skip-lock")),
-        "{r}"
-    );
+    assert_label_row(&r, &ns, "skip-lock", "c-op", "labeled");
     assert!(!r.stdout.contains("a-lock"), "{r}");
     let writes = configmap_writes_since(cp, &client, &ns, mark).await;
     assert_eq!(
@@ -1206,6 +1209,223 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
         assert_eq!(rows[name]["spec"]["labeled"], true, "{name}\n{r}");
     }
     assert_eq!(rows["optout-lock"]["spec"]["labeled"], false, "{r}");
+}
+
+/// `label` prints as `scan` does: a table never cut when piped (the notes
+/// and summary on stderr), `--no-headers`, `-o wide`, `-o name` (only what
+/// it labels), and a `LockList` in JSON and YAML whose items say what it did
+/// or would do.
+#[tokio::test]
+async fn label_output_fits_kubectl_habits() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    let cp = shared().await;
+    let kc = cp.kubeconfig_path();
+    let client = cp.client().await.unwrap();
+    let ns = fresh_namespace(&client, "label-out").await;
+    let holder = format!("operator-{}-7d9f8b6c5-x2x9k", "p".repeat(120));
+    let lock = format!("operator-lock-{}", "l".repeat(150));
+    let pod = running_pod(&client, &ns, &holder).await;
+    let other = running_pod(&client, &ns, "other-op").await;
+    let lease_op = running_pod(&client, &ns, "lease-op").await;
+    configmap(&client, &ns, &lock, vec![owner_of(&pod)], &[]).await;
+    configmap(
+        &client,
+        &ns,
+        "in-lock",
+        vec![owner_of(&other)],
+        &[(WATCH, "true")],
+    )
+    .await;
+    configmap(
+        &client,
+        &ns,
+        "out-lock",
+        vec![owner_of(&other)],
+        &[(WATCH, "false")],
+    )
+    .await;
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("op-lease".into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: lease_op.metadata.name.clone(),
+            lease_duration_seconds: Some(3600),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            ..Default::default()
+        }),
+    };
+    Api::<Lease>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let uid = pod.metadata.uid.clone().unwrap();
+
+    // Piped: nothing cut; the table alone on stdout.
+    let t = run(kc, &["label", "-n", &ns]).await;
+    assert_eq!(t.code, 0, "{t}");
+    assert!(!t.stdout.contains('…'), "{t}");
+    assert_label_row(&t, &ns, &lock, &holder, "would-label");
+    assert_label_row(&t, &ns, "in-lock", "other-op", "unchanged");
+    assert_label_row(&t, &ns, "out-lock", "other-op", "skipped");
+    assert_label_row(&t, &ns, "lease/op-lease", "lease-op", "would-label");
+    assert_eq!(t.stdout.lines().count(), 5, "a header and 4 rows\n{t}");
+    assert!(
+        t.stderr.contains(&format!(
+            "{ns}/out-lock: has {WATCH}=false; not overwriting it"
+        )),
+        "{t}"
+    );
+    assert!(
+        t.stderr
+            .contains("dry run: 2 would be labeled, 1 unchanged, 1 skipped"),
+        "{t}"
+    );
+
+    let h = run(kc, &["label", "-n", &ns, "--no-headers"]).await;
+    assert_eq!(h.code, 0, "{h}");
+    assert_eq!(h.stdout, t.stdout.split_once('\n').unwrap().1, "{h}");
+
+    let w = run(kc, &["label", "-n", &ns, "-o", "wide"]).await;
+    assert_eq!(w.code, 0, "{w}");
+    let header: Vec<&str> = w
+        .stdout
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAMESPACE",
+            "NAME",
+            "HOLDER",
+            "RESULT",
+            "HOLDER-UID",
+            "MESSAGE"
+        ],
+        "{w}"
+    );
+    let row = table_row(&w.stdout, &lock).unwrap();
+    assert_eq!(
+        row[..5],
+        [ns.as_str(), &lock, &holder, "would-label", &uid],
+        "{w}"
+    );
+    assert_eq!(row[5..].join(" "), format!("would add {WATCH}=true"), "{w}");
+    assert!(
+        w.stdout
+            .contains("has lock-janitor.io/watch=false; not overwriting it"),
+        "the message is a column\n{w}"
+    );
+    assert!(!w.stderr.contains("out-lock:"), "no notes with wide\n{w}");
+
+    // -o name: only what would be labeled, as kubectl names it.
+    let n = run(kc, &["label", "-n", &ns, "-o", "name"]).await;
+    assert_eq!(n.code, 0, "{n}");
+    assert_eq!(
+        n.stdout,
+        format!("configmap/{lock}\nlease.coordination.k8s.io/op-lease\n"),
+        "{n}"
+    );
+
+    // JSON and YAML: the same LockList.
+    let j = run(kc, &["label", "-n", &ns, "-o", "json"]).await;
+    assert_eq!(j.code, 0, "{j}");
+    let list = j.json();
+    let items = rows_by_name(&list);
+    assert_eq!(items.len(), 4, "{j}");
+    let summary = &list["summary"];
+    assert_eq!(summary["dryRun"], true, "{j}");
+    assert_eq!(summary["label"], "lock-janitor.io/watch=true", "{j}");
+    assert_eq!(summary["total"], 4, "{j}");
+    assert_eq!(
+        summary["results"],
+        serde_json::json!({"labeled": 0, "would-label": 2, "unchanged": 1, "skipped": 1,
+                           "gone": 0, "conflict": 0, "failed": 0}),
+        "{j}"
+    );
+    assert_eq!(summary["namespaces"], serde_json::json!([ns]), "{j}");
+    assert_eq!(summary["selector"], "lock-janitor.io/watch=true", "{j}");
+    let l = &items[&lock];
+    assert_eq!(l["metadata"]["namespace"], ns.as_str(), "{j}");
+    assert!(l["metadata"]["creationTimestamp"].is_string(), "{j}");
+    assert_eq!(l["spec"]["lockKind"], "configmap", "{j}");
+    assert_eq!(l["spec"]["labeled"], false, "{j}");
+    assert_eq!(l["spec"]["holder"]["name"], holder.as_str(), "{j}");
+    assert_eq!(l["spec"]["holder"]["uid"], uid.as_str(), "{j}");
+    assert!(l.get("status").is_none(), "label judges nothing\n{j}");
+    assert_eq!(
+        l["labeling"],
+        serde_json::json!({"result": "would-label", "currentValue": null,
+                           "message": format!("would add {WATCH}=true")}),
+        "{j}"
+    );
+    assert_eq!(items["in-lock"]["spec"]["labeled"], true, "{j}");
+    assert_eq!(items["in-lock"]["labeling"]["result"], "unchanged", "{j}");
+    assert_eq!(items["out-lock"]["labeling"]["result"], "skipped", "{j}");
+    assert_eq!(
+        items["out-lock"]["labeling"]["currentValue"], "false",
+        "{j}"
+    );
+    assert_eq!(items["op-lease"]["spec"]["lockKind"], "lease", "{j}");
+    assert_eq!(
+        items["op-lease"]["spec"]["holder"]["name"], "lease-op",
+        "{j}"
+    );
+    assert_eq!(
+        items["op-lease"]["spec"]["holder"]["uid"],
+        Value::Null,
+        "{j}"
+    );
+    // stdout is the document alone; the summary line is on stderr.
+    assert!(j.stderr.contains("dry run: 2 would be labeled"), "{j}");
+
+    let y = run(kc, &["label", "-n", &ns, "-o", "yaml"]).await;
+    assert_eq!(y.code, 0, "{y}");
+    let yaml: Value = serde_saphyr::from_str(&y.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one YAML document ({e})\n{y}"));
+    assert_eq!(yaml["apiVersion"], "lock-janitor.io/v1alpha1", "{y}");
+    assert_eq!(yaml["kind"], "LockList", "{y}");
+    assert_eq!(yaml["items"], list["items"], "{y}");
+    assert_eq!(yaml["summary"]["results"], summary["results"], "{y}");
+
+    // --apply -o json: what it did.
+    let a = run(kc, &["label", "-n", &ns, "--apply", "-o", "json"]).await;
+    assert_eq!(a.code, 0, "{a}");
+    let list = a.json();
+    assert_eq!(list["summary"]["dryRun"], false, "{a}");
+    assert_eq!(list["summary"]["results"]["labeled"], 2, "{a}");
+    assert_eq!(list["summary"]["results"]["would-label"], 0, "{a}");
+    let items = rows_by_name(&list);
+    assert_eq!(items[&lock]["labeling"]["result"], "labeled", "{a}");
+    assert_eq!(
+        items[&lock]["labeling"]["message"],
+        format!("added {WATCH}=true"),
+        "{a}"
+    );
+    assert_eq!(items["op-lease"]["labeling"]["result"], "labeled", "{a}");
+    assert_eq!(
+        labels_of(&client, &ns, &lock)
+            .await
+            .get(WATCH)
+            .map(String::as_str),
+        Some("true")
+    );
+    // Again: nothing to add, so -o name prints nothing.
+    let n = run(kc, &["label", "-n", &ns, "--apply", "-o", "name"]).await;
+    assert_eq!(n.code, 0, "{n}");
+    assert_eq!(n.stdout, "", "{n}");
+    assert!(
+        n.stderr.contains("0 labeled, 3 unchanged, 1 skipped"),
+        "{n}"
+    );
 }
 
 /// A ConfigMap owned by exactly one Pod but holding data (a Spark driver's,
@@ -1272,10 +1492,7 @@ async fn configmaps_with_data_are_not_lock_candidates() {
     let mark = audit_mark(cp);
     let r = run(kc, &["label", "-n", &ns, "--apply"]).await;
     assert_eq!(r.code, 0, "{r}");
-    assert!(
-        r.stdout.contains(&format!("labeled      {ns}/op-lock")),
-        "{r}"
-    );
+    assert_label_row(&r, &ns, "op-lock", "op", "labeled");
     assert!(!r.stdout.contains("spark"), "{r}");
     assert!(
         r.stderr.contains("2 owned by one Pod but holding data"),
@@ -1385,10 +1602,7 @@ async fn controller_reclaims_a_newly_labeled_stale_lock() {
 
     let r = run(kc, &["label", "-n", &ns, "--apply"]).await;
     assert_eq!(r.code, 0, "{r}");
-    assert!(
-        r.stdout.contains(&format!("labeled      {ns}/op-lock")),
-        "{r}"
-    );
+    assert_label_row(&r, &ns, "op-lock", "op-evicted", "labeled");
 
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     wait_for(

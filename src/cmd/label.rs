@@ -7,19 +7,25 @@
 //! another value (e.g. `lock-janitor.io/watch=false`, a deliberate opt-out) is
 //! skipped, never overwritten. Lease locks whose holder identity names
 //! exactly one pod of their namespace are labeled the same way.
+//!
+//! It prints as `scan` does (docs/cli.md, `label`'s "Output"): a table
+//! with a RESULT word per lock, or a `LockList` whose items carry what it
+//! did or would do; notes and the summary on stderr.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use anyhow::anyhow;
+use anyhow::{anyhow, Context as _};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
+use super::report::{kubectl_name, LabelCounts, LabelResult, LabelRow, LabelSummary, LockList};
+use super::table::{render_label, Style};
 use super::{connect, explain, list_candidates, print_stdout, scope_text, CONCURRENCY};
-use crate::cli::{LabelArgs, LabelOutput};
+use crate::cli::{LabelArgs, Output};
 use crate::lock::LockKind as Kind;
 use crate::optin::{plan_for, plan_label, write_label, Plan, Written};
 use crate::ErrorKind;
@@ -39,6 +45,7 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
             args.admin.scope.selector
         );
     };
+    let started = std::time::Instant::now();
     let selector = &args.admin.scope.selector;
     let cluster = connect(&args.admin.cluster).await?;
     let needs = if args.apply {
@@ -66,120 +73,90 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     )
     .await
     {
-        Ok(found) => found.candidates,
+        Ok(found) => found,
         Err(e) if e.kind() == ErrorKind::Forbidden => {
             eprintln!(
                 "lock-janitor: Lease locks left out (list on leases and pods is not allowed): {e}"
             );
-            Vec::new()
+            super::leases::LeaseListing::default()
         }
         Err(e) => return Err(explain(e, &cluster, "list on leases and pods")),
     };
+    let leases_scanned = leases.scanned;
 
     let mut excluded = 0;
-    let mut planned: Vec<(Kind, &ObjectMeta, Plan)> = Vec::new();
-    let plans = listing
-        .candidates
-        .iter()
-        .filter_map(|c| Some((Kind::ConfigMap, &c.meta, plan_label(&c.meta, key, value)?)))
-        .chain(leases.iter().map(|c| {
-            (
-                Kind::Lease,
-                &c.lease.metadata,
-                plan_for(&c.lease.metadata, key, value),
-            )
-        }));
-    for (kind, meta, plan) in plans {
-        if name_selected(
-            meta.name.as_deref().unwrap_or_default(),
-            &args.include,
-            &args.exclude,
-        ) {
-            planned.push((kind, meta, plan));
+    let mut planned: Vec<Planned> = Vec::new();
+    let configmaps = listing.candidates.iter().filter_map(|c| {
+        let owner = c.meta.owner_references.as_deref().and_then(|o| o.first());
+        Some(Planned {
+            kind: Kind::ConfigMap,
+            meta: &c.meta,
+            plan: plan_label(&c.meta, key, value)?,
+            labeled: c.labeled,
+            holder: owner.map(|o| o.name.clone()),
+            holder_uid: owner.map(|o| o.uid.clone()).filter(|u| !u.is_empty()),
+        })
+    });
+    let leases = leases.candidates.iter().map(|c| Planned {
+        kind: Kind::Lease,
+        meta: &c.lease.metadata,
+        plan: plan_for(&c.lease.metadata, key, value),
+        labeled: c.labeled,
+        holder: crate::lock::lease::parse(&c.lease)
+            .ok()
+            .and_then(|l| l.host),
+        holder_uid: None,
+    });
+    for p in configmaps.chain(leases) {
+        let name = p.meta.name.as_deref().unwrap_or_default();
+        if name_selected(name, &args.include, &args.exclude) {
+            planned.push(p);
         } else {
             excluded += 1;
         }
     }
 
-    // Writes run CONCURRENCY at a time; lines are printed in order as their
-    // results come in.
+    // Writes run CONCURRENCY at a time; results are kept in order.
     let mut results = futures::stream::iter(&planned)
-        .map(|(kind, meta, plan)| {
+        .map(|p| {
             let cluster = &cluster;
             async move {
-                let ns = meta.namespace.as_deref().unwrap_or_default();
-                let written = match (plan, kind) {
+                let ns = p.meta.namespace.as_deref().unwrap_or_default();
+                let written = match (&p.plan, p.kind) {
                     (Plan::Add, Kind::ConfigMap) if args.apply => {
                         let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), ns);
-                        Some(write_label(&api, meta, key, value).await)
+                        Some(write_label(&api, p.meta, key, value).await)
                     }
                     (Plan::Add, Kind::Lease) if args.apply => {
                         let api: Api<Lease> = Api::namespaced(cluster.client.clone(), ns);
-                        Some(write_label(&api, meta, key, value).await)
+                        Some(write_label(&api, p.meta, key, value).await)
                     }
                     _ => None,
                 };
-                (*kind, *meta, plan, written)
+                (p, written)
             }
         })
         .buffered(CONCURRENCY);
 
     let label = format!("{key}={value}");
-    let (mut added, mut unchanged, mut skipped, mut gone, mut conflicts, mut failed) =
-        (0, 0, 0, 0, 0, 0);
+    let mut rows: Vec<LabelRow> = Vec::new();
     let mut fatal = None;
-    while let Some((kind, meta, plan, written)) = results.next().await {
-        let id = format!(
-            "{}{}/{}",
-            if kind == Kind::Lease { "lease " } else { "" },
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref().unwrap_or_default()
-        );
-        let holder = match kind {
-            Kind::ConfigMap => meta
-                .owner_references
-                .as_deref()
-                .and_then(|o| o.first())
-                .map(|o| o.name.clone())
-                .unwrap_or_default(),
-            Kind::Lease => leases
-                .iter()
-                .find(|c| {
-                    c.lease.metadata.name == meta.name
-                        && c.lease.metadata.namespace == meta.namespace
-                })
-                .and_then(|c| crate::lock::lease::parse(&c.lease).ok()?.host)
-                .unwrap_or_default(),
-        };
-        let line = match (plan, written) {
-            (Plan::Unchanged, _) => {
-                unchanged += 1;
-                format!("unchanged    {id}: already has {label}")
-            }
-            (Plan::Conflicting(v), _) => {
-                skipped += 1;
-                format!("skipped      {id}: has {key}={v}; not overwriting it")
-            }
-            (Plan::Add, None) => {
-                added += 1;
-                format!("would label  {id} (holder {holder}): add {label}")
-            }
-            (Plan::Add, Some(Written::Labeled)) => {
-                added += 1;
-                format!("labeled      {id} (holder {holder}): added {label}")
-            }
-            (Plan::Add, Some(Written::Gone)) => {
-                gone += 1;
-                format!("gone         {id}: deleted since it was read; nothing to label")
-            }
-            (Plan::Add, Some(Written::Conflict)) => {
-                conflicts += 1;
-                format!(
-                    "conflict     {id}: changed since it was read (409); not labeled, run again"
-                )
-            }
+    while let Some((p, written)) = results.next().await {
+        use LabelResult as R;
+        let (result, message) = match (&p.plan, written) {
+            (Plan::Unchanged, _) => (R::Unchanged, format!("already has {label}")),
+            (Plan::Conflicting(v), _) => (R::Skipped, format!("has {key}={v}; not overwriting it")),
+            (Plan::Add, None) => (R::WouldLabel, format!("would add {label}")),
+            (Plan::Add, Some(Written::Labeled)) => (R::Labeled, format!("added {label}")),
+            (Plan::Add, Some(Written::Gone)) => (
+                R::Gone,
+                "deleted since it was read; nothing to label".to_owned(),
+            ),
+            (Plan::Add, Some(Written::Conflict)) => (
+                R::Conflict,
+                "changed since it was read (409); not labeled, run again".to_owned(),
+            ),
             (Plan::Add, Some(Written::Failed(e))) => {
-                failed += 1;
                 let forbidden = e.kind() == ErrorKind::Forbidden;
                 let error = format!(
                     "{:#}",
@@ -190,82 +167,155 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
                     fatal = Some(error);
                     break;
                 }
-                format!("failed       {id}: {error}")
+                (R::Failed, error)
             }
         };
-        let name_only = args.output == LabelOutput::Name;
-        if !name_only {
-            print_stdout(&format!("{line}\n"))?;
-        } else if matches!(line.split(' ').next(), Some("would" | "labeled")) {
-            let kind = match kind {
-                Kind::Lease => "lease.coordination.k8s.io",
-                Kind::ConfigMap => "configmap",
-            };
-            let name = meta.name.as_deref().unwrap_or_default();
-            print_stdout(&format!("{kind}/{name}\n"))?;
-        }
+        let meta = p.meta;
+        rows.push(LabelRow {
+            kind: p.kind.as_str(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            created_at: meta.creation_timestamp.as_ref().map(|t| t.0.to_string()),
+            labeled: p.labeled,
+            holder: p.holder.clone(),
+            holder_uid: p.holder_uid.clone(),
+            result,
+            current_value: meta.labels.as_ref().and_then(|l| l.get(key)).cloned(),
+            message,
+        });
     }
     drop(results);
-    let mut summary = if args.apply {
-        format!("{added} labeled, {unchanged} unchanged, {skipped} skipped")
-    } else {
-        format!("dry run: {added} would be labeled, {unchanged} unchanged, {skipped} skipped")
+
+    let counts = LabelCounts::count(&rows);
+    let summary = LabelSummary {
+        dry_run: !args.apply,
+        label,
+        total: rows.len(),
+        results: counts.clone(),
+        excluded,
+        skipped_with_data: listing.skipped_with_data,
+        configmaps_scanned: listing.scanned,
+        leases_scanned,
+        namespaces: args.admin.scope.namespaces.clone(),
+        selector: selector.to_string(),
+        duration_seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
     };
-    if gone > 0 {
-        let _ = write!(summary, ", {gone} gone");
+    let mut stderr = String::new();
+    let out = match args.output {
+        Output::Json => {
+            let list = LockList::new(&summary, rows.iter().map(LabelRow::item).collect());
+            serde_json::to_string_pretty(&list).context("encoding the report")? + "\n"
+        }
+        Output::Yaml => {
+            let list = LockList::new(&summary, rows.iter().map(LabelRow::item).collect());
+            serde_saphyr::to_string(&list).context("encoding the report")?
+        }
+        Output::Name => rows
+            .iter()
+            .filter(|r| r.result.adds())
+            .map(|r| kubectl_name(r.kind, &r.name) + "\n")
+            .collect(),
+        Output::Table | Output::Wide => {
+            let style = Style::for_stdout(args.output == Output::Wide, args.no_headers);
+            let rendered = render_label(&rows, style);
+            stderr = rendered.stderr;
+            rendered.stdout
+        }
+    };
+    print_stdout(&out)?;
+    if !stderr.is_empty() {
+        stderr.push('\n');
     }
-    if conflicts > 0 {
-        let _ = write!(
-            summary,
-            ", {conflicts} conflict{}",
-            if conflicts == 1 { "" } else { "s" }
-        );
-    }
-    if failed > 0 {
-        let _ = write!(summary, ", {failed} failed");
-    }
-    let _ = write!(
-        summary,
-        " ({} lock candidate{} in {}",
+    stderr.push_str(&summary_line(
+        &summary,
+        &counts,
         planned.len() + excluded,
-        if planned.len() + excluded == 1 {
-            ""
-        } else {
-            "s"
-        },
-        scope_text(&args.admin.scope)
-    );
-    if excluded > 0 {
-        let _ = write!(summary, ", {excluded} left out by --include/--exclude");
-    }
-    if listing.skipped_with_data > 0 {
-        let _ = write!(
-            summary,
-            ", {} owned by one Pod but holding data, not lock-shaped, skipped",
-            listing.skipped_with_data
-        );
-    }
-    summary.push(')');
-    if !args.apply && added > 0 {
-        summary.push_str("; run again with --apply to write");
-    }
-    if fatal.is_some() {
-        summary.push_str("; stopped at the first forbidden write");
-    }
-    summary.push_str(".\n");
-    // The summary and hints go to stderr: stdout is the report alone.
-    eprint!("{summary}");
+        &args.admin.scope,
+        fatal.is_some(),
+    ));
+    // The notes and summary go to stderr: stdout is the report alone.
+    eprint!("{stderr}");
     if let Some(error) = fatal {
         return Err(anyhow!(error));
     }
-    if conflicts + failed > 0 {
+    let (unlabeled, tried) = (
+        counts.conflict + counts.failed,
+        counts.labeled + counts.conflict + counts.failed + counts.gone,
+    );
+    if unlabeled > 0 {
         anyhow::bail!(
-            "{} of {} locks were not labeled (see above); run again to retry",
-            conflicts + failed,
-            added + conflicts + failed + gone
+            "{unlabeled} of {tried} locks were not labeled (see above); run again to retry"
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A lock candidate and what to do with it.
+struct Planned<'a> {
+    kind: Kind,
+    meta: &'a ObjectMeta,
+    plan: Plan,
+    labeled: bool,
+    holder: Option<String>,
+    holder_uid: Option<String>,
+}
+
+/// The summary on stderr: `dry run: 3 would be labeled, 1 unchanged, 1
+/// skipped (5 lock candidates in namespace ops); run again with --apply to
+/// write.`
+fn summary_line(
+    s: &LabelSummary,
+    c: &LabelCounts,
+    candidates: usize,
+    scope: &crate::cli::Scope,
+    stopped: bool,
+) -> String {
+    let mut line = if s.dry_run {
+        format!(
+            "dry run: {} would be labeled, {} unchanged, {} skipped",
+            c.would_label, c.unchanged, c.skipped
+        )
+    } else {
+        format!(
+            "{} labeled, {} unchanged, {} skipped",
+            c.labeled, c.unchanged, c.skipped
+        )
+    };
+    if c.gone > 0 {
+        let _ = write!(line, ", {} gone", c.gone);
+    }
+    if c.conflict > 0 {
+        let plural = if c.conflict == 1 { "" } else { "s" };
+        let _ = write!(line, ", {} conflict{plural}", c.conflict);
+    }
+    if c.failed > 0 {
+        let _ = write!(line, ", {} failed", c.failed);
+    }
+    let plural = if candidates == 1 { "" } else { "s" };
+    let _ = write!(
+        line,
+        " ({candidates} lock candidate{plural} in {}",
+        scope_text(scope)
+    );
+    if s.excluded > 0 {
+        let _ = write!(line, ", {} left out by --include/--exclude", s.excluded);
+    }
+    if s.skipped_with_data > 0 {
+        let _ = write!(
+            line,
+            ", {} owned by one Pod but holding data, not lock-shaped, skipped",
+            s.skipped_with_data
+        );
+    }
+    line.push(')');
+    if s.dry_run && c.would_label > 0 {
+        line.push_str("; run again with --apply to write");
+    }
+    if stopped {
+        line.push_str("; stopped at the first forbidden write");
+    }
+    line.push_str(".\n");
+    line
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ pub struct LeaseCandidate {
 }
 
 /// What the Lease lists found.
+#[derive(Default)]
 pub struct LeaseListing {
     pub candidates: Vec<LeaseCandidate>,
     /// The pods of every namespace that has a Lease naming a host.

@@ -1,6 +1,7 @@
-//! What `scan` reports, one row per lock candidate, built purely from what
-//! was read and judged; and its stable `-o json|yaml` form, a `LockList`
-//! (documented in docs/cli.md, "The LockList format").
+//! What `scan` and `label` report, one row per lock candidate, built purely
+//! from what was read and judged (or written); and their stable
+//! `-o json|yaml` form, a `LockList` (documented in docs/cli.md, "The
+//! LockList format").
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -92,14 +93,27 @@ pub struct Report {
 /// The `apiVersion` of `-o json|yaml`.
 pub const API_VERSION: &str = "lock-janitor.io/v1alpha1";
 
-/// `scan -o json|yaml`: a list in the shape of Kubernetes lists.
+/// `scan -o json|yaml` and `label -o json|yaml`: a list in the shape of
+/// Kubernetes lists. Its items are [`LockItem`]s (scan) or
+/// [`LabeledItem`]s (label), each with its command's summary.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct LockList<'a> {
+pub struct LockList<S, I> {
     pub api_version: &'static str,
     pub kind: &'static str,
-    pub summary: &'a Summary,
-    pub items: Vec<LockItem<'a>>,
+    pub summary: S,
+    pub items: Vec<I>,
+}
+
+impl<S, I> LockList<S, I> {
+    pub fn new(summary: S, items: Vec<I>) -> Self {
+        LockList {
+            api_version: API_VERSION,
+            kind: "LockList",
+            summary,
+            items,
+        }
+    }
 }
 
 /// One lock of a [`LockList`].
@@ -170,13 +184,8 @@ pub struct ItemPod<'a> {
 
 impl Report {
     /// The `LockList` that `-o json|yaml` prints.
-    pub fn lock_list(&self) -> LockList<'_> {
-        LockList {
-            api_version: API_VERSION,
-            kind: "LockList",
-            summary: &self.summary,
-            items: self.locks.iter().map(Row::item).collect(),
-        }
+    pub fn lock_list(&self) -> LockList<&Summary, LockItem<'_>> {
+        LockList::new(&self.summary, self.locks.iter().map(Row::item).collect())
     }
 }
 
@@ -314,10 +323,7 @@ impl Row {
     /// `-o name`: as kubectl prints a name (`configmap/<name>`,
     /// `lease.coordination.k8s.io/<name>`).
     pub fn kubectl_name(&self) -> String {
-        match self.kind.as_str() {
-            "lease" => format!("lease.coordination.k8s.io/{}", self.name),
-            _ => format!("configmap/{}", self.name),
-        }
+        kubectl_name(&self.kind, &self.name)
     }
 
     /// The PHASE column: `Failed/Evicted`, `(gone)`, `Terminating`, `-`.
@@ -337,6 +343,176 @@ impl Row {
                 }
                 s
             }
+        }
+    }
+}
+
+/// A lock as kubectl names it: `configmap/<name>`,
+/// `lease.coordination.k8s.io/<name>`.
+pub fn kubectl_name(kind: &str, name: &str) -> String {
+    match kind {
+        "lease" => format!("lease.coordination.k8s.io/{name}"),
+        _ => format!("configmap/{name}"),
+    }
+}
+
+// What `label` reports.
+
+/// What `label` did, or would do, to one lock candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabelResult {
+    /// Dry run: the label would be added.
+    WouldLabel,
+    Labeled,
+    /// It already has the label.
+    Unchanged,
+    /// Its key has another value (an opt-out): never overwritten.
+    Skipped,
+    /// Deleted since it was read.
+    Gone,
+    /// Changed since it was read (409): not labeled.
+    Conflict,
+    Failed,
+}
+
+impl LabelResult {
+    /// The word of the RESULT column and of `labeling.result`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LabelResult::WouldLabel => "would-label",
+            LabelResult::Labeled => "labeled",
+            LabelResult::Unchanged => "unchanged",
+            LabelResult::Skipped => "skipped",
+            LabelResult::Gone => "gone",
+            LabelResult::Conflict => "conflict",
+            LabelResult::Failed => "failed",
+        }
+    }
+
+    /// Labeled, or would be: what `-o name` prints.
+    pub fn adds(self) -> bool {
+        matches!(self, LabelResult::WouldLabel | LabelResult::Labeled)
+    }
+}
+
+/// One line of `label`'s report. `-o json|yaml` prints it as a
+/// [`LabeledItem`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelRow {
+    /// `configmap` or `lease`.
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub created_at: Option<String>,
+    /// Matched `--selector` when read.
+    pub labeled: bool,
+    /// ConfigMap: its ownerReference's name; Lease: the host its holder
+    /// identity names.
+    pub holder: Option<String>,
+    /// ConfigMap: its ownerReference's uid.
+    pub holder_uid: Option<String>,
+    pub result: LabelResult,
+    /// The value it had under the label's key when read.
+    pub current_value: Option<String>,
+    /// What was done or found, in a sentence.
+    pub message: String,
+}
+
+/// How many locks had each result.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct LabelCounts {
+    pub labeled: usize,
+    #[serde(rename = "would-label")]
+    pub would_label: usize,
+    pub unchanged: usize,
+    pub skipped: usize,
+    pub gone: usize,
+    pub conflict: usize,
+    pub failed: usize,
+}
+
+impl LabelCounts {
+    pub fn count(rows: &[LabelRow]) -> LabelCounts {
+        let mut c = LabelCounts::default();
+        for r in rows {
+            *match r.result {
+                LabelResult::Labeled => &mut c.labeled,
+                LabelResult::WouldLabel => &mut c.would_label,
+                LabelResult::Unchanged => &mut c.unchanged,
+                LabelResult::Skipped => &mut c.skipped,
+                LabelResult::Gone => &mut c.gone,
+                LabelResult::Conflict => &mut c.conflict,
+                LabelResult::Failed => &mut c.failed,
+            } += 1;
+        }
+        c
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LabelSummary {
+    /// Without `--apply`: nothing was written.
+    pub dry_run: bool,
+    /// The `key=value` written (or that would be).
+    pub label: String,
+    /// Locks listed in `items`.
+    pub total: usize,
+    pub results: LabelCounts,
+    /// Lock candidates left out by `--include`/`--exclude`.
+    pub excluded: usize,
+    pub skipped_with_data: usize,
+    #[serde(rename = "configMapsScanned")]
+    pub configmaps_scanned: usize,
+    pub leases_scanned: usize,
+    pub namespaces: Vec<String>,
+    pub selector: String,
+    pub duration_seconds: f64,
+}
+
+/// One lock of `label`'s [`LockList`]: the `metadata` and `spec` of a
+/// [`LockItem`], and what label did instead of a verdict.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LabeledItem<'a> {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub metadata: ItemMeta<'a>,
+    pub spec: ItemSpec<'a>,
+    pub labeling: Labeling<'a>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Labeling<'a> {
+    pub result: &'static str,
+    pub current_value: Option<&'a str>,
+    pub message: &'a str,
+}
+
+impl LabelRow {
+    pub fn item(&self) -> LabeledItem<'_> {
+        LabeledItem {
+            api_version: API_VERSION,
+            kind: "Lock",
+            metadata: ItemMeta {
+                namespace: &self.namespace,
+                name: &self.name,
+                creation_timestamp: self.created_at.as_deref(),
+            },
+            spec: ItemSpec {
+                lock_kind: self.kind,
+                labeled: self.labeled,
+                holder: ItemHolder {
+                    name: self.holder.as_deref(),
+                    uid: self.holder_uid.as_deref(),
+                },
+            },
+            labeling: Labeling {
+                result: self.result.as_str(),
+                current_value: self.current_value.as_deref(),
+                message: &self.message,
+            },
         }
     }
 }

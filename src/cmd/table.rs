@@ -1,9 +1,10 @@
 //! Text tables and the small formats in them (kubectl-style ages, names
-//! shortened with an ellipsis, wrapped notes), and the `scan` table.
+//! shortened with an ellipsis, wrapped notes), and the `scan` and `label`
+//! tables.
 
 use std::fmt::Write as _;
 
-use super::report::{Report, Row};
+use super::report::{LabelResult, LabelRow, Report, Row};
 use super::scope_text;
 use crate::cli::Scope;
 
@@ -184,6 +185,32 @@ impl Style {
             width,
         }
     }
+
+    /// `rows` under `headers` (unless `--no-headers`), fitted to the width
+    /// if there is one (see [`render_table`]).
+    pub fn render(
+        self,
+        headers: &[&str],
+        rows: &[Vec<String>],
+        stages: &[&[(usize, usize)]],
+        middle: &[usize],
+    ) -> String {
+        let width = self.width.unwrap_or(usize::MAX);
+        let table = render_table(headers, rows, width, stages, middle);
+        match table.split_once('\n') {
+            Some((_, rows)) if !self.headers => rows.to_owned(),
+            _ => table,
+        }
+    }
+}
+
+/// A note on one lock under a table, on stderr: `<ns>/<name>: <message>`.
+fn note(err: &mut String, namespace: &str, name: &str, message: &str) {
+    err.push_str(&wrap(
+        &format!("{namespace}/{name}: {message}"),
+        TABLE_WIDTH,
+        4,
+    ));
 }
 
 /// What a table command prints: the table on stdout, notes, summaries
@@ -286,20 +313,7 @@ pub fn render_report(report: &Report, scope: &Scope, style: Style) -> Rendered {
     if style.wide {
         headers.extend(WIDE_HEADERS);
     }
-    let mut table = render_table(
-        &headers,
-        &rows,
-        style.width.unwrap_or(usize::MAX),
-        &SHRINKABLE,
-        &MIDDLE,
-    );
-    if !style.headers {
-        table = table
-            .split_once('\n')
-            .map(|(_, t)| t.to_owned())
-            .unwrap_or_default();
-    }
-    out.stdout = table;
+    out.stdout = style.render(&headers, &rows, &SHRINKABLE, &MIDDLE);
 
     // Explain what a glance at the table does not (wide has a MESSAGE column).
     let notes: Vec<&Row> = report
@@ -309,8 +323,7 @@ pub fn render_report(report: &Report, scope: &Scope, style: Style) -> Rendered {
         .filter(|r| r.state != "held" || r.reason.as_deref() == Some("OwnerGoneGrace"))
         .collect();
     for r in &notes {
-        let note = format!("{}/{}: {}", r.namespace, r.name, r.message);
-        err.push_str(&wrap(&note, TABLE_WIDTH, 4));
+        note(err, &r.namespace, &r.name, &r.message);
     }
     if !notes.is_empty() {
         err.push('\n');
@@ -345,6 +358,59 @@ pub fn render_report(report: &Report, scope: &Scope, style: Style) -> Rendered {
             TABLE_WIDTH,
             0,
         ));
+    }
+    out
+}
+
+// The `label` table.
+
+const LABEL_HEADERS: [&str; 4] = ["NAMESPACE", "NAME", "HOLDER", "RESULT"];
+/// `label -o wide` adds these.
+const LABEL_WIDE_HEADERS: [&str; 2] = ["HOLDER-UID", "MESSAGE"];
+/// As in the `scan` table: the holder and namespace first, the result never.
+const LABEL_SHRINKABLE: [&[(usize, usize)]; 2] = [&[(2, 20), (0, 14)], &[(0, 9), (1, 20), (2, 10)]];
+
+/// `label -o table|wide`: the table on stdout; a note on each lock not
+/// labeled as asked (skipped, gone, conflict, failed) on stderr (the
+/// summary is the caller's).
+pub fn render_label(rows: &[LabelRow], style: Style) -> Rendered {
+    let dash = || "-".to_owned();
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let mut c = vec![
+                r.namespace.clone(),
+                match r.kind {
+                    "lease" => format!("lease/{}", r.name),
+                    _ => r.name.clone(),
+                },
+                r.holder.clone().unwrap_or_else(dash),
+                r.result.as_str().to_owned(),
+            ];
+            if style.wide {
+                c.push(r.holder_uid.clone().unwrap_or_else(dash));
+                c.push(r.message.clone());
+            }
+            c
+        })
+        .collect();
+    let mut headers = LABEL_HEADERS.to_vec();
+    if style.wide {
+        headers.extend(LABEL_WIDE_HEADERS);
+    }
+    let mut out = Rendered::default();
+    if !rows.is_empty() {
+        out.stdout = style.render(&headers, &cells, &LABEL_SHRINKABLE, &[2]);
+    }
+    let noted = |r: &&LabelRow| {
+        !style.wide
+            && !matches!(
+                r.result,
+                LabelResult::WouldLabel | LabelResult::Labeled | LabelResult::Unchanged
+            )
+    };
+    for r in rows.iter().filter(noted) {
+        note(&mut out.stderr, &r.namespace, &r.name, &r.message);
     }
     out
 }
@@ -454,5 +520,52 @@ mod tests {
         // Short tables are not padded out to 100.
         let t = render_table(&HEADERS, &rows[1..], 100, &SHRINKABLE, &MIDDLE);
         assert!(t.lines().all(|l| l.len() < 70), "{t}");
+    }
+
+    #[test]
+    fn label_table_fits_a_terminal_and_keeps_the_result() {
+        let row = |name: &str, result| LabelRow {
+            kind: "configmap",
+            namespace: "operators-production".into(),
+            name: name.into(),
+            created_at: None,
+            labeled: false,
+            holder: Some("memcached-operator-7d9f8b6c5-x2x9k".into()),
+            holder_uid: None,
+            result,
+            current_value: Some("false".into()),
+            message: "has lock-janitor.io/watch=false; not overwriting it".into(),
+        };
+        let rows = [
+            row("memcached-operator-lock", LabelResult::WouldLabel),
+            row("legacy-lock", LabelResult::Skipped),
+        ];
+        let style = |width, headers| Style {
+            wide: false,
+            headers,
+            width,
+        };
+        let out = render_label(&rows, style(Some(60), true));
+        for l in out.stdout.lines() {
+            assert!(l.chars().count() <= 60, "{l}");
+        }
+        assert!(out.stdout.contains("would-label") && out.stdout.contains('…'));
+        assert!(
+            out.stdout.contains("…x2x9k"),
+            "pod names keep their suffix\n{}",
+            out.stdout
+        );
+        // The skipped lock is explained on stderr, the other not.
+        assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+        assert!(out
+            .stderr
+            .starts_with("operators-production/legacy-lock: has"));
+        // Piped: nothing cut; --no-headers drops the header alone.
+        let piped = render_label(&rows, style(None, false));
+        assert!(!piped.stdout.contains('…'));
+        assert_eq!(piped.stdout.lines().count(), 2);
+        assert!(piped
+            .stdout
+            .starts_with("operators-production  memcached-operator-lock"));
     }
 }
