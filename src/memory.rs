@@ -97,6 +97,21 @@ pub struct Memory {
     inner: Mutex<Inner>,
 }
 
+/// What a reclaim left of a stale lock (see `Memory::record_reclaim`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Left {
+    /// Still stale, not freed.
+    Stale,
+    /// Freed by someone else.
+    Gone,
+    /// Freed by this janitor.
+    Reclaimed {
+        latency: Option<std::time::Duration>,
+    },
+    /// Nothing to record (not the leader; changed, judged again).
+    Unchanged,
+}
+
 impl Memory {
     pub fn new(metrics: Metrics) -> Self {
         Memory {
@@ -168,6 +183,25 @@ impl Memory {
     /// The lock is not stale-and-unreclaimed (any more).
     pub fn clear_stale(&self, key: &LockKey) {
         self.metrics.set_stale(key, None);
+    }
+
+    /// What a reclaim left: the lock still stale and not freed (a dry run,
+    /// finalizers, a failed write), someone else's deletion, or freed by
+    /// this janitor (counted, with its latency when the death's time is
+    /// known). Memory and metrics from the one value.
+    pub fn record_reclaim(&self, key: &LockKey, reason: StaleReason, left: Left) {
+        match left {
+            Left::Stale => self.mark_stale(key, reason),
+            Left::Gone => self.clear_stale(key),
+            Left::Reclaimed { latency } => {
+                self.clear_stale(key);
+                self.metrics.reclaimed(key, reason);
+                if let Some(l) = latency {
+                    self.metrics.reclaim_latency.observe(l.as_secs_f64());
+                }
+            }
+            Left::Unchanged => {}
+        }
     }
 
     /// Whether `reason` was already reported for this version of the lock.

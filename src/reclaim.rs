@@ -18,7 +18,7 @@ use tracing::{error, info, warn};
 use crate::election::Gate;
 use crate::events::{self, Events, Say};
 use crate::lock::{Lock, LockKind};
-use crate::memory::Memory;
+use crate::memory::{Left, Memory};
 use crate::metrics::Metrics;
 use crate::observe::Judgement;
 use crate::verdict::{self, StaleReason, Verdict};
@@ -50,6 +50,36 @@ enum Freed {
     Gone,
     /// Changed since it was judged (409).
     Changed(String),
+}
+
+/// What a reclaim did: recorded and said from this one value.
+enum Did {
+    /// `--dry-run`: nothing written.
+    DryRun,
+    /// Being deleted, but these finalizers keep it.
+    Blocked(Vec<String>),
+    NotLeader,
+    /// Someone else deleted it first (404).
+    Gone,
+    /// Changed since it was judged (409).
+    Changed(String),
+    /// Freed at this time.
+    Reclaimed {
+        at: Timestamp,
+    },
+}
+
+impl Did {
+    fn outcome(&self) -> Outcome {
+        match self {
+            Did::DryRun => Outcome::DryRun,
+            Did::Blocked(_) => Outcome::Blocked,
+            Did::NotLeader => Outcome::NotLeader,
+            Did::Gone => Outcome::AlreadyGone,
+            Did::Changed(_) => Outcome::Changed,
+            Did::Reclaimed { .. } => Outcome::Reclaimed,
+        }
+    }
 }
 
 /// What the janitor may write.
@@ -151,105 +181,161 @@ impl Reclaimer {
         self.publish_once(j, say).await;
     }
 
-    /// Reclaims a stale lock: the guarded DELETE, then (if asked) the dead pod.
+    /// Reclaims a stale lock, top to bottom: the guarded write (or why there
+    /// is none), then what it did, recorded in one place (memory, metrics,
+    /// the log line), then said (its Event; after a reclaim, off the
+    /// critical path, with the dead pod's deletion if asked).
     pub async fn reclaim(&self, j: &Judgement) -> Result<Outcome, Error> {
         let (Verdict::Stale { reason, .. }, Some(lock)) = (&j.verdict, &j.lock) else {
             // Only stale locks come here; anything else is judged again, never deleted.
             return Ok(Outcome::Changed);
         };
-        let reason = *reason;
-        let m = &self.metrics;
-        let (ns, name) = (lock.namespace.as_str(), lock.name.as_str());
-        let why = words::why_stale(reason, &lock.holder.name, j.holder.as_ref());
+        let did = self.write(j, lock).await;
+        self.record(j, lock, *reason, &did);
+        self.say(j, lock, *reason, &did).await;
+        did.map(|d| d.outcome())
+    }
 
+    /// The write a stale lock gets: none in a dry run, for a lock already
+    /// being deleted, or on a replica that does not lead (checked at the
+    /// moment of the write: a lease lost a moment ago stops it); else the
+    /// guarded DELETE or release.
+    async fn write(&self, j: &Judgement, lock: &Lock) -> Result<Did, Error> {
         if self.mode.dry_run {
-            self.memory.mark_stale(&j.key, reason);
-            info!(namespace = ns, lock = name, holder = %lock.holder.name, reason = %reason, dry_run = true,
-                  "stale lock detected; not deleting (dry run)");
-            let say = Say {
-                type_: EventType::Warning,
-                reason: events::REASON_DETECTED,
-                action: "DryRun",
-                note: match j.key.kind {
+            return Ok(Did::DryRun);
+        }
+        if let Some(finalizers) = &lock.deleting {
+            // Already being deleted: another DELETE changes nothing.
+            return Ok(Did::Blocked(finalizers.clone()));
+        }
+        if !self.gate.may_write() {
+            return Ok(Did::NotLeader);
+        }
+        Ok(match self.free(j, lock).await? {
+            Freed::Done => Did::Reclaimed {
+                at: Timestamp::now(),
+            },
+            Freed::Kept(finalizers) => Did::Blocked(finalizers),
+            Freed::Gone => Did::Gone,
+            Freed::Changed(source) => Did::Changed(source),
+        })
+    }
+
+    /// What a reclaim did, in memory and metrics (one value: what it left)
+    /// and in the log.
+    fn record(&self, j: &Judgement, lock: &Lock, reason: StaleReason, did: &Result<Did, Error>) {
+        let (ns, name, kind) = (lock.namespace.as_str(), lock.name.as_str(), j.key.kind);
+        let left = match did {
+            Ok(Did::DryRun | Did::Blocked(_)) | Err(_) => Left::Stale,
+            Ok(Did::Gone) => Left::Gone,
+            Ok(Did::Reclaimed { at }) => Left::Reclaimed {
+                latency: self.latency(j, *at),
+            },
+            Ok(Did::NotLeader | Did::Changed(_)) => Left::Unchanged,
+        };
+        self.memory.record_reclaim(&j.key, reason, left);
+        match did {
+            Ok(Did::DryRun) => {
+                info!(namespace = ns, lock = name, holder = %lock.holder.name, reason = %reason, dry_run = true,
+                      "stale lock detected; not deleting (dry run)");
+            }
+            Ok(Did::Blocked(finalizers)) => {
+                warn!(namespace = ns, lock = name, reason = %reason, finalizers = %finalizers.join(", "),
+                      "stale lock is being deleted but finalizers keep it; a waiting replica cannot take over until they are removed");
+            }
+            Ok(Did::NotLeader) => {}
+            Ok(Did::Gone) => {
+                info!(namespace = ns, lock = name, kind = %kind, "lock already deleted by someone else");
+            }
+            Ok(Did::Changed(source)) => {
+                info!(namespace = ns, lock = name, kind = %kind, error = %source,
+                      "lock changed since it was judged; not reclaiming, judging again");
+            }
+            Ok(Did::Reclaimed { .. }) => {
+                let latency = match left {
+                    Left::Reclaimed { latency } => latency.map(|l| l.as_secs_f64()),
+                    _ => None,
+                };
+                info!(namespace = ns, lock = name, kind = %kind, holder = %lock.holder.name, reason = %reason,
+                      latency_seconds = latency, "stale lock reclaimed");
+            }
+            Err(e) => {
+                error!(namespace = ns, lock = name, kind = %kind, reason = %reason, error = %e, "stale lock not reclaimed");
+            }
+        }
+    }
+
+    /// From the holder's death to the lock's reclaim, when the death's time
+    /// is known.
+    fn latency(&self, j: &Judgement, at: Timestamp) -> Option<Duration> {
+        j.died_at
+            .map(|d| Duration::try_from(at.duration_since(d)).unwrap_or(Duration::ZERO))
+    }
+
+    /// What a reclaim did, said as an Event: a dry run's and a blocked
+    /// lock's once per version; a reclaim's after the write, off the
+    /// critical path (the lock is free, the waiting replica may take it
+    /// now), followed by the dead pod's deletion when asked.
+    async fn say(&self, j: &Judgement, lock: &Lock, reason: StaleReason, did: &Result<Did, Error>) {
+        let why = || words::why_stale(reason, &lock.holder.name, j.holder.as_ref());
+        match did {
+            Ok(Did::DryRun) => {
+                let why = why();
+                let note = match j.key.kind {
                     LockKind::ConfigMap => {
                         format!("Would delete this lock: {why} (dry run: nothing deleted).")
                     }
                     LockKind::Lease => {
                         format!("Would release this Lease: {why} (dry run: nothing written).")
                     }
-                },
-            };
-            self.publish_once(j, say).await;
-            return Ok(Outcome::DryRun);
-        }
-
-        if let Some(finalizers) = &lock.deleting {
-            // Already being deleted: another DELETE changes nothing.
-            self.report_blocked(j, reason, finalizers).await;
-            return Ok(Outcome::Blocked);
-        }
-
-        // Checked at the moment of the write: a lease lost a moment ago
-        // stops it.
-        if !self.gate.may_write() {
-            return Ok(Outcome::NotLeader);
-        }
-        match self.free(j, lock).await {
-            Ok(Freed::Done) => {}
-            Ok(Freed::Kept(finalizers)) => {
-                self.report_blocked(j, reason, &finalizers).await;
-                return Ok(Outcome::Blocked);
+                };
+                let say = Say {
+                    type_: EventType::Warning,
+                    reason: events::REASON_DETECTED,
+                    action: "DryRun",
+                    note,
+                };
+                self.publish_once(j, say).await;
             }
-            Ok(Freed::Gone) => {
-                info!(namespace = ns, lock = name, kind = %j.key.kind, "lock already deleted by someone else");
-                self.memory.clear_stale(&j.key);
-                return Ok(Outcome::AlreadyGone);
+            Ok(Did::Blocked(finalizers)) => {
+                let say = Say {
+                    type_: EventType::Warning,
+                    reason: events::REASON_BLOCKED,
+                    action: "Reclaim",
+                    note: format!(
+                        "This lock is stale ({}) and its deletion has started, but finalizers [{}] keep it: \
+                         a waiting replica cannot take over until whoever owns them removes them.",
+                        reason,
+                        finalizers.join(", ")
+                    ),
+                };
+                self.publish_once(j, say).await;
             }
-            Ok(Freed::Changed(source)) => {
-                info!(namespace = ns, lock = name, kind = %j.key.kind, error = %source,
-                      "lock changed since it was judged; not reclaiming, judging again");
-                return Ok(Outcome::Changed);
+            Ok(Did::Reclaimed { .. }) => {
+                let done = match j.key.kind {
+                    LockKind::ConfigMap => "Deleted this lock",
+                    LockKind::Lease => "Released this Lease",
+                };
+                let say = Say {
+                    type_: EventType::Normal,
+                    reason: events::REASON_RECLAIMED,
+                    action: "Reclaim",
+                    note: format!(
+                        "{done}: {}. A waiting replica can now take over. {}",
+                        why(),
+                        self.marker
+                    ),
+                };
+                let (this, j) = (self.clone(), j.clone());
+                self.after.spawn(async move {
+                    this.publish(&j, say).await;
+                    if this.mode.delete_pod {
+                        this.delete_dead_pod(&j, reason).await;
+                    }
+                });
             }
-            Err(e) => {
-                self.memory.mark_stale(&j.key, reason);
-                error!(namespace = ns, lock = name, kind = %j.key.kind, reason = %reason, error = %e, "stale lock not reclaimed");
-                return Err(e);
-            }
+            Ok(Did::NotLeader | Did::Gone | Did::Changed(_)) | Err(_) => {}
         }
-        let now = Timestamp::now();
-        self.memory.clear_stale(&j.key);
-        m.reclaimed(&j.key, reason);
-        let latency = j
-            .died_at
-            .map(|d| Duration::try_from(now.duration_since(d)).unwrap_or(Duration::ZERO));
-        if let Some(l) = latency {
-            m.reclaim_latency.observe(l.as_secs_f64());
-        }
-        info!(namespace = ns, lock = name, kind = %j.key.kind, holder = %lock.holder.name, reason = %reason,
-              latency_seconds = latency.map(|l| l.as_secs_f64()), "stale lock reclaimed");
-        let done = match j.key.kind {
-            LockKind::ConfigMap => "Deleted this lock",
-            LockKind::Lease => "Released this Lease",
-        };
-        let say = Say {
-            type_: EventType::Normal,
-            reason: events::REASON_RECLAIMED,
-            action: "Reclaim",
-            note: format!(
-                "{done}: {why}. A waiting replica can now take over. {}",
-                self.marker
-            ),
-        };
-        // Off the critical path: the lock is free, the waiting replica may
-        // take it now; its Event and the dead pod's deletion follow.
-        let (this, j) = (self.clone(), j.clone());
-        self.after.spawn(async move {
-            this.publish(&j, say).await;
-            if this.mode.delete_pod {
-                this.delete_dead_pod(&j, reason).await;
-            }
-        });
-        Ok(Outcome::Reclaimed)
     }
 
     /// The one write that frees a stale lock, guarded by exactly what was
@@ -305,27 +391,6 @@ impl Reclaimer {
             }
             Err(e) => Err(e),
         }
-    }
-
-    /// A stale lock that finalizers keep after its deletion started: it
-    /// still blocks the takeover. Logged, stale gauge set (the persisting
-    /// alert sees it), Warning Event once per version.
-    async fn report_blocked(&self, j: &Judgement, reason: StaleReason, finalizers: &[String]) {
-        self.memory.mark_stale(&j.key, reason);
-        let list = finalizers.join(", ");
-        warn!(namespace = %j.key.namespace, lock = %j.key.name, reason = %reason, finalizers = %list,
-              "stale lock is being deleted but finalizers keep it; a waiting replica cannot take over until they are removed");
-        let say = Say {
-            type_: EventType::Warning,
-            reason: events::REASON_BLOCKED,
-            action: "Reclaim",
-            note: format!(
-                "This lock is stale ({}) and its deletion has started, but finalizers [{list}] keep it: \
-                 a waiting replica cannot take over until whoever owns them removes them.",
-                reason
-            ),
-        };
-        self.publish_once(j, say).await;
     }
 
     /// Deletes the dead holder (`--delete-pod`): only a terminal pod, only
