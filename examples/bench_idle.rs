@@ -758,8 +758,22 @@ impl Plane {
         replicas
     }
 
-    /// Measures `replicas` over `window`.
-    async fn measure(&self, name: &str, replicas: &[Replica], window: Duration) -> Measured {
+    /// Measures `replicas` over `window`, opened half a resync (at most
+    /// 150 s) after now: each replica swept when it got ready, so a window
+    /// of whole resyncs then holds whole sweeps, not one cut at its edge.
+    async fn measure(
+        &self,
+        name: &str,
+        replicas: &[Replica],
+        window: Duration,
+        resync_secs: f64,
+    ) -> Measured {
+        let offset_in = Duration::from_secs_f64((resync_secs / 2.0).min(150.0));
+        println!(
+            "    {} (half a resync) before the window opens",
+            secs(offset_in)
+        );
+        tokio::time::sleep(offset_in).await;
         let hz = clock_ticks();
         let audit = self.cp.audit_log_path().to_path_buf();
         let offset = audit_offset(&audit);
@@ -1069,7 +1083,12 @@ async fn main() {
     step("Phase B: two janitors, the locks alone");
     let replicas = p.start_janitors(&args.resync, args.locks).await;
     let without = p
-        .measure("B. locks alone", &replicas, args.baseline_window)
+        .measure(
+            "B. locks alone",
+            &replicas,
+            args.baseline_window,
+            args.resync_secs,
+        )
         .await;
     without.print();
     drop(replicas);
@@ -1115,7 +1134,12 @@ async fn main() {
     step("Phase A: two fresh janitors, the locks among the bystanders and the churn");
     let replicas = p.start_janitors(&args.resync, args.locks).await;
     let with = p
-        .measure("A. locks + bystanders + churn", &replicas, args.window)
+        .measure(
+            "A. locks + bystanders + churn",
+            &replicas,
+            args.window,
+            args.resync_secs,
+        )
         .await;
     with.print();
     stop.store(true, Ordering::Relaxed);
