@@ -75,7 +75,7 @@ chaos: testenv-build
 ## make bench: memory, idle API load and reclaim latency at 0, 1,000 and 10,000 locks
 ## (the image's musl build); heap per lock by part; takeover time with the real
 ## operator-lib, alone and with the janitor; idle cost among 50,000 pods that hold
-## no lock and a Lease judgement's peak memory (bench-idle, about 35 minutes).
+## no lock and a Lease judgement's peak memory (bench-idle, about 33 minutes).
 bench: bench-scale bench-memory bench-takeover bench-idle
 
 bench-scale: setup testenv-build

@@ -11,8 +11,9 @@
 #       [--locks 1000] [--lock-namespaces 20] [--bystander-namespaces 25]
 #       [--running-percent 60] [--lease-pods 5000] [--writers 64]
 #
-# With the defaults about 35 minutes on 2 cores after the builds (two
-# 10-minute windows, ~8 minutes of setup); a quick try:
+# With the defaults about 33 minutes on 2 cores after the builds (two
+# 10-minute windows, each opened 150 s after start-up, ~8 minutes of
+# setup); a quick try (about 5 minutes):
 #   hack/bench-idle.sh --bystanders 2000 --window-secs 60 --resync 20s --lease-pods 1000
 # A shorter --resync makes more sweeps per window: the sweep lists scale
 # with 1/resync (the table adds them scaled back to 5m); election and watch
