@@ -68,7 +68,12 @@ declare -A FILE_SAYS=(
   [darwin/arm64]="Mach-O 64-bit arm64 executable"
 )
 archive_of() { echo "lock-janitor_${version}_${1%/*}_${1#*/}.tar.gz"; }
-bin_of() { echo "$root/target/${TRIPLE[$1]}/release/lock-janitor"; }
+# Cargo's target dir: target/ unless CARGO_TARGET_DIR (or build.target-dir) says
+# otherwise; it need not exist yet (a fresh clone has none).
+target_dir="$(cargo metadata --format-version 1 --no-deps --locked \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')" \
+  || fail "cargo metadata failed"
+bin_of() { echo "$target_dir/${TRIPLE[$1]}/release/lock-janitor"; }
 
 # --- checks of dist/ (also run at the end of a build) -----------------------
 verify() {
@@ -113,10 +118,11 @@ grep -q "^appVersion: \"$version\"\$" "$chart/Chart.yaml" || fail "$chart/Chart.
 eval "$(hack/release-tools.sh zig cyclonedx ociimage targets)"
 
 # --- binaries ---------------------------------------------------------------
-stubs="$root/target/darwin-stubs"
-cargo metadata --format-version 1 --locked >"$root/target/release-metadata.json" \
+mkdir -p "$target_dir"
+stubs="$target_dir/darwin-stubs"
+cargo metadata --format-version 1 --locked >"$target_dir/release-metadata.json" \
   || fail "cargo metadata failed"
-python3 hack/darwin-stubs.py "$stubs" <"$root/target/release-metadata.json"
+python3 hack/darwin-stubs.py "$stubs" <"$target_dir/release-metadata.json"
 # One cargo invocation for the four targets: cargo schedules them together
 # and builds the host parts (build scripts, proc macros) once.
 targets=()
@@ -147,7 +153,7 @@ tarit() { # dir archive
       -C "$1" -cf - . | gzip -9n >"$2"
 }
 for p in "${PLATFORMS[@]}"; do
-  stage="$root/target/release-stage/${p/\//_}"
+  stage="$target_dir/release-stage/${p/\//_}"
   rm -rf "$stage"; mkdir -p "$stage"
   install -m 0755 "$(bin_of "$p")" "$stage/lock-janitor"
   install -m 0644 LICENSE README.md "$stage/"
