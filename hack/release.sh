@@ -19,10 +19,10 @@
 # The version is Cargo.toml's; the chart's version and appVersion must equal it.
 # Tools: hack/release-tools.sh (zig + cargo-zigbuild, cargo-cyclonedx, the OCI
 # layout writer), helm from testenv/build.sh. Cross builds: `cargo zigbuild
-# --release --locked --target <triple>` for the four triples (one invocation),
-# the command the Dockerfile runs; the Linux ones are static (musl). macOS links against
-# generated stubs of CoreFoundation and Security (hack/darwin-stubs.py), so no
-# Apple SDK is needed. Timestamps come from SOURCE_DATE_EPOCH (default: the
+# --release --locked --target <triple>...`, the command the Dockerfile runs,
+# once for the Linux triples and once for the macOS ones (see below); the
+# Linux ones are static (musl). macOS links against generated stubs of
+# CoreFoundation and Security (hack/darwin-stubs.py), so no Apple SDK is needed. Timestamps come from SOURCE_DATE_EPOCH (default: the
 # commit time), so the archives and the image are reproducible.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -123,23 +123,38 @@ stubs="$target_dir/darwin-stubs"
 cargo metadata --format-version 1 --locked >"$target_dir/release-metadata.json" \
   || fail "cargo metadata failed"
 python3 hack/darwin-stubs.py "$stubs" <"$target_dir/release-metadata.json"
-# One cargo invocation for the four targets: cargo schedules them together
-# and builds the host parts (build scripts, proc macros) once.
-targets=()
+# One cargo invocation per OS (linux: the two musl targets, darwin: the two
+# macOS ones), not one for all four: cargo unifies features across all the
+# --target of an invocation, and the two OSes pull libc in differently (rustix
+# uses libc on macOS, with its libc-extra-traits feature from the Linux side),
+# so a four-target build compiles libc, and every crate above it, with other
+# features than a Linux-only one. Then RELEASE_PLATFORMS (.ci/run), make test's
+# docker-build-check.sh and the Dockerfile (one target each) and a full
+# release each rebuilt the whole Linux tree from the other's. Per OS, the
+# Linux units are the same in all of them and are built once; the host parts
+# (build scripts, proc macros) are shared by both invocations.
+declare -A GROUP=()
 for p in "${PLATFORMS[@]}"; do
   t="${TRIPLE[$p]}"
-  targets+=(--target "$t")
+  GROUP[${p%/*}]+=" --target $t"
   if [ "${p%/*}" = darwin ]; then
     var="CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$t")_RUSTFLAGS"
     export "$var=-C link-arg=-F$stubs"
   fi
 done
 start=$SECONDS
-say "cargo zigbuild --release --locked ${targets[*]}"
-# The zig venv goes first on PATH for cargo-zigbuild only (its python3 has
-# no PyYAML, which the checks below need).
-PATH="$ZIG_BIN:$PATH" nice -n 10 cargo zigbuild --release --locked "${targets[@]}" \
-  || fail "cargo zigbuild --release --locked ${targets[*]} failed"
+for os in linux darwin; do
+  [ -n "${GROUP[$os]:-}" ] || continue
+  read -r -a targets <<<"${GROUP[$os]}"
+  say "cargo zigbuild --release --locked ${targets[*]}"
+  # The zig venv goes first on PATH for cargo-zigbuild only (its python3 has
+  # no PyYAML, which the checks below need). SOURCE_DATE_EPOCH stays out of
+  # the build even when the caller exports it: cc (ring's build script)
+  # declares rerun-if-env-changed=SOURCE_DATE_EPOCH, so a new commit time
+  # would rebuild ring and everything above it.
+  env -u SOURCE_DATE_EPOCH PATH="$ZIG_BIN:$PATH" nice -n 10 cargo zigbuild --release --locked "${targets[@]}" \
+    || fail "cargo zigbuild --release --locked ${targets[*]} failed"
+done
 say "built ${PLATFORMS[*]} in $((SECONDS - start))s"
 
 # --- dist/ ------------------------------------------------------------------
