@@ -22,8 +22,10 @@
 # --release --locked --target <triple>...`, the command the Dockerfile runs,
 # once for the Linux triples and once for the macOS ones (see below); the
 # Linux ones are static (musl). macOS links against generated stubs of
-# CoreFoundation and Security (hack/darwin-stubs.py), so no Apple SDK is needed. Timestamps come from SOURCE_DATE_EPOCH (default: the
-# commit time), so the archives and the image are reproducible.
+# CoreFoundation and Security (hack/darwin-stubs.py), so no Apple SDK is
+# needed; they run on macOS 11 and newer (MACOS_MIN). Timestamps come from
+# SOURCE_DATE_EPOCH (default: the commit time), so the archives and the image
+# are reproducible.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -67,6 +69,10 @@ declare -A FILE_SAYS=(
   [darwin/amd64]="Mach-O 64-bit x86_64 executable"
   [darwin/arm64]="Mach-O 64-bit arm64 executable"
 )
+# The oldest macOS the binaries run on (LC_BUILD_VERSION minos). Without it
+# zig writes its own default, macOS 15, and the binary refuses to start on
+# 14 and older. 11.0 is Apple silicon's first and what kubectl needs too.
+MACOS_MIN=11.0  # MACOSX_DEPLOYMENT_TARGET of the build; checked in verify
 archive_of() { echo "lock-janitor_${version}_${1%/*}_${1#*/}.tar.gz"; }
 # Cargo's target dir: target/ unless CARGO_TARGET_DIR (or build.target-dir) says
 # otherwise; it need not exist yet (a fresh clone has none).
@@ -104,7 +110,7 @@ verify() {
   else
     [ -f "$dist/lock-janitor.yaml" ] || fail "dist/lock-janitor.yaml (krew) is missing"
   fi
-  python3 hack/check_release.py "$dist" "$version" || fail "dist/ checks (hack/check_release.py)"
+  MACOS_MIN="$MACOS_MIN" python3 hack/check_release.py "$dist" "$version" || fail "dist/ checks (hack/check_release.py)"
   say "dist/ verified: $(cd "$dist" && ls | tr '\n' ' ')"
 }
 
@@ -152,7 +158,12 @@ for os in linux darwin; do
   # the build even when the caller exports it: cc (ring's build script)
   # declares rerun-if-env-changed=SOURCE_DATE_EPOCH, so a new commit time
   # would rebuild ring and everything above it.
-  env -u SOURCE_DATE_EPOCH PATH="$ZIG_BIN:$PATH" nice -n 10 cargo zigbuild --release --locked "${targets[@]}" \
+  # MACOSX_DEPLOYMENT_TARGET only for macOS: the Linux build's env stays that
+  # of docker-build-check.sh and the Dockerfile.
+  osenv=()
+  [ "$os" = darwin ] && osenv=(MACOSX_DEPLOYMENT_TARGET="$MACOS_MIN")
+  env -u SOURCE_DATE_EPOCH PATH="$ZIG_BIN:$PATH" "${osenv[@]}" \
+    nice -n 10 cargo zigbuild --release --locked "${targets[@]}" \
     || fail "cargo zigbuild --release --locked ${targets[*]} failed"
 done
 say "built ${PLATFORMS[*]} in $((SECONDS - start))s"
