@@ -121,7 +121,9 @@ grep -q "^version: $version\$" "$chart/Chart.yaml" || fail "$chart/Chart.yaml ve
 grep -q "^appVersion: \"$version\"\$" "$chart/Chart.yaml" || fail "$chart/Chart.yaml appVersion is not \"$version\" (Cargo.toml)"
 
 # --- tools ----------------------------------------------------------------
-eval "$(hack/release-tools.sh zig cyclonedx ociimage targets)"
+# Assigned first: `eval "$(...)"` alone would go on after a failed tool build.
+tools="$(hack/release-tools.sh zig cyclonedx ociimage targets)" || fail "hack/release-tools.sh zig cyclonedx ociimage targets failed (see above)"
+eval "$tools"
 
 # --- binaries ---------------------------------------------------------------
 mkdir -p "$target_dir"
