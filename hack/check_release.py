@@ -12,15 +12,20 @@
 - lock-janitor.yaml (when present; hack/release.sh checks it is): the krew
   manifest names every archive with its sha256;
 - lock-janitor-VERSION.tgz: appVersion VERSION, default image
-  ghcr.io/lock-janitor/lock-janitor (tag empty: the appVersion).
+  ghcr.io/lock-janitor/lock-janitor (tag empty: the appVersion);
+- the macOS binaries (when their archives are there): Mach-O for their
+  architecture whose oldest macOS (LC_BUILD_VERSION minos) is $MACOS_MIN, so
+  they start on every macOS from there on, not only on the SDK's.
 Called by hack/release.sh; prints what failed and exits 1.
 """
+import glob
 import gzip
 import hashlib
 import io
 import json
 import os
 import sys
+import struct
 import tarfile
 
 import yaml
@@ -32,6 +37,25 @@ def check(ok, msg):
     if not ok:
         errors.append(msg)
     return ok
+
+
+def macho_minos(data):
+    """(cputype, minos 'X.Y') of a thin 64-bit Mach-O executable."""
+    magic, cputype, _, _, ncmds, _, _, _ = struct.unpack_from("<IiiIIIII", data, 0)
+    if magic != 0xFEEDFACF:
+        return None, None
+    off = 32
+    for _ in range(ncmds):
+        cmd, size = struct.unpack_from("<II", data, off)
+        if cmd == 0x32:  # LC_BUILD_VERSION: platform, minos, sdk, ntools
+            v = struct.unpack_from("<I", data, off + 12)[0]
+        elif cmd == 0x24:  # LC_VERSION_MIN_MACOSX: version, sdk
+            v = struct.unpack_from("<I", data, off + 8)[0]
+        else:
+            off += size
+            continue
+        return cputype, f"{v >> 16}.{(v >> 8) & 0xFF}"
+    return cputype, None
 
 
 def main():
@@ -101,6 +125,16 @@ def main():
     repo = "/".join(p for p in (img.get("registry"), img.get("repository")) if p)
     check(repo == "ghcr.io/lock-janitor/lock-janitor" and not img.get("tag") and not img.get("digest"),
           f"chart default image {img}")
+
+    want_min = os.environ.get("MACOS_MIN", "11.0")
+    cpu = {"amd64": 0x01000007, "arm64": 0x0100000C}
+    for a in sorted(glob.glob(os.path.join(dist, f"lock-janitor_{version}_darwin_*.tar.gz"))):
+        arch = a.rsplit("_", 1)[-1][: -len(".tar.gz")]
+        with tarfile.open(a) as tf:
+            data = tf.extractfile("./lock-janitor").read()
+        cputype, minos = macho_minos(data)
+        check(cputype == cpu.get(arch), f"{os.path.basename(a)}: Mach-O cputype {cputype}, want {arch}")
+        check(minos == want_min, f"{os.path.basename(a)}: runs on macOS {minos} and newer, want {want_min} (MACOSX_DEPLOYMENT_TARGET)")
 
     for e in errors:
         print(f"check-release: {e}")

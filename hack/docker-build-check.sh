@@ -68,7 +68,9 @@ if $lint_only; then
 fi
 
 # --- 2. the Dockerfile's build, here ------------------------------------------
-eval "$(hack/release-tools.sh zig)"
+# Assigned first: `eval "$(...)"` alone would go on after a failed tool build.
+tools="$(hack/release-tools.sh zig)" || fail "hack/release-tools.sh zig failed (see above)"
+eval "$tools"
 command -v rustup >/dev/null 2>&1 || fail "rustup not found; the musl target is added with rustup"
 rustup target list --installed | grep -qx "$target" || rustup target add "$target"
 

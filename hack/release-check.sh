@@ -34,7 +34,9 @@ dist="$root/dist"
 [ -d "$dist/image" ] && [ -f "$dist/lock-janitor-$version.tgz" ] || fail "dist/ has no release of $version: run 'make release' first"
 hack/release.sh --verify
 
-eval "$(hack/release-tools.sh crane registry cosign)"
+# Assigned first: `eval "$(...)"` alone would go on after a failed tool build.
+tools="$(hack/release-tools.sh crane registry cosign)" || fail "hack/release-tools.sh crane registry cosign failed (see above)"
+eval "$tools"
 tbin="$(testenv/build.sh --print)"
 for b in helm etcd kube-apiserver kube-controller-manager; do
   [ -x "$tbin/$b" ] || fail "$tbin/$b missing: run 'make testenv-build'"

@@ -51,7 +51,11 @@ go_tool() {
   if [ ! -x "$dir/$name" ]; then
     need_go "$name"
     mkdir -p "$dir.tmp"
+    # Up to three attempts: the Go module proxy is always asked (a package
+    # path below a module's root is looked up online), and a loaded machine
+    # sees the odd TLS handshake timeout.
     timed "$name $version" "$log/$name-$version.log" \
+      sh -c 'for i in 1 2 3; do "$@" && exit 0; echo "attempt $i failed" >&2; sleep 5; done; exit 1' go-install \
       env GOBIN="$dir.tmp" GOFLAGS=-buildvcs=false go install -trimpath -ldflags "-s -w" "$pkg@$version"
     [ -x "$dir.tmp/$name" ] || fail "go install $pkg@$version made no $name"
     rm -rf "$dir"; mv "$dir.tmp" "$dir"
@@ -108,9 +112,11 @@ for t in "$@"; do
     cyclonedx) tool_cyclonedx ;;
     ociimage) tool_ociimage ;;
     targets) tool_targets ;;
-    crane) echo "CRANE=$(go_tool crane "$CRANE_VERSION" github.com/google/go-containerregistry/cmd/crane)" ;;
-    registry) echo "REGISTRY=$(go_tool registry "$REGISTRY_VERSION" github.com/distribution/distribution/v3/cmd/registry)" ;;
-    cosign) echo "COSIGN=$(go_tool cosign "$COSIGN_VERSION" github.com/sigstore/cosign/v2/cmd/cosign)" ;;
+    # Assigned first: a failure inside "$(...)" given straight to echo would
+    # be lost, print CRANE= and let the caller go on with no tool.
+    crane) p="$(go_tool crane "$CRANE_VERSION" github.com/google/go-containerregistry/cmd/crane)"; echo "CRANE=$p" ;;
+    registry) p="$(go_tool registry "$REGISTRY_VERSION" github.com/distribution/distribution/v3/cmd/registry)"; echo "REGISTRY=$p" ;;
+    cosign) p="$(go_tool cosign "$COSIGN_VERSION" github.com/sigstore/cosign/v2/cmd/cosign)"; echo "COSIGN=$p" ;;
     *) fail "unknown tool '$t' (zig cyclonedx ociimage crane registry cosign targets)" ;;
   esac
 done

@@ -19,11 +19,13 @@
 # The version is Cargo.toml's; the chart's version and appVersion must equal it.
 # Tools: hack/release-tools.sh (zig + cargo-zigbuild, cargo-cyclonedx, the OCI
 # layout writer), helm from testenv/build.sh. Cross builds: `cargo zigbuild
-# --release --locked --target <triple>` for the four triples (one invocation),
-# the command the Dockerfile runs; the Linux ones are static (musl). macOS links against
-# generated stubs of CoreFoundation and Security (hack/darwin-stubs.py), so no
-# Apple SDK is needed. Timestamps come from SOURCE_DATE_EPOCH (default: the
-# commit time), so the archives and the image are reproducible.
+# --release --locked --target <triple>...`, the command the Dockerfile runs,
+# once for the Linux triples and once for the macOS ones (see below); the
+# Linux ones are static (musl). macOS links against generated stubs of
+# CoreFoundation and Security (hack/darwin-stubs.py), so no Apple SDK is
+# needed; they run on macOS 11 and newer (MACOS_MIN). Timestamps come from
+# SOURCE_DATE_EPOCH (default: the commit time), so the archives and the image
+# are reproducible.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -67,8 +69,17 @@ declare -A FILE_SAYS=(
   [darwin/amd64]="Mach-O 64-bit x86_64 executable"
   [darwin/arm64]="Mach-O 64-bit arm64 executable"
 )
+# The oldest macOS the binaries run on (LC_BUILD_VERSION minos). Without it
+# zig writes its own default, macOS 15, and the binary refuses to start on
+# 14 and older. 11.0 is Apple silicon's first and what kubectl needs too.
+MACOS_MIN=11.0  # MACOSX_DEPLOYMENT_TARGET of the build; checked in verify
 archive_of() { echo "lock-janitor_${version}_${1%/*}_${1#*/}.tar.gz"; }
-bin_of() { echo "$root/target/${TRIPLE[$1]}/release/lock-janitor"; }
+# Cargo's target dir: target/ unless CARGO_TARGET_DIR (or build.target-dir) says
+# otherwise; it need not exist yet (a fresh clone has none).
+target_dir="$(cargo metadata --format-version 1 --no-deps --locked \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')" \
+  || fail "cargo metadata failed"
+bin_of() { echo "$target_dir/${TRIPLE[$1]}/release/lock-janitor"; }
 
 # --- checks of dist/ (also run at the end of a build) -----------------------
 verify() {
@@ -99,7 +110,7 @@ verify() {
   else
     [ -f "$dist/lock-janitor.yaml" ] || fail "dist/lock-janitor.yaml (krew) is missing"
   fi
-  python3 hack/check_release.py "$dist" "$version" || fail "dist/ checks (hack/check_release.py)"
+  MACOS_MIN="$MACOS_MIN" python3 hack/check_release.py "$dist" "$version" || fail "dist/ checks (hack/check_release.py)"
   say "dist/ verified: $(cd "$dist" && ls | tr '\n' ' ')"
 }
 
@@ -110,30 +121,53 @@ grep -q "^version: $version\$" "$chart/Chart.yaml" || fail "$chart/Chart.yaml ve
 grep -q "^appVersion: \"$version\"\$" "$chart/Chart.yaml" || fail "$chart/Chart.yaml appVersion is not \"$version\" (Cargo.toml)"
 
 # --- tools ----------------------------------------------------------------
-eval "$(hack/release-tools.sh zig cyclonedx ociimage targets)"
+# Assigned first: `eval "$(...)"` alone would go on after a failed tool build.
+tools="$(hack/release-tools.sh zig cyclonedx ociimage targets)" || fail "hack/release-tools.sh zig cyclonedx ociimage targets failed (see above)"
+eval "$tools"
 
 # --- binaries ---------------------------------------------------------------
-stubs="$root/target/darwin-stubs"
-cargo metadata --format-version 1 --locked >"$root/target/release-metadata.json" \
+mkdir -p "$target_dir"
+stubs="$target_dir/darwin-stubs"
+cargo metadata --format-version 1 --locked >"$target_dir/release-metadata.json" \
   || fail "cargo metadata failed"
-python3 hack/darwin-stubs.py "$stubs" <"$root/target/release-metadata.json"
-# One cargo invocation for the four targets: cargo schedules them together
-# and builds the host parts (build scripts, proc macros) once.
-targets=()
+python3 hack/darwin-stubs.py "$stubs" <"$target_dir/release-metadata.json"
+# One cargo invocation per OS (linux: the two musl targets, darwin: the two
+# macOS ones), not one for all four: cargo unifies features across all the
+# --target of an invocation, and the two OSes pull libc in differently (rustix
+# uses libc on macOS, with its libc-extra-traits feature from the Linux side),
+# so a four-target build compiles libc, and every crate above it, with other
+# features than a Linux-only one. Then RELEASE_PLATFORMS (.ci/run), make test's
+# docker-build-check.sh and the Dockerfile (one target each) and a full
+# release each rebuilt the whole Linux tree from the other's. Per OS, the
+# Linux units are the same in all of them and are built once; the host parts
+# (build scripts, proc macros) are shared by both invocations.
+declare -A GROUP=()
 for p in "${PLATFORMS[@]}"; do
   t="${TRIPLE[$p]}"
-  targets+=(--target "$t")
+  GROUP[${p%/*}]+=" --target $t"
   if [ "${p%/*}" = darwin ]; then
     var="CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$t")_RUSTFLAGS"
     export "$var=-C link-arg=-F$stubs"
   fi
 done
 start=$SECONDS
-say "cargo zigbuild --release --locked ${targets[*]}"
-# The zig venv goes first on PATH for cargo-zigbuild only (its python3 has
-# no PyYAML, which the checks below need).
-PATH="$ZIG_BIN:$PATH" nice -n 10 cargo zigbuild --release --locked "${targets[@]}" \
-  || fail "cargo zigbuild --release --locked ${targets[*]} failed"
+for os in linux darwin; do
+  [ -n "${GROUP[$os]:-}" ] || continue
+  read -r -a targets <<<"${GROUP[$os]}"
+  say "cargo zigbuild --release --locked ${targets[*]}"
+  # The zig venv goes first on PATH for cargo-zigbuild only (its python3 has
+  # no PyYAML, which the checks below need). SOURCE_DATE_EPOCH stays out of
+  # the build even when the caller exports it: cc (ring's build script)
+  # declares rerun-if-env-changed=SOURCE_DATE_EPOCH, so a new commit time
+  # would rebuild ring and everything above it.
+  # MACOSX_DEPLOYMENT_TARGET only for macOS: the Linux build's env stays that
+  # of docker-build-check.sh and the Dockerfile.
+  osenv=()
+  [ "$os" = darwin ] && osenv=(MACOSX_DEPLOYMENT_TARGET="$MACOS_MIN")
+  env -u SOURCE_DATE_EPOCH PATH="$ZIG_BIN:$PATH" "${osenv[@]}" \
+    nice -n 10 cargo zigbuild --release --locked "${targets[@]}" \
+    || fail "cargo zigbuild --release --locked ${targets[*]} failed"
+done
 say "built ${PLATFORMS[*]} in $((SECONDS - start))s"
 
 # --- dist/ ------------------------------------------------------------------
@@ -147,7 +181,7 @@ tarit() { # dir archive
       -C "$1" -cf - . | gzip -9n >"$2"
 }
 for p in "${PLATFORMS[@]}"; do
-  stage="$root/target/release-stage/${p/\//_}"
+  stage="$target_dir/release-stage/${p/\//_}"
   rm -rf "$stage"; mkdir -p "$stage"
   install -m 0755 "$(bin_of "$p")" "$stage/lock-janitor"
   install -m 0644 LICENSE README.md "$stage/"
