@@ -96,7 +96,7 @@ pub(super) fn run_scope(
             readiness.synced();
             listed.send_modify(|n| *n += 1);
         });
-        objects_only(synced.touched_objects())
+        objects_only(synced.applied_objects())
     };
 
     let side = Leases {
@@ -109,7 +109,7 @@ pub(super) fn run_scope(
         suspects: suspects_rx,
         suspects_tx,
         accepting: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-        concurrency: 2,
+        concurrency: 4,
     };
     (
         async move { drive(ctx, wiring, &scope, shutdown).await },

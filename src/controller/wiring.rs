@@ -198,6 +198,11 @@ pub(super) async fn drive<K, L>(
                 // error_policy; this is anything else the Controller
                 // reports (a queue or trigger failure).
                 Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+                // Deleted before its turn came (a reclaim's own trigger, a
+                // suspect named twice): nothing to judge.
+                Err(kube::runtime::controller::Error::ObjectNotFound(r)) => {
+                    debug!(scope = %scope, lock = %r, "lock gone before its judgement");
+                }
                 Err(e) => {
                     ctx_errors.inc();
                     warn!(scope = %scope, kind = %K::KIND, error = %e, "controller error; the lock is judged again at the next event or sweep");
