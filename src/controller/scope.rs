@@ -129,8 +129,9 @@ pub(super) fn run_scope(
         // A mass eviction frees its locks side by side: each reclaim waits
         // on its reads and its DELETE (about three round trips, none on the
         // idle budget); with 4 in flight a burst of 100 took about twice
-        // the floor's time (a bare watcher with one DELETE per death). 16
-        // in flight per scope is what the API server sees at most.
+        // the floor's time (a bare watcher with one DELETE per death). The
+        // API server sees at most 16 per scope (each --namespace is one;
+        // the whole cluster is one), plus 4 per scope for Leases.
         concurrency: 16,
     };
     (
