@@ -716,6 +716,58 @@ async fn bad_flags_exit_2_with_a_message() {
 /// The race: the lock is deleted and re-created by a live pod between the
 /// judgement and the DELETE. The library's reclaim is driven directly with
 /// the stale judgement; the API server's preconditions refuse the delete.
+/// The fast path skips the read of the lock, never of the holder: a holder
+/// that died and was recreated under its name (a StatefulSet pod, which
+/// operator-lib takes for the leader by name) is seen by that read, and the
+/// lock, known lock-shaped at this very version, is ambiguous: no DELETE.
+#[tokio::test]
+async fn the_fast_path_still_sees_a_holder_recreated_under_its_name() {
+    use lock_janitor::lock::LockKey;
+    let s = scenario("fastsame").await;
+    let holder = s.pod("op-0").await;
+    s.lock("op-lock", &holder).await;
+    let state = lock_janitor::shared::Shared::new().unwrap();
+    state.readiness.expect(0);
+    let ctx = s.context_as(JANITOR_USER, state).await;
+    let key = LockKey::configmap(s.ns.clone(), "op-lock");
+    let mut cached = Api::<ConfigMap>::namespaced(s.client.clone(), &s.ns)
+        .get_metadata("op-lock")
+        .await
+        .unwrap();
+    lock_janitor::controller::strip_cached(&mut cached);
+    let rv = cached.metadata.resource_version.clone().unwrap();
+    ctx.memory.suspect(&key);
+    lock_janitor::controller::reconcile(std::sync::Arc::new(cached.clone()), ctx.clone())
+        .await
+        .unwrap();
+    assert!(ctx.memory.known_shaped(&key, &rv), "the fast path is armed");
+
+    // The holder fails and is replaced under its name before the janitor
+    // looks (the garbage collector may take the lock meanwhile: either way
+    // the janitor must not delete it).
+    fail_with(&s, "op-0", "Evicted").await;
+    kubelet::force_delete_pod(&s.client, &s.ns, "op-0")
+        .await
+        .unwrap();
+    s.pod("op-0").await;
+    let j = ctx
+        .judge_with(&key, Some(&cached.metadata), true)
+        .await
+        .unwrap()
+        .expect("judged from the cached copy, without reading the lock");
+    assert!(
+        matches!(j.verdict, lock_janitor::verdict::Verdict::Ambiguous { .. }),
+        "{:?}",
+        j.verdict
+    );
+    let deletes: Vec<_> = s
+        .janitor_writes()
+        .into_iter()
+        .filter(|e| e.verb == "delete")
+        .collect();
+    assert!(deletes.is_empty(), "{deletes:?}");
+}
+
 /// The fast path (a lock version read live lock-shaped is not read again)
 /// meets a lock that changed while the watch is behind: the DELETE of the
 /// cached version gets 409, and the next judgement reads the lock live
