@@ -17,8 +17,8 @@
 //!     [--levels 1000,10000] [--sequential 20] [--evict 100] [--idle-secs 60] [--resync-secs 20]
 //! ```
 //!
-//! Idle load. Idle, the janitor reads only its resync sweeps (two paged,
-//! metadata-only pod lists per scope and --resync). To see several in a
+//! Idle load. Idle, the janitor reads only its resync sweeps (the pods its
+//! locks name, by name or by listing their namespaces, each --resync). To see several in a
 //! minute the janitor runs with `--resync <resync-secs>`; the load at the
 //! default `--resync 5m` is that measured rate scaled by resync/300 s, and
 //! the requests per sweep are read from the janitor's own debug log.
