@@ -22,7 +22,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
-use super::report::{kubectl_name, LabelCounts, LabelResult, LabelRow, LabelSummary, LockList};
+use super::label_report::{LabelCounts, LabelResult, LabelRow, LabelSummary};
+use super::report::{kubectl_name, LockList};
 use super::table::{render_label, Style};
 use super::{connect, explain, list_candidates, print_stdout, scope_text, CONCURRENCY};
 use crate::cli::{LabelArgs, Output};

@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod label;
+pub mod label_report;
 pub mod leases;
 pub mod report;
 pub mod scan;

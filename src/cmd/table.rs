@@ -4,7 +4,8 @@
 
 use std::fmt::Write as _;
 
-use super::report::{LabelResult, LabelRow, Report, Row};
+use super::label_report::{LabelResult, LabelRow};
+use super::report::{Report, Row};
 use super::scope_text;
 use crate::cli::Scope;
 
