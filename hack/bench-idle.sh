@@ -19,15 +19,16 @@
 # with 1/resync (the table adds them scaled back to 5m); election and watch
 # restarts do not.
 #
-# It measures target/release/lock-janitor (glibc); LOCK_JANITOR_BIN=<path>
-# measures another build, e.g. the image's static musl binary.
+# It measures the image's binary (the static musl build of the Dockerfile),
+# as bench-scale does; LOCK_JANITOR_BIN=<path> measures another build (for
+# example target/release/lock-janitor, the glibc build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 testenv/build.sh >/dev/null
 cargo build --locked --release --example bench_idle
 if [ -z "${LOCK_JANITOR_BIN:-}" ]; then
-  cargo build --locked --release --bin lock-janitor
-  LOCK_JANITOR_BIN="$PWD/target/release/lock-janitor"
+  cargo build --locked --release --target x86_64-unknown-linux-musl --bin lock-janitor
+  LOCK_JANITOR_BIN="$PWD/target/x86_64-unknown-linux-musl/release/lock-janitor"
 fi
 start=$(date +%s)
 echo "bench-idle: $(uptime)"

@@ -25,6 +25,7 @@ pub mod preflight;
 pub mod readiness;
 pub mod reclaim;
 pub mod selector;
+pub mod shapes;
 pub mod shared;
 pub mod streams;
 pub mod sweep;

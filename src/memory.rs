@@ -290,6 +290,20 @@ impl Memory {
         });
     }
 
+    /// The API server's table of ConfigMaps says `resource_version` of this
+    /// lock holds no data (`shapes`): when that is the version last judged,
+    /// its next judgement needs no read of the lock, as after a live read
+    /// (`set_shaped`). True if marked.
+    pub fn learned_empty(&self, key: &LockKey, resource_version: &str) -> bool {
+        self.with(|i| match i.memos.get_mut(key) {
+            Some(m) if m.judged_rv.as_deref() == Some(resource_version) => {
+                m.shaped = true;
+                true
+            }
+            _ => false,
+        })
+    }
+
     /// The holder of a lock may have changed: judge it from live reads next
     /// time. Remembered even for a lock not judged yet, so that a first
     /// sweep never settles it.
@@ -464,6 +478,30 @@ mod tests {
         m.set_shaped(&k, true);
         m.forget(&k);
         assert!(!m.known_shaped(&k, "8"), "forgotten");
+    }
+
+    /// A version learned empty from the table counts only when it is the
+    /// version last judged; a new version clears it, as after a live read.
+    #[test]
+    fn learned_empty_holds_for_the_judged_version_only() {
+        let m = memory();
+        let k = LockKey::configmap("ops", "lock");
+        assert!(
+            !m.learned_empty(&k, "7"),
+            "a lock never judged is not marked"
+        );
+        assert!(!m.known_shaped(&k, "7"));
+        let holder = Holder {
+            name: "p".into(),
+            uid: "u1".into(),
+        };
+        m.seed_held(&k, "7", &holder);
+        assert!(!m.learned_empty(&k, "6"), "an older version");
+        assert!(!m.known_shaped(&k, "7"));
+        assert!(m.learned_empty(&k, "7"));
+        assert!(m.known_shaped(&k, "7"));
+        m.judged(&k, "8", true);
+        assert!(!m.known_shaped(&k, "8") && !m.known_shaped(&k, "7"));
     }
 
     /// A death makes one judgement urgent per lock and holder uid; the same

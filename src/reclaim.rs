@@ -105,7 +105,16 @@ pub struct Reclaimer {
     /// What follows a reclaim off its critical path (its Event, the dead
     /// pod's deletion), finished in the drain.
     after: tokio_util::task::TaskTracker,
+    /// How many of those run at once (`AFTER_IN_FLIGHT`).
+    after_slots: Arc<tokio::sync::Semaphore>,
 }
+
+/// What follows reclaims (Events, dead pods' deletions) goes at most this
+/// many requests at a time. In a mass eviction the API server then serves
+/// the DELETEs first (16 in flight per scope): an Event is a write as
+/// costly as a DELETE, and 1,000 of them sent alongside slowed the last
+/// reclaims of a burst of 1,000; they follow within seconds.
+const AFTER_IN_FLIGHT: usize = 2;
 
 impl Reclaimer {
     pub fn new(
@@ -126,6 +135,7 @@ impl Reclaimer {
             memory,
             mode,
             after: tokio_util::task::TaskTracker::new(),
+            after_slots: Arc::new(tokio::sync::Semaphore::new(AFTER_IN_FLIGHT)),
         }
     }
 
@@ -328,6 +338,8 @@ impl Reclaimer {
                 };
                 let (this, j) = (self.clone(), j.clone());
                 self.after.spawn(async move {
+                    // Never closed: a slot always comes.
+                    let _slot = this.after_slots.acquire().await;
                     this.publish(&j, say).await;
                     if this.mode.delete_pod {
                         this.delete_dead_pod(&j, reason).await;

@@ -768,6 +768,78 @@ async fn the_fast_path_still_sees_a_holder_recreated_under_its_name() {
     assert!(deletes.is_empty(), "{deletes:?}");
 }
 
+/// A lock there before the janitor starts is settled from metadata by the
+/// first sweep; the API server's table of ConfigMaps then says it holds no
+/// data, so its reclaim reads only the holder: the janitor never GETs the
+/// lock. A lock that holds data is not marked, and when its holder dies it
+/// is read whole and left alone (unmanageable).
+#[tokio::test]
+async fn a_lock_there_before_start_is_reclaimed_without_reading_it() {
+    let s = scenario("learned").await;
+    let leader = s.pod("leader").await;
+    s.lock("op-lock", &leader).await;
+    let other = s.pod("other").await;
+    let mut with_data = lock_for("data-lock", &other, true);
+    with_data.data = Some([("state".to_string(), "mine".to_string())].into());
+    create_lock(&s.client, &with_data).await;
+    let j = s.janitor(&[]).await;
+    wait_for(
+        "the janitor learned which locks hold no data",
+        Duration::from_secs(60),
+        || async {
+            j.logs()
+                .lines()
+                .find(|l| l.contains("learned which locks hold no data"))
+                .map(str::to_owned)
+        },
+    )
+    .await;
+    let learned = j.logs();
+    assert!(
+        learned
+            .lines()
+            .any(|l| l.contains("learned which locks hold no data") && l.contains("marked=1")),
+        "one lock marked, not the one with data:\n{learned}"
+    );
+    fail_with(&s, "leader", "Evicted").await;
+    fail_with(&s, "other", "Evicted").await;
+    s.wait_gone("op-lock").await;
+    wait_event(&s.client, &s.ns, "UnmanageableLock", "data-lock").await;
+    assert!(lock_exists(&s.client, &s.ns, "data-lock").await);
+    let mine = |name: &str, resource: &str, verb: &str| {
+        lock_janitor_testenv::audit::read(s.cp.audit_log_path())
+            .into_iter()
+            .filter(|e| {
+                e.effective_user() == JANITOR_USER
+                    && e.namespace.as_deref() == Some(s.ns.as_str())
+                    && e.resource.as_deref() == Some(resource)
+                    && e.subresource.is_none()
+                    && e.name.as_deref() == Some(name)
+                    && e.verb == verb
+            })
+            .count()
+    };
+    // The audit log may lag the API server's answers a moment.
+    wait_for(
+        "the DELETE in the audit log",
+        Duration::from_secs(30),
+        || async { (mine("op-lock", "configmaps", "delete") > 0).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        mine("op-lock", "configmaps", "get"),
+        0,
+        "the lock is never read"
+    );
+    assert!(mine("leader", "pods", "get") >= 1, "its holder is");
+    assert_eq!(mine("op-lock", "configmaps", "delete"), 1);
+    assert!(
+        mine("data-lock", "configmaps", "get") >= 1,
+        "the lock with data is read whole"
+    );
+    assert_eq!(mine("data-lock", "configmaps", "delete"), 0);
+}
+
 /// The fast path (a lock version read live lock-shaped is not read again)
 /// meets a lock that changed while the watch is behind: the DELETE of the
 /// cached version gets 409, and the next judgement reads the lock live

@@ -12,13 +12,12 @@ use std::time::Duration;
 use futures::channel::mpsc::UnboundedSender;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::wiring::TerminalPod;
 use super::{error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta};
 use crate::index::{HolderIndex, LeaseIndex};
 use crate::lock::{self, LockKey};
@@ -32,6 +31,9 @@ pub(super) struct ConfigMaps {
     /// Set by the first sweep: from then on the lock watch's events reach
     /// the Controller.
     pub(super) swept: Arc<AtomicBool>,
+    /// Told when the lock watch has listed again (after the first sweep):
+    /// what was known empty is learned again (`learn_empty`).
+    pub(super) relisted: Arc<tokio::sync::Notify>,
 }
 
 /// The Lease side of a scope.
@@ -57,7 +59,7 @@ impl Sides {
 
     /// A terminal pod: the locks it may hold are judged from live reads.
     /// A death makes those reads necessary: they skip the idle budget.
-    fn ended(&self, ctx: &Context, pod: &PartialObjectMeta<Pod>) {
+    fn ended(&self, ctx: &Context, pod: &TerminalPod) {
         let ns = pod.namespace().unwrap_or_default();
         if let Some(c) = &self.configmaps {
             let uid = pod.metadata.uid.as_deref().unwrap_or_default();
@@ -129,6 +131,51 @@ impl ConfigMaps {
     }
 }
 
+impl ConfigMaps {
+    /// Learns which locks hold no data at the version last judged, from
+    /// the API server's table of the scope's opted-in ConfigMaps
+    /// (`shapes`): a lock settled from metadata is then reclaimed with one
+    /// read, of its holder, as a lock judged live is. Within the idle
+    /// budget; a failure marks nothing (each such lock is read whole
+    /// before its DELETE).
+    async fn learn_empty(&self, ctx: &Context, ns: Option<&str>) {
+        let mut marked = 0usize;
+        let learned =
+            crate::shapes::learn(&ctx.client, ns, ctx.settings.selector.as_str(), |row| {
+                let meta = &row.meta;
+                // As a live read marks (`reconcile`'s `shaped`): no data, not
+                // being deleted, opted in and lock-shaped as listed.
+                if row.data_keys != 0
+                    || meta.deletion_timestamp.is_some()
+                    || !ctx.settings.selector.matches(meta.labels.as_ref())
+                    || lock::parse(meta).is_err()
+                {
+                    return;
+                }
+                let (Some(name), Some(rv)) =
+                    (meta.name.as_deref(), meta.resource_version.as_deref())
+                else {
+                    return;
+                };
+                let key = LockKey {
+                    namespace: meta.namespace.clone().unwrap_or_default(),
+                    name: name.to_owned(),
+                    kind: lock::LockKind::ConfigMap,
+                };
+                if ctx.memory.learned_empty(&key, rv) {
+                    marked += 1;
+                }
+            })
+            .await;
+        let scope = ns.unwrap_or("all namespaces");
+        match learned {
+            Ok(requests) => debug!(scope, requests, marked, "learned which locks hold no data"),
+            Err(e) => info!(scope, error = %e,
+                "could not learn which locks hold no data; their reclaims read the lock first"),
+        }
+    }
+}
+
 /// Runs a scope's pod side until `shutdown`: the terminal-pod watch, and
 /// the sweeper once `listed` counts `expect_listed` watches listed (this
 /// one's and each kind's lock watch).
@@ -180,6 +227,15 @@ async fn took_lead(changes: &mut Option<tokio::sync::watch::Receiver<bool>>) {
     futures::future::pending::<()>().await
 }
 
+/// Resolves when the lock watch has listed again (never without
+/// ConfigMaps).
+async fn relisted_again(relisted: Option<&tokio::sync::Notify>) {
+    match relisted {
+        Some(n) => n.notified().await,
+        None => futures::future::pending().await,
+    }
+}
+
 /// Once the watches have listed, and every --resync while this replica
 /// leads (and at once when it takes the lead), one sweep names the suspects
 /// of both kinds (see `sweep`). The first sweep runs on every replica: it
@@ -205,10 +261,15 @@ async fn sweeper(
     let mut lead = ctx.gate.changes();
     let mut first = true;
     let mut failures = 0;
+    let relisted = sides.configmaps.as_ref().map(|c| c.relisted.clone());
+    let mut learn = false;
+    // False only when the lock watch listed again: then the loop learns
+    // and waits on, without a sweep.
+    let mut sweep_due = true;
     loop {
         // A replica whose sweep fails keeps trying, leading or not: its
         // readiness must see the sweep work again, not merely stop failing.
-        if first || failures > 0 || ctx.gate.may_write() {
+        if sweep_due && (first || failures > 0 || ctx.gate.may_write()) {
             let before = match (&sides.configmaps, first) {
                 (Some(c), true) => c.snapshot(),
                 _ => HashMap::new(),
@@ -251,6 +312,7 @@ async fn sweeper(
                         }
                         ctx.shared.readiness.synced();
                         first = false;
+                        learn = true;
                         // Leading already counts as taken: no second sweep.
                         if let Some(rx) = lead.as_mut() {
                             rx.borrow_and_update();
@@ -279,6 +341,14 @@ async fn sweeper(
                 .metrics
                 .prune_reclaims(crate::metrics::RECLAIM_SERIES_TTL);
         }
+        if std::mem::take(&mut learn) {
+            if let Some(c) = &sides.configmaps {
+                tokio::select! {
+                    _ = c.learn_empty(&ctx, ns.as_deref()) => {}
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+        }
         // A failing sweep retries at least every 30 s, so readiness sees it
         // failing rather than recovered.
         let wait = if failures > 0 {
@@ -286,11 +356,16 @@ async fn sweeper(
         } else {
             resync_after(ctx.settings.resync)
         };
+        sweep_due = true;
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(wait) => {}
             _ = took_lead(&mut lead), if !first => {
                 debug!(scope, "took the lead: sweeping now");
+            }
+            _ = relisted_again(relisted.as_deref()), if !first => {
+                learn = true;
+                sweep_due = false;
             }
         }
     }

@@ -55,6 +55,8 @@ pub(super) fn run_scope(
 
     // Whether the first sweep is done (see `pods`).
     let swept = Arc::new(AtomicBool::new(false));
+    // Told when the lock watch lists again after the first sweep.
+    let relisted = Arc::new(tokio::sync::Notify::new());
     // Locks to judge that the lock watch's own events do not name: from
     // the pod side, the lead trigger and the end of a re-list.
     let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<LockMeta>>();
@@ -65,6 +67,7 @@ pub(super) fn run_scope(
         let readiness = readiness.clone();
         let ns = namespace.clone();
         let index = holders.clone();
+        let relisted = relisted.clone();
         let config = watcher::Config::default()
             .labels(ctx.settings.selector.as_str())
             .any_semantic();
@@ -89,6 +92,8 @@ pub(super) fn run_scope(
                     // What a re-list follows (an expired resourceVersion,
                     // an etcd restored from a snapshot) may reuse versions:
                     // each lock's next judgement reads it live again.
+                    // What holds no data is then learned again from the
+                    // versions listed now (the pod side's `learn_empty`).
                     for m in reader.state() {
                         ctx.memory.set_shaped(&key_of(&*m), false);
                     }
@@ -98,6 +103,7 @@ pub(super) fn run_scope(
                     // again (before the first sweep, it queues them).
                     if swept_then.load(Ordering::SeqCst) {
                         super::queue_unsettled(&ctx.memory, &reader, &tx);
+                        relisted.notify_one();
                     }
                 }
                 Err(_) => {}
@@ -115,6 +121,7 @@ pub(super) fn run_scope(
         reader: reader.clone(),
         tx: suspects_tx.clone(),
         swept: swept.clone(),
+        relisted,
     };
     let wiring = Wiring {
         locks,
