@@ -480,6 +480,18 @@ async fn main() {
     let (s, b) = (args.sequential, args.evict);
     let j = Janitor::start(&kubeconfig, &[]).await;
     all_held(&j, top, "every lock held").await;
+    // As when a node dies some time after start: the janitor has learned
+    // which locks hold no data (its debug log says so once it has).
+    wait_for(
+        "the janitor learned which locks hold no data",
+        Duration::from_secs(120),
+        || async {
+            j.logs()
+                .contains("learned which locks hold no data")
+                .then_some(())
+        },
+    )
+    .await;
     let (j_seq, j_burst) = reclaim_latency(&client, &deleted, &made[..s], &made[s..s + b]).await;
     let j_breakdown = where_time_goes(&cp, JANITOR_USER, &made[..s]);
     drop(j);

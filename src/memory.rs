@@ -35,6 +35,10 @@ struct Memo {
     /// `judged_rv` was read live and was lock-shaped (no data): a
     /// judgement of that same version needs no read of the lock.
     shaped: bool,
+    /// A DELETE guarded by `judged_rv` was refused (409): the lock changed
+    /// since, and no table of an older snapshot may mark that version
+    /// again (`learned_empty`); the next version clears it.
+    refused: bool,
     /// Reconciles that failed in a row (for the per-lock backoff).
     failures: u32,
     /// The holder last judged, so that the takeover follower knows whose
@@ -240,6 +244,7 @@ impl Memory {
                     m.judged_rv = Some(resource_version.into());
                     // Known only for a version read live (set_shaped).
                     m.shaped = false;
+                    m.refused = false;
                 }
                 m.settled = settled;
             }
@@ -290,13 +295,26 @@ impl Memory {
         });
     }
 
+    /// A write guarded by the version last judged was refused (409): that
+    /// version is known no more, and its next judgement reads the lock live
+    /// (a 409 is never retried blindly).
+    pub fn refused(&self, key: &LockKey) {
+        self.with(|i| {
+            if let Some(m) = i.memos.get_mut(key) {
+                m.shaped = false;
+                m.refused = true;
+            }
+        });
+    }
+
     /// The API server's table of ConfigMaps says `resource_version` of this
     /// lock holds no data (`shapes`): when that is the version last judged,
-    /// its next judgement needs no read of the lock, as after a live read
-    /// (`set_shaped`). True if marked.
+    /// and no write guarded by it was refused (a table page of an older
+    /// snapshot may list it after the 409), its next judgement needs no
+    /// read of the lock, as after a live read (`set_shaped`). True if marked.
     pub fn learned_empty(&self, key: &LockKey, resource_version: &str) -> bool {
         self.with(|i| match i.memos.get_mut(key) {
-            Some(m) if m.judged_rv.as_deref() == Some(resource_version) => {
+            Some(m) if !m.refused && m.judged_rv.as_deref() == Some(resource_version) => {
                 m.shaped = true;
                 true
             }
@@ -502,6 +520,13 @@ mod tests {
         assert!(m.known_shaped(&k, "7"));
         m.judged(&k, "8", true);
         assert!(!m.known_shaped(&k, "8") && !m.known_shaped(&k, "7"));
+        // A 409 on version 8: a table of an older snapshot does not mark it
+        // again; the next version may be.
+        m.refused(&k);
+        assert!(!m.learned_empty(&k, "8"), "refused at this version");
+        assert!(!m.known_shaped(&k, "8"));
+        m.judged(&k, "9", true);
+        assert!(m.learned_empty(&k, "9"));
     }
 
     /// A death makes one judgement urgent per lock and holder uid; the same

@@ -107,6 +107,19 @@ pub struct Reclaimer {
     after: tokio_util::task::TaskTracker,
     /// How many of those run at once (`AFTER_IN_FLIGHT`).
     after_slots: Arc<tokio::sync::Semaphore>,
+    /// Judgements of a death in flight (`judging_a_death`): what follows a
+    /// reclaim waits for none to be, `AFTER_WAITS_AT_MOST` at most.
+    deaths: Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+/// Held while a judgement made urgent by a death runs (see
+/// `Reclaimer::judging_a_death`); dropped, on any path, it counts down.
+pub struct JudgingADeath(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Drop for JudgingADeath {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 /// What follows reclaims (Events, dead pods' deletions) goes at most this
@@ -115,6 +128,11 @@ pub struct Reclaimer {
 /// costly as a DELETE, and 1,000 of them sent alongside slowed the last
 /// reclaims of a burst of 1,000; they follow within seconds.
 const AFTER_IN_FLIGHT: usize = 2;
+
+/// And they wait, at most this long after their reclaim, until no death is
+/// being judged: a mass eviction's DELETEs then have the API server to
+/// themselves until the last lock is free.
+const AFTER_WAITS_AT_MOST: Duration = Duration::from_secs(5);
 
 impl Reclaimer {
     pub fn new(
@@ -136,7 +154,21 @@ impl Reclaimer {
             mode,
             after: tokio_util::task::TaskTracker::new(),
             after_slots: Arc::new(tokio::sync::Semaphore::new(AFTER_IN_FLIGHT)),
+            deaths: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
+    }
+
+    /// A judgement made urgent by a death starts: while the value lives,
+    /// what follows earlier reclaims (Events, pod deletions) waits.
+    pub fn judging_a_death(&self) -> JudgingADeath {
+        self.deaths.send_modify(|n| *n += 1);
+        JudgingADeath(self.deaths.clone())
+    }
+
+    /// Until no death is being judged, or `by`.
+    async fn quiet(&self, by: tokio::time::Instant) {
+        let mut deaths = self.deaths.subscribe();
+        let _ = tokio::time::timeout_at(by, deaths.wait_for(|n| *n == 0)).await;
     }
 
     /// Waits for what follows the reclaims already made (their Events and
@@ -337,9 +369,11 @@ impl Reclaimer {
                     ),
                 };
                 let (this, j) = (self.clone(), j.clone());
+                let quiet_by = tokio::time::Instant::now() + AFTER_WAITS_AT_MOST;
                 self.after.spawn(async move {
                     // Never closed: a slot always comes.
                     let _slot = this.after_slots.acquire().await;
+                    this.quiet(quiet_by).await;
                     this.publish(&j, say).await;
                     if this.mode.delete_pod {
                         this.delete_dead_pod(&j, reason).await;

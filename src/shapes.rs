@@ -100,7 +100,9 @@ fn rows_of(table: Table) -> (Vec<Row>, Option<String>) {
 }
 
 /// Lists the opted-in ConfigMaps of a scope as table rows, page by page,
-/// handing each row to `each`. Returns the requests it made.
+/// handing each row to `each`. Returns the requests it made. The caller
+/// bounds how long it may take (a page answers within the client's
+/// timeout; a continue token repeated ends the list).
 pub async fn learn(
     client: &Client,
     namespace: Option<&str>,
@@ -108,6 +110,7 @@ pub async fn learn(
     mut each: impl FnMut(Row),
 ) -> Result<u32, Error> {
     let mut cont: Option<String> = None;
+    let mut last: Option<String> = None;
     let mut requests = 0;
     let action = "listing watched ConfigMaps as a table";
     loop {
@@ -142,8 +145,12 @@ pub async fn learn(
         let (rows, next) = rows_of(table);
         rows.into_iter().for_each(&mut each);
         match next {
-            Some(c) => cont = Some(c),
-            None => return Ok(requests),
+            // The same token again would list the same page for ever.
+            Some(c) if last.as_deref() != Some(c.as_str()) => {
+                last = Some(c.clone());
+                cont = Some(c);
+            }
+            _ => return Ok(requests),
         }
     }
 }

@@ -826,10 +826,26 @@ async fn a_lock_there_before_start_is_reclaimed_without_reading_it() {
         || async { (mine("op-lock", "configmaps", "delete") > 0).then_some(()) },
     )
     .await;
+    // Before its DELETE (the takeover follower reads the lock afterwards,
+    // 2 s on): the log is written as answers complete, and a read the
+    // reclaim made was answered before the DELETE was sent.
+    let log = lock_janitor_testenv::audit::read(s.cp.audit_log_path());
+    let op_lock = |e: &&lock_janitor_testenv::audit::AuditEvent| {
+        e.effective_user() == JANITOR_USER
+            && e.namespace.as_deref() == Some(s.ns.as_str())
+            && e.resource.as_deref() == Some("configmaps")
+            && e.subresource.is_none()
+            && e.name.as_deref() == Some("op-lock")
+    };
+    let reads_before_delete = log
+        .iter()
+        .filter(op_lock)
+        .take_while(|e| e.verb != "delete")
+        .filter(|e| e.verb == "get")
+        .count();
     assert_eq!(
-        mine("op-lock", "configmaps", "get"),
-        0,
-        "the lock is never read"
+        reads_before_delete, 0,
+        "the lock is never read before its DELETE"
     );
     assert!(mine("leader", "pods", "get") >= 1, "its holder is");
     assert_eq!(mine("op-lock", "configmaps", "delete"), 1);

@@ -298,6 +298,7 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
     // A standby's judgement ends in NotLeader: it keeps the death notice
     // for when it leads, and reads within the budget meanwhile.
     let urgent = ctx.gate.may_write() && ctx.memory.take_urgent(&key);
+    let _death = urgent.then(|| ctx.reclaimer.judging_a_death());
     let Some(judgement) = ctx.judge_with(&key, obj.cached_meta(), urgent).await? else {
         debug!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, "lock is gone");
         ctx.forget(&key);
@@ -333,7 +334,11 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
     // read of the lock while the version stands. Not after a 409: the cache
     // is behind the lock, and the next judgement reads it live (a 409 is
     // never retried blindly).
-    ctx.memory.set_shaped(&key, shaped && !changed);
+    if changed {
+        ctx.memory.refused(&key);
+    } else {
+        ctx.memory.set_shaped(&key, shaped);
+    }
     ctx.memory.succeeded(&key);
     if settles && !ctx.memory.needs_judging(&key, &judged) {
         // Settled and not suspected while it was judged: no timer.

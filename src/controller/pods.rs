@@ -214,6 +214,11 @@ pub(super) async fn run(
     }
 }
 
+/// How long one learning of which locks hold no data may take, at least
+/// and at most (half of --resync in between).
+const LEARN_AT_LEAST: Duration = Duration::from_secs(5);
+const LEARN_AT_MOST: Duration = Duration::from_secs(60);
+
 /// Resolves when this replica takes the lead (never without an election:
 /// it always leads, and sweeps on its timer).
 async fn took_lead(changes: &mut Option<tokio::sync::watch::Receiver<bool>>) {
@@ -266,6 +271,7 @@ async fn sweeper(
     // False only when the lock watch listed again: then the loop learns
     // and waits on, without a sweep.
     let mut sweep_due = true;
+    let mut next_sweep = tokio::time::Instant::now();
     loop {
         // A replica whose sweep fails keeps trying, leading or not: its
         // readiness must see the sweep work again, not merely stop failing.
@@ -343,23 +349,36 @@ async fn sweeper(
         }
         if std::mem::take(&mut learn) {
             if let Some(c) = &sides.configmaps {
+                // Bounded, so that a table that does not end delays no sweep
+                // for long; what it marked before stands.
+                let bound = (ctx.settings.resync / 2).clamp(LEARN_AT_LEAST, LEARN_AT_MOST);
                 tokio::select! {
-                    _ = c.learn_empty(&ctx, ns.as_deref()) => {}
+                    learned = tokio::time::timeout(bound, c.learn_empty(&ctx, ns.as_deref())) => {
+                        if learned.is_err() {
+                            info!(scope, seconds = bound.as_secs(),
+                                "learning which locks hold no data took too long; stopped (the reclaims of the others read the lock first)");
+                        }
+                    }
                     _ = shutdown.cancelled() => break,
                 }
             }
         }
-        // A failing sweep retries at least every 30 s, so readiness sees it
-        // failing rather than recovered.
-        let wait = if failures > 0 {
-            error_backoff(failures).min(Duration::from_secs(30))
-        } else {
-            resync_after(ctx.settings.resync)
-        };
+        if sweep_due {
+            // A failing sweep retries at least every 30 s, so readiness sees
+            // it failing rather than recovered.
+            let wait = if failures > 0 {
+                error_backoff(failures).min(Duration::from_secs(30))
+            } else {
+                resync_after(ctx.settings.resync)
+            };
+            // Only a sweep's turn moves the next one: re-lists of the lock
+            // watch, however often, never put it off.
+            next_sweep = tokio::time::Instant::now() + wait;
+        }
         sweep_due = true;
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep_until(next_sweep) => {}
             _ = took_lead(&mut lead), if !first => {
                 debug!(scope, "took the lead: sweeping now");
             }
