@@ -482,16 +482,24 @@ async fn main() {
     all_held(&j, top, "every lock held").await;
     // As when a node dies some time after start: the janitor has learned
     // which locks hold no data (its debug log says so once it has).
-    wait_for(
+    let learned = wait_for(
         "the janitor learned which locks hold no data",
         Duration::from_secs(120),
         || async {
-            j.logs()
-                .contains("learned which locks hold no data")
-                .then_some(())
+            j.logs().lines().rev().find_map(|l| {
+                (l.contains("learned which locks hold no data")
+                    || l.contains("could not learn which locks hold no data")
+                    || l.contains("learning which locks hold no data took too long"))
+                .then(|| l.to_owned())
+            })
         },
     )
     .await;
+    if !learned.contains("learned which locks hold no data") {
+        die(&format!(
+            "the janitor did not learn which locks hold no data: {learned}"
+        ));
+    }
     let (j_seq, j_burst) = reclaim_latency(&client, &deleted, &made[..s], &made[s..s + b]).await;
     let j_breakdown = where_time_goes(&cp, JANITOR_USER, &made[..s]);
     drop(j);

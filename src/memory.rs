@@ -37,7 +37,8 @@ struct Memo {
     shaped: bool,
     /// A DELETE guarded by `judged_rv` was refused (409): the lock changed
     /// since, and no table of an older snapshot may mark that version
-    /// again (`learned_empty`); the next version clears it.
+    /// again (`learned_empty`); the next version clears it (a re-list does
+    /// not: the next judgement reads the lock live either way).
     refused: bool,
     /// Reconciles that failed in a row (for the per-lock backoff).
     failures: u32,

@@ -65,6 +65,15 @@ struct RowObject {
     metadata: Option<ObjectMeta>,
 }
 
+/// What one learning did.
+#[derive(Debug, Clone, Copy)]
+pub struct Learned {
+    pub requests: u32,
+    /// False when the API server answered the same continue token twice:
+    /// the list stopped there.
+    pub whole: bool,
+}
+
 /// The path of the ConfigMaps of a scope.
 fn path(namespace: Option<&str>) -> String {
     match namespace {
@@ -100,7 +109,8 @@ fn rows_of(table: Table) -> (Vec<Row>, Option<String>) {
 }
 
 /// Lists the opted-in ConfigMaps of a scope as table rows, page by page,
-/// handing each row to `each`. Returns the requests it made. The caller
+/// handing each row to `each`. Says what it made and whether it listed
+/// every page. The caller
 /// bounds how long it may take (a page answers within the client's
 /// timeout; a continue token repeated ends the list).
 pub async fn learn(
@@ -108,7 +118,7 @@ pub async fn learn(
     namespace: Option<&str>,
     selector: &str,
     mut each: impl FnMut(Row),
-) -> Result<u32, Error> {
+) -> Result<Learned, Error> {
     let mut cont: Option<String> = None;
     let mut last: Option<String> = None;
     let mut requests = 0;
@@ -150,7 +160,19 @@ pub async fn learn(
                 last = Some(c.clone());
                 cont = Some(c);
             }
-            _ => return Ok(requests),
+            // Rows of the pages before stand; the rest are not known.
+            Some(_) => {
+                return Ok(Learned {
+                    requests,
+                    whole: false,
+                })
+            }
+            None => {
+                return Ok(Learned {
+                    requests,
+                    whole: true,
+                })
+            }
         }
     }
 }

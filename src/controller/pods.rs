@@ -169,7 +169,12 @@ impl ConfigMaps {
             .await;
         let scope = ns.unwrap_or("all namespaces");
         match learned {
-            Ok(requests) => debug!(scope, requests, marked, "learned which locks hold no data"),
+            Ok(crate::shapes::Learned {
+                requests,
+                whole: true,
+            }) => debug!(scope, requests, marked, "learned which locks hold no data"),
+            Ok(crate::shapes::Learned { requests, .. }) => info!(scope, requests, marked,
+                "the API server answered the same continue token twice; learned which locks hold no data from the pages before only"),
             Err(e) => info!(scope, error = %e,
                 "could not learn which locks hold no data; their reclaims read the lock first"),
         }
