@@ -109,7 +109,34 @@ pub struct Reclaimer {
     after_slots: Arc<tokio::sync::Semaphore>,
     /// Judgements of a death in flight (`judging_a_death`): what follows a
     /// reclaim waits for none to be, `AFTER_WAITS_AT_MOST` at most.
-    deaths: Arc<tokio::sync::watch::Sender<usize>>,
+    deaths: Deaths,
+}
+
+/// Judgements of a death in flight, counted.
+#[derive(Clone)]
+struct Deaths(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Deaths {
+    fn new() -> Self {
+        Deaths(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+
+    fn judging(&self) -> JudgingADeath {
+        self.0.send_modify(|n| *n += 1);
+        JudgingADeath(self.0.clone())
+    }
+
+    /// Until none is in flight, or `by`.
+    async fn quiet(&self, by: tokio::time::Instant) {
+        let mut deaths = self.0.subscribe();
+        let _ = tokio::time::timeout_at(by, deaths.wait_for(|n| *n == 0)).await;
+    }
+
+    /// None counts any more (at shutdown); those still held count down to
+    /// no less than zero.
+    fn forget_all(&self) {
+        self.0.send_replace(0);
+    }
 }
 
 /// Held while a judgement made urgent by a death runs (see
@@ -154,21 +181,14 @@ impl Reclaimer {
             mode,
             after: tokio_util::task::TaskTracker::new(),
             after_slots: Arc::new(tokio::sync::Semaphore::new(AFTER_IN_FLIGHT)),
-            deaths: Arc::new(tokio::sync::watch::Sender::new(0)),
+            deaths: Deaths::new(),
         }
     }
 
     /// A judgement made urgent by a death starts: while the value lives,
     /// what follows earlier reclaims (Events, pod deletions) waits.
     pub fn judging_a_death(&self) -> JudgingADeath {
-        self.deaths.send_modify(|n| *n += 1);
-        JudgingADeath(self.deaths.clone())
-    }
-
-    /// Until no death is being judged, or `by`.
-    async fn quiet(&self, by: tokio::time::Instant) {
-        let mut deaths = self.deaths.subscribe();
-        let _ = tokio::time::timeout_at(by, deaths.wait_for(|n| *n == 0)).await;
+        self.deaths.judging()
     }
 
     /// Waits for what follows the reclaims already made (their Events and
@@ -176,7 +196,7 @@ impl Reclaimer {
     pub async fn finish(&self) {
         // A reconcile the drain gave up on still counts as judging a death:
         // what follows the last reclaims waits for it no more.
-        self.deaths.send_replace(0);
+        self.deaths.forget_all();
         self.after.close();
         self.after.wait().await;
     }
@@ -376,7 +396,7 @@ impl Reclaimer {
                 self.after.spawn(async move {
                     // Never closed: a slot always comes.
                     let _slot = this.after_slots.acquire().await;
-                    this.quiet(quiet_by).await;
+                    this.deaths.quiet(quiet_by).await;
                     this.publish(&j, say).await;
                     if this.mode.delete_pod {
                         this.delete_dead_pod(&j, reason).await;
@@ -510,5 +530,55 @@ impl Reclaimer {
                 warn!(namespace = ns, pod = name, error = %e, "could not delete the dead holder pod; the lock is reclaimed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::{Duration, Instant};
+
+    /// What follows a reclaim waits while a death is judged, until the last
+    /// judgement ends or its deadline passes, whichever comes first.
+    #[tokio::test(start_paused = true)]
+    async fn what_follows_a_reclaim_waits_for_deaths_judged_at_most_its_deadline() {
+        let deaths = Deaths::new();
+        let far = Instant::now() + Duration::from_secs(60);
+        let t = Instant::now();
+        deaths.quiet(far).await;
+        assert_eq!(t.elapsed(), Duration::ZERO, "none judged: no wait");
+
+        let (one, two) = (deaths.judging(), deaths.judging());
+        let ends = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            drop(one);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            drop(two);
+        });
+        let t = Instant::now();
+        deaths.quiet(far).await;
+        assert_eq!(
+            t.elapsed(),
+            Duration::from_secs(2),
+            "until the last one ends"
+        );
+        ends.await.unwrap();
+
+        let stuck = deaths.judging();
+        let t = Instant::now();
+        deaths.quiet(Instant::now() + AFTER_WAITS_AT_MOST).await;
+        assert_eq!(t.elapsed(), AFTER_WAITS_AT_MOST, "never past its deadline");
+
+        // At shutdown none counts; a judgement dropped afterwards does not
+        // go below zero, and a new one counts again.
+        deaths.forget_all();
+        let t = Instant::now();
+        deaths.quiet(far).await;
+        assert_eq!(t.elapsed(), Duration::ZERO);
+        drop(stuck);
+        let again = deaths.judging();
+        assert_eq!(*deaths.0.borrow(), 1);
+        drop(again);
+        assert_eq!(*deaths.0.borrow(), 0);
     }
 }
