@@ -123,7 +123,7 @@ impl Deaths {
 
     fn judging(&self) -> JudgingADeath {
         self.0.send_modify(|n| *n += 1);
-        JudgingADeath(self.0.clone())
+        JudgingADeath(self.clone())
     }
 
     /// Until none is in flight, or `by`.
@@ -141,11 +141,11 @@ impl Deaths {
 
 /// Held while a judgement made urgent by a death runs (see
 /// `Reclaimer::judging_a_death`); dropped, on any path, it counts down.
-pub struct JudgingADeath(Arc<tokio::sync::watch::Sender<usize>>);
+pub struct JudgingADeath(Deaths);
 
 impl Drop for JudgingADeath {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
+        (self.0).0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 

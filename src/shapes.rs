@@ -109,10 +109,10 @@ fn rows_of(table: Table) -> (Vec<Row>, Option<String>) {
 }
 
 /// Lists the opted-in ConfigMaps of a scope as table rows, page by page,
-/// handing each row to `each`. Says what it made and whether it listed
-/// every page. The caller
-/// bounds how long it may take (a page answers within the client's
-/// timeout; a continue token repeated ends the list).
+/// handing each row to `each`. Says how many requests it made and whether
+/// it listed every page. The caller bounds how long it may take (a page
+/// answers within the client's timeout; a continue token repeated ends the
+/// list).
 pub async fn learn(
     client: &Client,
     namespace: Option<&str>,
@@ -120,14 +120,13 @@ pub async fn learn(
     mut each: impl FnMut(Row),
 ) -> Result<Learned, Error> {
     let mut cont: Option<String> = None;
-    let mut last: Option<String> = None;
     let mut requests = 0;
     let action = "listing watched ConfigMaps as a table";
     loop {
         let lp = kube::api::ListParams {
             label_selector: Some(selector.to_owned()),
             limit: Some(PAGE),
-            continue_token: cont.take(),
+            continue_token: cont.clone(),
             ..Default::default()
         };
         let built = kube::core::Request::new(path(namespace))
@@ -154,26 +153,18 @@ pub async fn learn(
         let table: Table = crate::call(action, client.request::<Table>(req)).await?;
         let (rows, next) = rows_of(table);
         rows.into_iter().for_each(&mut each);
-        match next {
-            // The same token again would list the same page for ever.
-            Some(c) if last.as_deref() != Some(c.as_str()) => {
-                last = Some(c.clone());
+        // The token just sent, answered again, would list the same page
+        // for ever: the rows of the pages before stand, the rest are not
+        // known.
+        let whole = match next {
+            None => true,
+            Some(c) if cont.as_deref() == Some(c.as_str()) => false,
+            Some(c) => {
                 cont = Some(c);
+                continue;
             }
-            // Rows of the pages before stand; the rest are not known.
-            Some(_) => {
-                return Ok(Learned {
-                    requests,
-                    whole: false,
-                })
-            }
-            None => {
-                return Ok(Learned {
-                    requests,
-                    whole: true,
-                })
-            }
-        }
+        };
+        return Ok(Learned { requests, whole });
     }
 }
 

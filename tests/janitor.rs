@@ -806,40 +806,37 @@ async fn a_lock_there_before_start_is_reclaimed_without_reading_it() {
     s.wait_gone("op-lock").await;
     wait_event(&s.client, &s.ns, "UnmanageableLock", "data-lock").await;
     assert!(lock_exists(&s.client, &s.ns, "data-lock").await);
-    let mine = |name: &str, resource: &str, verb: &str| {
-        lock_janitor_testenv::audit::read(s.cp.audit_log_path())
-            .into_iter()
-            .filter(|e| {
-                e.effective_user() == JANITOR_USER
-                    && e.namespace.as_deref() == Some(s.ns.as_str())
-                    && e.resource.as_deref() == Some(resource)
-                    && e.subresource.is_none()
-                    && e.name.as_deref() == Some(name)
-                    && e.verb == verb
-            })
-            .count()
+    let about = |e: &lock_janitor_testenv::audit::AuditEvent, name: &str, resource: &str| {
+        e.effective_user() == JANITOR_USER
+            && e.namespace.as_deref() == Some(s.ns.as_str())
+            && e.resource.as_deref() == Some(resource)
+            && e.subresource.is_none()
+            && e.name.as_deref() == Some(name)
     };
+    let log = || lock_janitor_testenv::audit::read(s.cp.audit_log_path());
     // The audit log may lag the API server's answers a moment.
-    wait_for(
+    let log = wait_for(
         "the DELETE in the audit log",
         Duration::from_secs(30),
-        || async { (mine("op-lock", "configmaps", "delete") > 0).then_some(()) },
+        || async {
+            let log = log();
+            log.iter()
+                .any(|e| about(e, "op-lock", "configmaps") && e.verb == "delete")
+                .then_some(log)
+        },
     )
     .await;
+    let mine = |name: &str, resource: &str, verb: &str| {
+        log.iter()
+            .filter(|e| about(e, name, resource) && e.verb == verb)
+            .count()
+    };
     // Before its DELETE (the takeover follower reads the lock afterwards,
     // 2 s on): the log is written as answers complete, and a read the
     // reclaim made was answered before the DELETE was sent.
-    let log = lock_janitor_testenv::audit::read(s.cp.audit_log_path());
-    let op_lock = |e: &&lock_janitor_testenv::audit::AuditEvent| {
-        e.effective_user() == JANITOR_USER
-            && e.namespace.as_deref() == Some(s.ns.as_str())
-            && e.resource.as_deref() == Some("configmaps")
-            && e.subresource.is_none()
-            && e.name.as_deref() == Some("op-lock")
-    };
     let reads_before_delete = log
         .iter()
-        .filter(op_lock)
+        .filter(|e| about(e, "op-lock", "configmaps"))
         .take_while(|e| e.verb != "delete")
         .filter(|e| e.verb == "get")
         .count();
