@@ -268,6 +268,20 @@ impl Memory {
         });
     }
 
+    /// An urgent judgement (one that followed a death) found the Lease's
+    /// renewal window open: the next judgement is urgent as well, and so
+    /// on until the window closes (the death made these reads necessary;
+    /// the window only delays them). Bounded by the judgements that fit in
+    /// one window: a renewal ends it (`RenewedAfterDeath`), and so does the
+    /// release.
+    pub fn urgent_after_window(&self, key: &LockKey) {
+        self.with_memo(key, |m| {
+            if m.rare.as_ref().is_some_and(|r| r.died.is_some()) {
+                m.urgent = true;
+            }
+        });
+    }
+
     /// Whether this judgement follows a death notice (and clears it).
     pub fn take_urgent(&self, key: &LockKey) -> bool {
         self.with(|i| {
@@ -544,5 +558,14 @@ mod tests {
         assert!(!m.take_urgent(&k), "the same death again");
         m.died(&k, "uid-2");
         assert!(m.take_urgent(&k), "another holder's");
+        // A Lease's renewal window: the judgement after one found open.
+        m.urgent_after_window(&k);
+        assert!(m.take_urgent(&k), "the window's end");
+        m.urgent_after_window(&k);
+        assert!(m.take_urgent(&k), "still open: the next one too");
+        assert!(!m.take_urgent(&k), "then none");
+        let other = LockKey::lease("ns", "never-died");
+        m.urgent_after_window(&other);
+        assert!(!m.take_urgent(&other), "no death, no urgency");
     }
 }

@@ -172,7 +172,7 @@ impl Observer {
         urgent: bool,
     ) -> Result<Option<Judgement>, Error> {
         if key.kind == LockKind::Lease {
-            return self.judge_live_lease(key, clock).await;
+            return self.judge_live_lease(key, clock, urgent).await;
         }
         // The whole object: a ConfigMap that holds data is not a lock.
         let cms: Api<ConfigMap> = Api::namespaced(self.api(urgent).clone(), &key.namespace);
@@ -361,22 +361,40 @@ impl Observer {
     }
 
     /// Reads a Lease live, then the pods of its namespace (every one its
-    /// holder identity could name, by name or hostname), and judges it.
-    pub async fn judge_live_lease(
+    /// holder identity could name, by name or hostname), and judges it;
+    /// through the urgent client when `urgent`.
+    async fn judge_live_lease(
         &self,
         key: &LockKey,
         clock: &impl HolderClock,
+        urgent: bool,
     ) -> Result<Option<Judgement>, Error> {
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
+        let leases: Api<Lease> = Api::namespaced(self.api(urgent).clone(), &key.namespace);
         let Some(live) = call(format!("reading lease {key}"), leases.get_opt(&key.name)).await?
         else {
             return Ok(None);
         };
-        if !self.selector.matches(live.metadata.labels.as_ref()) {
+        self.judge_watched_lease(key, &live, clock, urgent).await
+    }
+
+    /// Judges a Lease as its watch holds it, without reading it again; the
+    /// pods its holder identity could name are listed live all the same (a
+    /// pod of that name made since, by a StatefulSet for one, is seen by no
+    /// precondition). A release that follows replaces exactly this version:
+    /// the API server answers 409 if the Lease was renewed or changed
+    /// since. `None`: the Lease is not opted in.
+    pub async fn judge_watched_lease(
+        &self,
+        key: &LockKey,
+        lease: &Lease,
+        clock: &impl HolderClock,
+        urgent: bool,
+    ) -> Result<Option<Judgement>, Error> {
+        if !self.selector.matches(lease.metadata.labels.as_ref()) {
             return Ok(None);
         }
-        let renewals = clock.lease_renewals(&live);
-        self.judge_lease(key.clone(), live, None, &renewals)
+        let renewals = clock.lease_renewals(lease);
+        self.judge_lease_reading(key.clone(), lease.clone(), None, &renewals, urgent)
             .await
             .map(Some)
     }
@@ -391,6 +409,20 @@ impl Observer {
         live: Lease,
         pods: Option<&[Pod]>,
         renewals: &Renewals,
+    ) -> Result<Judgement, Error> {
+        self.judge_lease_reading(key, live, pods, renewals, false)
+            .await
+    }
+
+    /// As `judge_lease`, listing the pods through the urgent client when
+    /// `urgent`.
+    async fn judge_lease_reading(
+        &self,
+        key: LockKey,
+        live: Lease,
+        pods: Option<&[Pod]>,
+        renewals: &Renewals,
+        urgent: bool,
     ) -> Result<Judgement, Error> {
         let meta = live.metadata.clone();
         let parsed = match lock::lease::parse(&live) {
@@ -417,6 +449,7 @@ impl Observer {
                     .pods_named(
                         &parsed.namespace,
                         parsed.host.as_deref().unwrap_or_default(),
+                        urgent,
                     )
                     .await?;
                 &listed
@@ -457,8 +490,13 @@ impl Observer {
     /// selector reaches): every pod is read, in pages of 100, and only the
     /// matches are kept, so a judgement holds one page at a time, not the
     /// namespace's pods.
-    pub async fn pods_named(&self, namespace: &str, host: &str) -> Result<Vec<Pod>, Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+    pub async fn pods_named(
+        &self,
+        namespace: &str,
+        host: &str,
+        urgent: bool,
+    ) -> Result<Vec<Pod>, Error> {
+        let api: Api<Pod> = Api::namespaced(self.api(urgent).clone(), namespace);
         let mut matching = Vec::new();
         crate::for_each_page(&api, 100, &format!("listing pods in {namespace}"), |page| {
             matching.extend(page.into_iter().filter(|p| lock::lease::names(host, p)))

@@ -436,8 +436,12 @@ impl Reclaimer {
                     })
             }
             LockKind::Lease => {
-                let Some(judged) = j.lease.clone() else {
-                    return Ok(Freed::Changed("the Lease as judged is not at hand".into()));
+                // Never a copy the watch dropped annotations from: the
+                // replace would erase them.
+                let Some(judged) = j.lease.clone().filter(crate::lock::lease::is_whole) else {
+                    return Ok(Freed::Changed(
+                        "the Lease as judged is not at hand whole".into(),
+                    ));
                 };
                 // The judged object keeps its resourceVersion: the update
                 // fails with 409 if the Lease changed since it was read.

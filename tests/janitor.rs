@@ -751,7 +751,7 @@ async fn the_fast_path_still_sees_a_holder_recreated_under_its_name() {
         .unwrap();
     s.pod("op-0").await;
     let j = ctx
-        .judge_with(&key, Some(&cached.metadata), true)
+        .judge_with(&key, Some(&cached.metadata), None, true)
         .await
         .unwrap()
         .expect("judged from the cached copy, without reading the lock");

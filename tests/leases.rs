@@ -292,24 +292,14 @@ async fn every_lease_verdict_end_to_end() {
     }
 }
 
-/// The release never happens if the Lease changed after it was judged: a
-/// candidate takes it between the judgement and the update (409), and the
-/// library says so; the new holder keeps it.
-#[tokio::test]
-async fn lease_changed_after_judgement_is_not_released() {
-    use lock_janitor::lock::LockKey;
-    use lock_janitor::reclaim::Outcome;
-    let s = scenario("lease-race").await;
-    s.pod("dead").await;
-    s.lease_lasting("op-lease", "dead", 1, 10, true).await;
-    kubelet::set_failed(&s.client, &s.ns, "dead", "Evicted", "test")
-        .await
-        .unwrap();
+/// The janitor's library as it runs, for the Leases of this namespace, as
+/// the janitor's user.
+async fn lease_context(s: &Scenario) -> std::sync::Arc<lock_janitor::controller::Context> {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig_as(s.cp, JANITOR_USER)).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .unwrap();
-    let ctx = lock_janitor::controller::Context::new(
+    lock_janitor::controller::Context::new(
         Client::try_from(config).unwrap(),
         lock_janitor::shared::Shared::new().unwrap(),
         lock_janitor::controller::Settings {
@@ -325,7 +315,208 @@ async fn lease_changed_after_judgement_is_not_released() {
             takeover_timeout: Duration::from_secs(300),
             kinds: vec![lock_janitor::lock::LockKind::Lease],
         },
+    )
+}
+
+/// A death's judgement reads the Lease from its watch, not live; the pods
+/// its identity names are listed live all the same. A copy older than the
+/// Lease is judged stale and its release is refused (409: the update
+/// carries the copy's resourceVersion), so a watch that lags frees nothing;
+/// a holder recreated under its name since the copy is seen, and holds it.
+#[tokio::test]
+async fn a_lease_judged_from_its_watched_copy_frees_nothing_newer() {
+    use lock_janitor::lock::LockKey;
+    use lock_janitor::reclaim::Outcome;
+    use lock_janitor::verdict::{HeldBecause, LockState, Verdict};
+    let s = scenario("lease-copy").await;
+    s.pod("dead").await;
+    s.lease_lasting("op-lease", "dead", 1, 10, true).await;
+    kubelet::set_failed(&s.client, &s.ns, "dead", "Evicted", "test")
+        .await
+        .unwrap();
+    let ctx = lease_context(&s).await;
+    let key = LockKey::lease(s.ns.clone(), "op-lease");
+    let copy = s.leases().get("op-lease").await.unwrap();
+    let judged = wait_for("the copy judged stale", Duration::from_secs(20), || async {
+        let j = ctx
+            .judge_with(&key, None, Some(&copy), true)
+            .await
+            .unwrap()
+            .expect("opted in");
+        (j.verdict.state() == LockState::Stale).then_some(j)
+    })
+    .await;
+
+    // The Lease moved on since the copy: a live candidate took it.
+    s.pod("live").await;
+    let mut taken = s.leases().get("op-lease").await.unwrap();
+    taken.spec.as_mut().unwrap().holder_identity = Some("live".into());
+    s.leases()
+        .replace("op-lease", &PostParams::default(), &taken)
+        .await
+        .unwrap();
+    // Still judged from the copy (it names the dead pod), never live.
+    let again = ctx
+        .judge_with(&key, None, Some(&copy), true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        again.verdict.state(),
+        LockState::Stale,
+        "{:?}",
+        again.verdict
     );
+    assert_eq!(
+        ctx.reclaimer.reclaim(&judged).await.unwrap(),
+        Outcome::Changed
+    );
+    assert_eq!(
+        s.identity("op-lease").await,
+        "live",
+        "the new holder keeps it"
+    );
+
+    // The dead holder is made again under its name, Running: the copy
+    // still names it, and the live list of pods sees it.
+    kubelet::force_delete_pod(&s.client, &s.ns, "dead")
+        .await
+        .unwrap();
+    s.pod("dead").await;
+    let audit = || lock_janitor_testenv::audit::read(s.cp.audit_log_path());
+    let mine = |audit: &[lock_janitor_testenv::audit::AuditEvent], verb: &str, resource: &str| {
+        audit
+            .iter()
+            .filter(|e| {
+                e.effective_user() == JANITOR_USER
+                    && e.namespace.as_deref() == Some(s.ns.as_str())
+                    && e.resource.as_deref() == Some(resource)
+                    && e.verb == verb
+            })
+            .count()
+    };
+    let lists_before = mine(&audit(), "list", "pods");
+    let j = ctx
+        .judge_with(&key, None, Some(&copy), true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&j.verdict, Verdict::Held(HeldBecause::Phase(p)) if p == "Running"),
+        "{:?}",
+        j.verdict
+    );
+
+    let audit = audit();
+    assert_eq!(
+        mine(&audit, "get", "leases"),
+        0,
+        "the copy is judged, the Lease never read"
+    );
+    assert!(
+        mine(&audit, "list", "pods") > lists_before,
+        "the pods are listed live"
+    );
+    let writes = s.lease_writes();
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    assert_eq!(
+        (writes[0].verb.as_str(), writes[0].code),
+        ("update", Some(409))
+    );
+}
+
+/// A release writes the Lease back whole: its annotations stay, both when
+/// the release is made from the watch's copy (which keeps small
+/// annotations) and when the annotations are too large for the watch to
+/// keep (then the Lease is read live before the release).
+#[tokio::test]
+async fn a_release_keeps_the_leases_annotations() {
+    let s = scenario("lease-annotations").await;
+    let notes = "x".repeat(4096);
+    for (lease, pod, annotations) in [
+        ("small", "op-a", serde_json::json!({"team": "platform"})),
+        (
+            "large",
+            "op-b",
+            serde_json::json!({"team": "platform", "example.com/notes": notes}),
+        ),
+    ] {
+        s.pod(pod).await;
+        s.lease_lasting(lease, pod, 1, 10, true).await;
+        s.leases()
+            .patch(
+                lease,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    serde_json::json!({"metadata": {"annotations": annotations}}),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+    let j = s.janitor().await;
+    wait_for("both Leases held", Duration::from_secs(30), || async {
+        let m = j.metrics().await;
+        (sample(
+            &m,
+            "lock_janitor_locks",
+            &[("kind", "lease"), ("state", "held")],
+        ) == Some(2.0))
+        .then_some(())
+    })
+    .await;
+    for pod in ["op-a", "op-b"] {
+        kubelet::set_failed(&s.client, &s.ns, pod, "Evicted", "test")
+            .await
+            .unwrap();
+    }
+    wait_for("both released", Duration::from_secs(30), || async {
+        (s.identity("small").await.is_empty() && s.identity("large").await.is_empty()).then_some(())
+    })
+    .await;
+    for (lease, want) in [("small", None), ("large", Some(&notes))] {
+        let a = s
+            .leases()
+            .get(lease)
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        assert_eq!(
+            a.get("team").map(String::as_str),
+            Some("platform"),
+            "{lease}: {a:?}"
+        );
+        assert_eq!(a.get("example.com/notes"), want, "{lease}");
+    }
+    // And the releases sent them: nothing else wrote these Leases.
+    let writes = s.lease_writes();
+    assert_eq!(writes.len(), 2, "{writes:#?}");
+    for w in &writes {
+        let body = w.request_object.as_ref().expect("request body");
+        assert_eq!(
+            body["metadata"]["annotations"]["team"], "platform",
+            "{body}"
+        );
+        assert_eq!(body["spec"]["holderIdentity"], "", "{body}");
+    }
+}
+
+/// The release never happens if the Lease changed after it was judged: a
+/// candidate takes it between the judgement and the update (409), and the
+/// library says so; the new holder keeps it.
+#[tokio::test]
+async fn lease_changed_after_judgement_is_not_released() {
+    use lock_janitor::lock::LockKey;
+    use lock_janitor::reclaim::Outcome;
+    let s = scenario("lease-race").await;
+    s.pod("dead").await;
+    s.lease_lasting("op-lease", "dead", 1, 10, true).await;
+    kubelet::set_failed(&s.client, &s.ns, "dead", "Evicted", "test")
+        .await
+        .unwrap();
+    let ctx = lease_context(&s).await;
     let key = LockKey::lease(s.ns.clone(), "op-lease");
     // Held for the renewal window after the death (5 s: half the 10 s
     // lease, no renewal observed), then stale.

@@ -38,6 +38,11 @@ use crate::Error;
 const STANDBY_RETRY: Duration = Duration::from_secs(5);
 /// How soon a lock that changed under a delete is judged again.
 const REJUDGE_AFTER: Duration = Duration::from_millis(500);
+/// A grace or a renewal window is judged again this long after its
+/// remaining time: that time was measured just before, on clocks that move
+/// with the timer's, so this covers the timer's rounding; a judgement made
+/// a moment early finds the wait not over and waits again.
+const PAST_THE_WAIT: Duration = Duration::from_millis(20);
 /// Retry delay after a first error (counted in `error_policy`); it doubles
 /// with each failure in a row, up to `MAX_ERROR_BACKOFF`, with ±20% jitter.
 const ERROR_BACKOFF: Duration = Duration::from_secs(5);
@@ -155,19 +160,32 @@ impl Context {
     /// Reads the lock and its holder live and judges them with this
     /// janitor's memory. `None`: the lock is gone or no longer opted in.
     pub async fn judge_live(&self, key: &LockKey) -> Result<Option<Judgement>, Error> {
-        self.judge_with(key, None, false).await
+        self.judge_with(key, None, None, false).await
     }
 
     /// As `judge_live`, but without reading a ConfigMap lock whose `cached`
-    /// version was read live before and held no data; `urgent`: a death
-    /// made these reads necessary (they skip the idle budget).
+    /// version was read live before and held no data, nor a Lease whose
+    /// watched copy (`cached_lease`) may be judged as it is
+    /// (`lease_copy_decides`); `urgent`: a death made these reads necessary
+    /// (they skip the idle budget).
     pub async fn judge_with(
         &self,
         key: &LockKey,
         cached: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+        cached_lease: Option<&Lease>,
         urgent: bool,
     ) -> Result<Option<Judgement>, Error> {
         let clock = self.memory.clock(key);
+        if let Some(lease) = cached_lease.filter(|l| lease_copy_decides(l, urgent)) {
+            let j = self
+                .observer
+                .judge_watched_lease(key, lease, &clock, urgent)
+                .await?;
+            if let Some(lock) = j.as_ref().and_then(|j| j.lock.as_ref()) {
+                self.memory.set_holder(key, &lock.holder);
+            }
+            return Ok(j);
+        }
         let known = cached.filter(|m| {
             key.kind == LockKind::ConfigMap
                 && m.resource_version
@@ -211,6 +229,22 @@ impl Context {
     }
 }
 
+/// Whether a Lease may be judged as its watch holds it, without a live
+/// read. When a death made the judgement urgent: a release replaces
+/// exactly the judged version (409 if it was renewed or changed since),
+/// and the judgement after a 409 is not urgent and reads the Lease live,
+/// so a watch that lags costs at most one refused write per death (a copy
+/// the watch dropped large annotations from is read live instead). When
+/// the copy is released or expired: such a Lease is held (candidates take
+/// it by themselves) and nothing is written. A newer version reaches the
+/// watch and is judged in its turn either way.
+fn lease_copy_decides(lease: &Lease, urgent: bool) -> bool {
+    // A copy without its large annotations never becomes a release's body.
+    (urgent && crate::lock::lease::is_whole(lease))
+        || crate::lock::lease::parse(lease)
+            .is_ok_and(|p| p.host.is_none() || p.expired(k8s_openapi::jiff::Timestamp::now()))
+}
+
 /// What the controller watches as locks, one impl per kind.
 pub trait Watched:
     kube::Resource<DynamicType = ()>
@@ -231,6 +265,11 @@ pub trait Watched:
     /// the lock (ConfigMaps: see `Observer::judge_known`); none for Leases,
     /// whose release is an update of the very object read.
     fn cached_meta(&self) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta> {
+        None
+    }
+    /// The cached Lease, which alone decides when it is released or
+    /// expired (nothing is written then); none for ConfigMaps.
+    fn cached_lease(&self) -> Option<&Lease> {
         None
     }
 }
@@ -262,6 +301,9 @@ impl Watched for Lease {
             name: host,
             uid: String::new(),
         })
+    }
+    fn cached_lease(&self) -> Option<&Lease> {
+        Some(self)
     }
 }
 
@@ -299,7 +341,10 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
     // for when it leads, and reads within the budget meanwhile.
     let urgent = ctx.gate.may_write() && ctx.memory.take_urgent(&key);
     let _death = urgent.then(|| ctx.reclaimer.judging_a_death());
-    let Some(judgement) = ctx.judge_with(&key, obj.cached_meta(), urgent).await? else {
+    let Some(judgement) = ctx
+        .judge_with(&key, obj.cached_meta(), obj.cached_lease(), urgent)
+        .await?
+    else {
         debug!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, "lock is gone");
         ctx.forget(&key);
         return Ok(Action::await_change());
@@ -324,7 +369,17 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
     let shaped = key.kind == LockKind::ConfigMap
         && judgement.lock.is_some()
         && judgement.meta.deletion_timestamp.is_none();
+    // A death's judgement found the renewal window open: the next one (at
+    // its end, or a sweep's before) is urgent too.
+    let window_open = urgent
+        && matches!(
+            judgement.verdict,
+            Verdict::Held(verdict::HeldBecause::RenewalWindow { .. })
+        );
     let (action, changed) = act(&ctx, judgement).await?;
+    if window_open {
+        ctx.memory.urgent_after_window(&key);
+    }
     if let Some(reason) = untouchable {
         // Settled only once its Event is written (a standby writes none).
         settles &= ctx.memory.was_reported(&key, &reported_rv, reason);
@@ -375,13 +430,13 @@ pub async fn act(ctx: &Context, j: Judgement) -> Result<(Action, bool), Error> {
             if let verdict::HeldBecause::OwnerGoneGrace { remaining } = why {
                 info!(namespace = %j.key.namespace, lock = %j.key.name,
                       "holder pod is missing; reclaiming after the owner-gone grace unless it reappears");
-                let wait = remaining.saturating_add(Duration::from_millis(100));
+                let wait = remaining.saturating_add(PAST_THE_WAIT);
                 return Ok((Action::requeue(wait.min(ctx.settings.resync)), false));
             }
             if let verdict::HeldBecause::RenewalWindow { remaining } = why {
                 debug!(namespace = %j.key.namespace, lock = %j.key.name, remaining_seconds = remaining.as_secs_f64(),
                        "Lease holder died moments ago; releasing once nothing renewed it");
-                let wait = remaining.saturating_add(Duration::from_millis(100));
+                let wait = remaining.saturating_add(PAST_THE_WAIT);
                 return Ok((Action::requeue(wait.min(ctx.settings.resync)), false));
             }
             Ok((resync, false))

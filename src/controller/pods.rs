@@ -61,8 +61,8 @@ impl Sides {
     /// A death makes those reads necessary: they skip the idle budget.
     fn ended(&self, ctx: &Context, pod: &TerminalPod) {
         let ns = pod.namespace().unwrap_or_default();
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         if let Some(c) = &self.configmaps {
-            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
             let keys = c.index.locks_of(&ns, uid);
             for k in &keys {
                 ctx.memory.died(k, uid);
@@ -72,7 +72,13 @@ impl Sides {
             }
         }
         if let Some(l) = &self.leases {
-            for r in suspects::<Lease>(ctx, l.index.leases_of(&ns, &pod.name_any())) {
+            // The Leases whose identity names the pod: its death makes the
+            // judgement now, and the one when the renewal window ends, urgent.
+            let keys = l.index.leases_of(&ns, &pod.name_any());
+            for k in &keys {
+                ctx.memory.died(k, uid);
+            }
+            for r in suspects::<Lease>(ctx, keys) {
                 let _ = l.tx.unbounded_send(r);
             }
         }

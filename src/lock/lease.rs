@@ -218,6 +218,35 @@ pub fn version(l: &Lease) -> String {
     )
 }
 
+/// How much of a Lease's annotations (keys and values, in bytes) its watch
+/// keeps: a release replaces the Lease whole and must write them back as
+/// they were; larger ones are dropped from the watched copy.
+const WATCHED_ANNOTATIONS_MAX: usize = 2048;
+
+/// What the Lease watch keeps of a Lease. No managedFields (an update that
+/// leaves them out keeps them). Its annotations only when they are small:
+/// larger ones are dropped, and the copy is marked as not whole with an
+/// empty annotation map (which the API server never sends: it omits an
+/// empty one), so that it never becomes the body of a release.
+pub fn trim_for_watch(l: &mut Lease) {
+    l.metadata.managed_fields = None;
+    let size = l.metadata.annotations.as_ref().map_or(0, |a| {
+        a.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+    });
+    if size > WATCHED_ANNOTATIONS_MAX {
+        l.metadata.annotations = Some(Default::default());
+    }
+}
+
+/// Whether this copy of a Lease holds its metadata whole, as read (a copy
+/// `trim_for_watch` dropped annotations from does not).
+pub fn is_whole(l: &Lease) -> bool {
+    l.metadata
+        .annotations
+        .as_ref()
+        .is_none_or(|a| !a.is_empty())
+}
+
 /// The release client-go makes of its own Lease on a clean shutdown
 /// (`ReleaseOnCancel`), whole: it rebuilds the spec from a record that
 /// keeps only the transitions (`LeaderElectionRecordToLeaseSpec`), so the
@@ -249,6 +278,41 @@ mod tests {
     use super::*;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+
+    #[test]
+    fn the_watch_keeps_small_annotations_and_marks_a_copy_without_large_ones() {
+        let with = |annotations: Option<Vec<(&str, String)>>| Lease {
+            metadata: ObjectMeta {
+                annotations: annotations
+                    .map(|a| a.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
+                managed_fields: Some(vec![Default::default()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut none = with(None);
+        trim_for_watch(&mut none);
+        assert!(none.metadata.managed_fields.is_none());
+        assert!(none.metadata.annotations.is_none() && is_whole(&none));
+        let mut small = with(Some(vec![("team", "platform".into())]));
+        trim_for_watch(&mut small);
+        assert_eq!(
+            small.metadata.annotations.as_ref().unwrap()["team"],
+            "platform"
+        );
+        assert!(is_whole(&small));
+        let mut large = with(Some(vec![
+            ("team", "platform".into()),
+            (
+                "kubectl.kubernetes.io/last-applied-configuration",
+                "x".repeat(4096),
+            ),
+        ]));
+        trim_for_watch(&mut large);
+        assert!(!is_whole(&large), "{:?}", large.metadata.annotations);
+        // A released copy keeps the mark: it is still not whole.
+        assert!(!is_whole(&released(large, Timestamp::now())));
+    }
 
     #[test]
     fn identities() {

@@ -1,0 +1,417 @@
+//! The Lease burst of `bench_scale`: holders renew their Leases as
+//! client-go's elector does with controller-runtime's defaults (a 15 s
+//! lease, renewed every 2 s, the holder identity its pod's name), all of
+//! them fail at once, and each release is timed from the moment the
+//! janitor's renewal rule allows it (docs/how-it-decides.md: the renewal
+//! window `W` after the later of the last renewal and the death) to the
+//! release a watch here sees. The floor, in the same run, is a bare
+//! releaser: it knows each moment without reading anything and sends the
+//! same guarded release then, one at a time (as the ConfigMap floor sends
+//! one DELETE per death).
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use lock_janitor_testenv::kubelet;
+
+use crate::bench_support::*;
+
+/// client-go's retry period with controller-runtime's defaults: a leader
+/// renews this often.
+pub const RENEW: Duration = Duration::from_secs(2);
+/// controller-runtime's default lease duration.
+pub const LEASE_SECONDS: i32 = 15;
+/// Every Lease of the burst carries it (the release watch's selector).
+pub const BENCH_LABEL: (&str, &str) = ("lock-janitor.io/bench", "lease-burst");
+const WRITERS: usize = 32;
+
+/// One holder: its pod and the Lease it renews, named after it.
+#[derive(Clone)]
+pub struct Holder {
+    pub ns: String,
+    pub pod: String,
+    pub lease: String,
+}
+
+impl Holder {
+    fn key(&self) -> String {
+        format!("{}/{}", self.ns, self.lease)
+    }
+}
+
+/// Creates `n` running holder pods and their Leases across `namespaces`,
+/// named `<prefix>-<i>`; `watched`: the Leases carry the janitor's opt-in
+/// label.
+pub async fn holders(
+    client: &Client,
+    namespaces: &[String],
+    prefix: &str,
+    n: usize,
+    watched: bool,
+) -> Vec<Holder> {
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let client = client.clone();
+            let ns = namespaces[i % namespaces.len()].clone();
+            let pod = format!("{prefix}-{i}");
+            async move {
+                running(&client, &ns, &pod, &node_of(i), "leader").await;
+                let mut labels = std::collections::BTreeMap::from([(
+                    BENCH_LABEL.0.to_string(),
+                    BENCH_LABEL.1.to_string(),
+                )]);
+                if watched {
+                    labels.insert(
+                        crate::support::WATCH_LABEL.0.into(),
+                        crate::support::WATCH_LABEL.1.into(),
+                    );
+                }
+                let now = MicroTime(Timestamp::now());
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(format!("{pod}-lease")),
+                        labels: Some(labels),
+                        ..Default::default()
+                    },
+                    spec: Some(LeaseSpec {
+                        holder_identity: Some(pod.clone()),
+                        lease_duration_seconds: Some(LEASE_SECONDS),
+                        acquire_time: Some(now.clone()),
+                        renew_time: Some(now),
+                        lease_transitions: Some(0),
+                        ..Default::default()
+                    }),
+                };
+                let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+                let pp = PostParams::default();
+                let made = retry(&format!("creating lease {ns}/{pod}-lease"), || {
+                    api.create(&pp, &lease)
+                })
+                .await;
+                Holder {
+                    lease: made.name_any(),
+                    ns,
+                    pod,
+                }
+            }
+        })
+        .buffered(WRITERS)
+        .collect()
+        .await
+}
+
+/// What the renewer wrote to one Lease.
+#[derive(Clone)]
+pub struct Renewed {
+    /// The renew times written, oldest first.
+    times: Vec<Timestamp>,
+    /// The Lease as the last renewal's answer returned it.
+    last: Option<Lease>,
+    /// When the API server acknowledged the last renewal.
+    acked: Timestamp,
+}
+
+/// Renews every Lease of `holders` each `RENEW`, until stopped.
+pub struct Renewer {
+    stop: Arc<AtomicBool>,
+    rounds: Arc<AtomicUsize>,
+    seen: Arc<Mutex<HashMap<String, Renewed>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Renewer {
+    pub fn start(client: &Client, holders: &[Holder]) -> Renewer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(AtomicUsize::new(0));
+        let seen: Arc<Mutex<HashMap<String, Renewed>>> = Arc::default();
+        let task = {
+            let (client, holders) = (client.clone(), holders.to_vec());
+            let (stop, rounds, seen) = (stop.clone(), rounds.clone(), seen.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let started = tokio::time::Instant::now();
+                    futures::stream::iter(holders.iter())
+                        .for_each_concurrent(WRITERS, |h| {
+                            let (client, seen) = (client.clone(), seen.clone());
+                            async move {
+                                let at = Timestamp::now();
+                                let patch =
+                                    serde_json::json!({"spec": {"renewTime": MicroTime(at)}});
+                                let api: Api<Lease> = Api::namespaced(client, &h.ns);
+                                let (pp, patch) = (PatchParams::default(), Patch::Merge(&patch));
+                                let answer = retry(&format!("renewing {}", h.key()), || {
+                                    api.patch(&h.lease, &pp, &patch)
+                                })
+                                .await;
+                                let acked = Timestamp::now();
+                                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                                let r = seen.entry(h.key()).or_insert_with(|| Renewed {
+                                    times: Vec::new(),
+                                    last: None,
+                                    acked,
+                                });
+                                r.times.push(at);
+                                r.last = Some(answer);
+                                r.acked = acked;
+                            }
+                        })
+                        .await;
+                    rounds.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep_until(started + RENEW).await;
+                }
+            })
+        };
+        Renewer {
+            stop,
+            rounds,
+            seen,
+            task,
+        }
+    }
+
+    /// Waits until `n` more rounds of renewals are done.
+    pub async fn rounds(&self, n: usize) {
+        let until = self.rounds.load(Ordering::SeqCst) + n;
+        while self.rounds.load(Ordering::SeqCst) < until {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops renewing; returns once the last renewal was acknowledged.
+    pub async fn stop(self) -> HashMap<String, Renewed> {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.task.await;
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.clone()
+    }
+}
+
+/// The janitor's renewal window for a Lease renewed at `times` (see
+/// `verdict::lease::renewal_window`): `max(5 s, 2.5 x the longest of the
+/// last four gaps of at least 1 s)`, the gap taken as at most the lease.
+pub fn window(times: &[Timestamp]) -> Duration {
+    let gaps: Vec<Duration> = times
+        .windows(2)
+        .filter_map(|w| Duration::try_from(w[1].duration_since(w[0])).ok())
+        .filter(|g| *g >= Duration::from_secs(1))
+        .collect();
+    let lease = Duration::from_secs(LEASE_SECONDS as u64);
+    let period = gaps.iter().rev().take(4).max().copied();
+    let wait = match period {
+        Some(p) if gaps.len() >= 2 => p.min(lease) * 5 / 2,
+        _ => lease * 5 / 6,
+    };
+    wait.max(Duration::from_secs(5))
+}
+
+/// When the renewal rule allows each Lease's release: `W` after the later
+/// of its last acknowledged renewal and its holder's death.
+pub struct Allowed {
+    pub at: Timestamp,
+    pub window: Duration,
+    pub lease: Lease,
+}
+
+/// Every holder of `holders` fails at once (Evicted, 32 writers); returns
+/// when the rule allows each release, by lease key.
+pub async fn fail_all(
+    client: &Client,
+    holders: &[Holder],
+    renewed: &HashMap<String, Renewed>,
+) -> HashMap<String, Allowed> {
+    let died: Vec<(Holder, Timestamp)> = futures::stream::iter(holders.iter().cloned())
+        .map(|h| async move {
+            let pod = retry(&format!("evicting {}/{}", h.ns, h.pod), || {
+                kubelet::set_failed(
+                    client,
+                    &h.ns,
+                    &h.pod,
+                    "Evicted",
+                    "The node was low on resource: memory.",
+                )
+            })
+            .await;
+            let finished = pod
+                .status
+                .and_then(|s| s.container_statuses)
+                .and_then(|c| c.into_iter().next())
+                .and_then(|c| c.state?.terminated?.finished_at)
+                .map(|t| t.0)
+                .unwrap_or_else(Timestamp::now);
+            (h, finished)
+        })
+        .buffer_unordered(WRITERS)
+        .collect()
+        .await;
+    died.into_iter()
+        .filter_map(|(h, finished)| {
+            let r = renewed.get(&h.key())?;
+            let window = window(&r.times);
+            let from = r.acked.max(finished);
+            let at = from
+                .checked_add(SignedDuration::try_from(window).ok()?)
+                .ok()?;
+            Some((
+                h.key(),
+                Allowed {
+                    at,
+                    window,
+                    lease: r.last.clone()?,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// When each Lease of the burst was seen released (its holder identity
+/// emptied), by "ns/name", on this process's wall clock.
+pub type Releases = Arc<Mutex<HashMap<String, Timestamp>>>;
+
+pub fn watch_releases(
+    client: &Client,
+) -> (
+    Releases,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    let released: Releases = Arc::default();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let released = released.clone();
+        let api: Api<Lease> = Api::all(client.clone());
+        let config =
+            watcher::Config::default().labels(&format!("{}={}", BENCH_LABEL.0, BENCH_LABEL.1));
+        tokio::spawn(async move {
+            let mut tx = Some(tx);
+            let stream = watcher(api, config);
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(l)) => {
+                        let holder = l.spec.as_ref().and_then(|s| s.holder_identity.as_deref());
+                        if holder.is_none_or(str::is_empty) {
+                            let key =
+                                format!("{}/{}", l.namespace().unwrap_or_default(), l.name_any());
+                            released
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .entry(key)
+                                .or_insert_with(Timestamp::now);
+                        }
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(tx) = tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+    (released, task, rx)
+}
+
+/// The floor: sends each release at the moment the rule allows it, the
+/// same guarded update as the janitor's (the Lease as last renewed, so a
+/// changed Lease answers 409), one at a time in the order of those moments.
+pub async fn bare_releases(client: &Client, allowed: &HashMap<String, Allowed>) -> usize {
+    let mut order: Vec<(&String, &Allowed)> = allowed.iter().collect();
+    order.sort_by_key(|(_, a)| a.at);
+    let mut refused = 0;
+    for (key, a) in order {
+        if let Ok(wait) = Duration::try_from(a.at.duration_since(Timestamp::now())) {
+            tokio::time::sleep(wait).await;
+        }
+        let (ns, name) = key.split_once('/').unwrap_or_default();
+        let api: Api<Lease> = Api::namespaced(client.clone(), ns);
+        let released = lock_janitor::lock::lease::released(a.lease.clone(), Timestamp::now());
+        if let Err(e) = api.replace(name, &PostParams::default(), &released).await {
+            eprintln!("bare release of {key}: {e}");
+            refused += 1;
+        }
+    }
+    refused
+}
+
+/// Waits until every Lease of `allowed` is released (or `timeout` after
+/// the last moment allowed); returns release - allowed, in seconds.
+pub async fn release_latencies(
+    released: &Releases,
+    allowed: &HashMap<String, Allowed>,
+    timeout: Duration,
+) -> Vec<f64> {
+    let last = allowed
+        .values()
+        .map(|a| a.at)
+        .max()
+        .unwrap_or_else(Timestamp::now);
+    let give_up = last
+        .checked_add(SignedDuration::try_from(timeout).unwrap_or(SignedDuration::MAX))
+        .unwrap_or(last);
+    loop {
+        let done = {
+            let r = released.lock().unwrap_or_else(|e| e.into_inner());
+            allowed.keys().all(|k| r.contains_key(k))
+        };
+        if done || Timestamp::now() > give_up {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = released.lock().unwrap_or_else(|e| e.into_inner());
+    allowed
+        .iter()
+        .filter_map(|(k, a)| Some(r.get(k)?.duration_since(a.at).as_secs_f64()))
+        .collect()
+}
+
+/// The janitor's requests in `namespaces` from `since` on, by verb and
+/// resource, from the API server's audit log.
+pub fn requests_in(
+    cp: &lock_janitor_testenv::ControlPlane,
+    user: &str,
+    namespaces: &[String],
+    since: Timestamp,
+) -> String {
+    let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+    for e in lock_janitor_testenv::audit::read(cp.audit_log_path()) {
+        let at = e
+            .received
+            .as_deref()
+            .and_then(|t| t.parse::<Timestamp>().ok());
+        if e.effective_user() != user
+            || at.is_none_or(|t| t < since)
+            || !e
+                .namespace
+                .as_deref()
+                .is_some_and(|ns| namespaces.iter().any(|n| n == ns))
+        {
+            continue;
+        }
+        let what = format!(
+            "{} {}{}",
+            e.verb,
+            e.resource.as_deref().unwrap_or("-"),
+            e.subresource
+                .as_deref()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default()
+        );
+        *by.entry(what).or_default() += 1;
+    }
+    by.into_iter()
+        .map(|(w, n)| format!("{n} {w}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
