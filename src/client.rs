@@ -47,8 +47,8 @@ pub async fn build(budget: Budget, metrics: &Metrics) -> Result<Client, kube::Er
 /// its own; the one-time start-up check), the reads a death makes necessary
 /// (for a ConfigMap, its holder read, and the lock's unless known empty,
 /// once per lock and dead holder; for a Lease, the list of the pods its
-/// identity could name, in pages of 100, at the death and when its renewal
-/// window ends), and the takeover followers, which keep to a budget of
+/// identity could name, in pages of 100, at the death and once its renewal
+/// window has ended), and the takeover followers, which keep to a budget of
 /// their own.
 pub async fn control(metrics: &Metrics) -> Result<Client, kube::Error> {
     let config = Config::infer().await.map_err(kube::Error::InferConfig)?;

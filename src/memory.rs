@@ -67,6 +67,20 @@ struct Rare {
     /// A hash of the holder uid whose death was last noticed: its reads
     /// skip the budget once.
     died: Option<u64>,
+    /// That death's Lease renewal window, as its urgent judgement found it.
+    window: Window,
+}
+
+/// The end of a dead holder's Lease renewal window, once per death: the
+/// first judgement from then on is urgent too (the death made its reads
+/// necessary; the window only delays them). Judgements before it (a sweep,
+/// a Lease event) are not, and do not spend it.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+enum Window {
+    #[default]
+    Unseen,
+    EndsAt(Instant),
+    Spent,
 }
 
 impl Memo {
@@ -263,21 +277,21 @@ impl Memory {
             let r = m.rare();
             if r.died != Some(uid) {
                 r.died = Some(uid);
+                r.window = Window::Unseen;
                 m.urgent = true;
             }
         });
     }
 
     /// An urgent judgement (one that followed a death) found the Lease's
-    /// renewal window open: the next judgement is urgent as well, and so
-    /// on until the window closes (the death made these reads necessary;
-    /// the window only delays them). Bounded by the judgements that fit in
-    /// one window: a renewal ends it (`RenewedAfterDeath`), and so does the
-    /// release.
-    pub fn urgent_after_window(&self, key: &LockKey) {
+    /// renewal window open for `remaining`: the first judgement once it
+    /// has passed is urgent too, once per death.
+    pub fn urgent_after_window(&self, key: &LockKey, remaining: Duration) {
         self.with_memo(key, |m| {
-            if m.rare.as_ref().is_some_and(|r| r.died.is_some()) {
-                m.urgent = true;
+            if let Some(r) = m.rare.as_mut().filter(|r| r.died.is_some()) {
+                if r.window == Window::Unseen {
+                    r.window = Window::EndsAt(Instant::now() + remaining);
+                }
             }
         });
     }
@@ -285,9 +299,21 @@ impl Memory {
     /// Whether this judgement follows a death notice (and clears it).
     pub fn take_urgent(&self, key: &LockKey) -> bool {
         self.with(|i| {
-            i.memos
-                .get_mut(key)
-                .is_some_and(|m| std::mem::take(&mut m.urgent))
+            i.memos.get_mut(key).is_some_and(|m| {
+                if std::mem::take(&mut m.urgent) {
+                    return true;
+                }
+                let Some(r) = m.rare.as_mut() else {
+                    return false;
+                };
+                match r.window {
+                    Window::EndsAt(at) if Instant::now() >= at => {
+                        r.window = Window::Spent;
+                        true
+                    }
+                    _ => false,
+                }
+            })
         })
     }
 
@@ -558,14 +584,23 @@ mod tests {
         assert!(!m.take_urgent(&k), "the same death again");
         m.died(&k, "uid-2");
         assert!(m.take_urgent(&k), "another holder's");
-        // A Lease's renewal window: the judgement after one found open.
-        m.urgent_after_window(&k);
-        assert!(m.take_urgent(&k), "the window's end");
-        m.urgent_after_window(&k);
-        assert!(m.take_urgent(&k), "still open: the next one too");
-        assert!(!m.take_urgent(&k), "then none");
+        // A Lease's renewal window: the first judgement after its end.
+        m.urgent_after_window(&k, Duration::from_secs(3600));
+        assert!(!m.take_urgent(&k), "not before the window ends");
+        let w = LockKey::lease("ns", "lease");
+        m.died(&w, "uid-4");
+        assert!(m.take_urgent(&w));
+        m.urgent_after_window(&w, Duration::ZERO);
+        assert!(m.take_urgent(&w), "the window's end");
+        assert!(!m.take_urgent(&w), "taken");
+        m.urgent_after_window(&w, Duration::ZERO);
+        assert!(!m.take_urgent(&w), "once per death");
+        m.died(&w, "uid-5");
+        assert!(m.take_urgent(&w));
+        m.urgent_after_window(&w, Duration::ZERO);
+        assert!(m.take_urgent(&w), "again for another death");
         let other = LockKey::lease("ns", "never-died");
-        m.urgent_after_window(&other);
+        m.urgent_after_window(&other, Duration::ZERO);
         assert!(!m.take_urgent(&other), "no death, no urgency");
     }
 }

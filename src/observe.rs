@@ -393,10 +393,18 @@ impl Observer {
         if !self.selector.matches(lease.metadata.labels.as_ref()) {
             return Ok(None);
         }
-        let renewals = clock.lease_renewals(lease);
-        self.judge_lease_reading(key.clone(), lease.clone(), None, &renewals, urgent)
-            .await
-            .map(Some)
+        // What was seen of its renewals is taken once the pods are listed:
+        // the time the list took counts as watched, and a renewal seen
+        // meanwhile counts too.
+        self.judge_lease_reading(
+            key.clone(),
+            lease.clone(),
+            None,
+            || clock.lease_renewals(lease),
+            urgent,
+        )
+        .await
+        .map(Some)
     }
 
     /// Judges a Lease as read, with what was seen of its renewals. The pods
@@ -410,18 +418,18 @@ impl Observer {
         pods: Option<&[Pod]>,
         renewals: &Renewals,
     ) -> Result<Judgement, Error> {
-        self.judge_lease_reading(key, live, pods, renewals, false)
+        self.judge_lease_reading(key, live, pods, || *renewals, false)
             .await
     }
 
     /// As `judge_lease`, listing the pods through the urgent client when
-    /// `urgent`.
+    /// `urgent`; `renewals` is asked after the pods are listed.
     async fn judge_lease_reading(
         &self,
         key: LockKey,
         live: Lease,
         pods: Option<&[Pod]>,
-        renewals: &Renewals,
+        renewals: impl FnOnce() -> Renewals,
         urgent: bool,
     ) -> Result<Judgement, Error> {
         let meta = live.metadata.clone();
@@ -455,7 +463,9 @@ impl Observer {
                 &listed
             }
         };
-        let verdict = verdict::judge_lease(&parsed, pods, now, renewals);
+        let renewals = renewals();
+        let now = Timestamp::now();
+        let verdict = verdict::judge_lease(&parsed, pods, now, &renewals);
         let holder = parsed.host.as_deref().and_then(|h| {
             let mut m = pods.iter().filter(|p| lock::lease::names(h, p));
             match (m.next(), m.next()) {

@@ -427,8 +427,9 @@ async fn a_lease_judged_from_its_watched_copy_frees_nothing_newer() {
 
 /// A release writes the Lease back whole: its annotations stay, both when
 /// the release is made from the watch's copy (which keeps small
-/// annotations) and when the annotations are too large for the watch to
-/// keep (then the Lease is read live before the release).
+/// annotations; the audit log shows no read of it after the death) and
+/// when the annotations are too large for the watch to keep (then the
+/// Lease is read live before the release).
 #[tokio::test]
 async fn a_release_keeps_the_leases_annotations() {
     let s = scenario("lease-annotations").await;
@@ -454,17 +455,37 @@ async fn a_release_keeps_the_leases_annotations() {
             .await
             .unwrap();
     }
-    let j = s.janitor().await;
-    wait_for("both Leases held", Duration::from_secs(30), || async {
-        let m = j.metrics().await;
-        (sample(
-            &m,
-            "lock_janitor_locks",
-            &[("kind", "lease"), ("state", "held")],
-        ) == Some(2.0))
-        .then_some(())
-    })
+    // No sweep after the first while this runs: the deaths' judgements
+    // alone decide.
+    let kc = kubeconfig_as(s.cp, JANITOR_USER);
+    let j = Janitor::start(
+        &kc,
+        &[
+            "--namespace",
+            &s.ns,
+            "--resync",
+            "10m",
+            "--lock-kinds",
+            "lease",
+        ],
+    )
     .await;
+    wait_for(
+        "both Leases held, swept once",
+        Duration::from_secs(30),
+        || async {
+            let m = j.metrics().await;
+            (sample(
+                &m,
+                "lock_janitor_locks",
+                &[("kind", "lease"), ("state", "held")],
+            ) == Some(2.0)
+                && j.logs().contains("resync sweep done"))
+            .then_some(())
+        },
+    )
+    .await;
+    let died = Timestamp::now();
     for pod in ["op-a", "op-b"] {
         kubelet::set_failed(&s.client, &s.ns, pod, "Evicted", "test")
             .await
@@ -490,6 +511,26 @@ async fn a_release_keeps_the_leases_annotations() {
         );
         assert_eq!(a.get("example.com/notes"), want, "{lease}");
     }
+    // "small" was released from the watch's copy (no read of it after the
+    // deaths); "large" was read live before its release.
+    let gets = |lease: &str| {
+        lock_janitor_testenv::audit::read(s.cp.audit_log_path())
+            .into_iter()
+            .filter(|e| {
+                e.effective_user() == JANITOR_USER
+                    && e.verb == "get"
+                    && e.resource.as_deref() == Some("leases")
+                    && e.namespace.as_deref() == Some(s.ns.as_str())
+                    && e.name.as_deref() == Some(lease)
+                    && e.received
+                        .as_deref()
+                        .and_then(|t| t.parse::<Timestamp>().ok())
+                        .is_some_and(|t| t > died)
+            })
+            .count()
+    };
+    assert_eq!(gets("small"), 0, "{}", j.logs());
+    assert!(gets("large") >= 1, "{}", j.logs());
     // And the releases sent them: nothing else wrote these Leases.
     let writes = s.lease_writes();
     assert_eq!(writes.len(), 2, "{writes:#?}");

@@ -369,16 +369,17 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
     let shaped = key.kind == LockKind::ConfigMap
         && judgement.lock.is_some()
         && judgement.meta.deletion_timestamp.is_none();
-    // A death's judgement found the renewal window open: the next one (at
-    // its end, or a sweep's before) is urgent too.
-    let window_open = urgent
-        && matches!(
-            judgement.verdict,
-            Verdict::Held(verdict::HeldBecause::RenewalWindow { .. })
-        );
+    // A death's judgement found the renewal window open: the first one
+    // after it ends is urgent too.
+    let window = match judgement.verdict {
+        Verdict::Held(verdict::HeldBecause::RenewalWindow { remaining }) if urgent => {
+            Some(remaining)
+        }
+        _ => None,
+    };
     let (action, changed) = act(&ctx, judgement).await?;
-    if window_open {
-        ctx.memory.urgent_after_window(&key);
+    if let Some(remaining) = window {
+        ctx.memory.urgent_after_window(&key, remaining);
     }
     if let Some(reason) = untouchable {
         // Settled only once its Event is written (a standby writes none).
