@@ -6,16 +6,25 @@
 //! while idle (from the API server's own `apiserver_request_total`, with and
 //! without the janitor), and reclaim latency, sequential and in a burst,
 //! beside a floor measured in the same run: a bare watcher of terminal pods
-//! that sends one guarded DELETE per death. It reports numbers; it passes or
-//! fails nothing on time.
+//! that sends one guarded DELETE per death. Then a burst of Lease holders
+//! that die at once (`--lease-burst`, renewing every 2 s until they die):
+//! the time from the moment the renewal rule allows a release to the
+//! release, beside a bare releaser in the same run that updates each Lease
+//! at that moment. It reports numbers; it passes or fails nothing on time.
 //!
 //! `make bench` builds the release binary and runs this. By hand:
 //!
 //! ```text
 //! cargo build --release --bin lock-janitor
 //! LOCK_JANITOR_BIN=target/release/lock-janitor cargo run --release --example bench_scale -- \
-//!     [--levels 1000,10000] [--sequential 20] [--evict 100] [--idle-secs 60] [--resync-secs 20]
+//!     [--levels 1000,10000] [--sequential 20] [--evict 100] [--idle-secs 60] [--resync-secs 20] \
+//!     [--lease-burst 100] [--lease-namespaces own|locks]
 //! ```
+//!
+//! `--lease-namespaces locks` puts the Lease holders among the ConfigMap
+//! holders (1,000 pods a namespace at 10,000 locks), so each judgement
+//! pages through a crowded namespace; `own` (the default) gives them
+//! namespaces of their own.
 //!
 //! Idle load. Idle, the janitor reads only its resync sweeps (the pods its
 //! locks name, by name or by listing their namespaces, each --resync). To see several in a
@@ -25,6 +34,8 @@
 
 #[path = "common/bench.rs"]
 mod bench_support;
+#[path = "common/lease_burst.rs"]
+mod lease_burst;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -55,6 +66,11 @@ struct Args {
     evict: usize,
     idle: Duration,
     resync: Duration,
+    /// Lease holders that fail at once (0: none).
+    lease_burst: usize,
+    /// The Lease holders live among the ConfigMap holders (1,000 pods a
+    /// namespace at 10,000 locks) rather than in namespaces of their own.
+    leases_among_locks: bool,
 }
 
 fn parse_args() -> Args {
@@ -64,6 +80,8 @@ fn parse_args() -> Args {
         evict: 100,
         idle: Duration::from_secs(60),
         resync: Duration::from_secs(20),
+        lease_burst: 100,
+        leases_among_locks: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -80,9 +98,19 @@ fn parse_args() -> Args {
             "--evict" => a.evict = num(&value) as usize,
             "--idle-secs" => a.idle = Duration::from_secs(num(&value)),
             "--resync-secs" => a.resync = Duration::from_secs(num(&value)),
+            "--lease-burst" => a.lease_burst = num(&value) as usize,
+            "--lease-namespaces" => {
+                a.leases_among_locks = match value.as_str() {
+                    "own" => false,
+                    "locks" => true,
+                    v => die(&format!(
+                        "--lease-namespaces: {v:?} is neither own nor locks"
+                    )),
+                }
+            }
             other => die(&format!(
                 "unknown argument {other}; use --levels N,N --sequential N --evict N \
-                 --idle-secs N --resync-secs N"
+                 --idle-secs N --resync-secs N --lease-burst N --lease-namespaces own|locks"
             )),
         }
     }
@@ -446,6 +474,111 @@ fn where_time_goes(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[M
     )
 }
 
+/// The Lease burst: `n` holders renew (client-go's timings), the janitor
+/// watches (beside every ConfigMap lock still there), all fail at once;
+/// then the same for a second set of `n` with a bare releaser in its place.
+/// Returns (janitor, floor) latencies from "the rule allows it" to the
+/// release, the windows, and the janitor's requests meanwhile.
+async fn lease_burst_phase(
+    cp: &lock_janitor_testenv::ControlPlane,
+    client: &Client,
+    kubeconfig: &std::path::Path,
+    lock_ns: &[String],
+    args: &Args,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, String) {
+    let n = args.lease_burst;
+    let namespaces = if args.leases_among_locks {
+        lock_ns.to_vec()
+    } else {
+        let mut v = Vec::new();
+        for i in 0..LOCK_NAMESPACES {
+            v.push(
+                lock_janitor_testenv::fresh_namespace(client, &format!("scale-lease-{i}")).await,
+            );
+        }
+        v
+    };
+    step(&format!(
+        "Lease burst: {n} holders renewing every {} on a {} s lease, in {} namespaces ({})",
+        secs(lease_burst::RENEW),
+        lease_burst::LEASE_SECONDS,
+        namespaces.len(),
+        if args.leases_among_locks {
+            "among the ConfigMap holders"
+        } else {
+            "of their own"
+        }
+    ));
+    let watched = lease_burst::holders(client, &namespaces, "leader", n, true).await;
+    let bare = lease_burst::holders(client, &namespaces, "bare-leader", n, false).await;
+    let (released, watch, synced) = lease_burst::watch_releases(client);
+    let _ = synced.await;
+
+    // The janitor: it learns each holder's renew period from its watch.
+    let renewer = lease_burst::Renewer::start(client, &watched);
+    let j = Janitor::start(kubeconfig, &[]).await;
+    wait_for("every Lease held", Duration::from_secs(300), || async {
+        let m = j.metrics().await;
+        let held = sample(
+            &m,
+            "lock_janitor_locks",
+            &[("kind", "lease"), ("state", "held")],
+        );
+        (held.unwrap_or(0.0) as usize == n).then_some(())
+    })
+    .await;
+    // Four gaps seen (the janitor keeps the last four).
+    renewer.rounds(5).await;
+    let renewed = renewer.stop().await;
+    let since = k8s_openapi::jiff::Timestamp::now();
+    let allowed = lease_burst::fail_all(client, &watched, &renewed).await;
+    let janitor =
+        lease_burst::release_latencies(&released, &allowed, Duration::from_secs(120)).await;
+    let windows: Vec<f64> = allowed.values().map(|a| a.window.as_secs_f64()).collect();
+    let requests = lease_burst::requests_in(cp, JANITOR_USER, &namespaces, since);
+    let (to_list, list_to_release, to_release) =
+        lease_burst::timeline(cp, Some(JANITOR_USER), JANITOR_USER, &allowed);
+    let (to_own, own_to_release) = lease_burst::by_janitor_moment(
+        &released,
+        &allowed,
+        &lease_burst::janitor_moments(&j.logs()),
+    );
+    let mut timeline = format!(
+        "janitor: allowed -> its last pod list: {}\n    pod list -> release:          {}\n    allowed -> release:           {}\n    \
+         allowed -> the janitor's own moment (its log: the window it found, on its own clock): {}\n    \
+         its own moment -> released (as the watch here sees it): {}",
+        distribution(to_list),
+        distribution(list_to_release),
+        distribution(to_release),
+        distribution(to_own),
+        distribution(own_to_release)
+    );
+    drop(j);
+
+    // The floor: the same burst, released by the rule's clock alone.
+    let renewer = lease_burst::Renewer::start(client, &bare);
+    renewer.rounds(5).await;
+    let renewed = renewer.stop().await;
+    let allowed = lease_burst::fail_all(client, &bare, &renewed).await;
+    let refused = lease_burst::bare_releases(client, &allowed).await;
+    if refused > 0 {
+        println!("    the bare releaser was refused {refused} times");
+    }
+    let floor = lease_burst::release_latencies(&released, &allowed, Duration::from_secs(120)).await;
+    watch.abort();
+    let (_, _, to_release) = lease_burst::timeline(cp, None, JANITOR_USER, &allowed);
+    timeline.push_str(&format!(
+        "\n  floor:   allowed -> release:           {}",
+        distribution(to_release)
+    ));
+    (
+        janitor,
+        floor,
+        windows,
+        format!("{requests}\n  where the time goes (the API server's audit log):\n  {timeline}"),
+    )
+}
+
 #[tokio::main]
 async fn main() {
     let run = Instant::now();
@@ -527,6 +660,11 @@ async fn main() {
     let f_breakdown = where_time_goes(&cp, FLOOR_USER, &rest[..s]);
     floor.abort();
     watch.abort();
+    let leases = if args.lease_burst > 0 {
+        Some(lease_burst_phase(&cp, &client, &kubeconfig, &lock_ns, &args).await)
+    } else {
+        None
+    };
 
     println!();
     println!("janitor at scale (release build; idle load at --resync {}; default-flag load = that x {}/300)", secs(args.resync), args.resync.as_secs());
@@ -582,6 +720,16 @@ async fn main() {
     println!("where one reclaim's time goes (one at a time; the API server's audit log):");
     println!("  janitor: {j_breakdown}");
     println!("  floor:   {f_breakdown}");
+    if let Some((janitor, floor, windows, requests)) = leases {
+        let n = args.lease_burst;
+        println!(
+            "Lease release, {n} holders failed at once (the renewal rule allows it -> released, as a watch here sees it; W {}):",
+            distribution(windows)
+        );
+        println!("  janitor: {}", distribution(janitor));
+        println!("  floor:   {}", distribution(floor));
+        println!("  janitor's requests in the Lease namespaces after the deaths: {requests}");
+    }
     println!("\nwhole run {}", secs(run.elapsed()));
     drop(client);
     cp.stop();

@@ -6,7 +6,8 @@
 # with the defaults, after the builds.
 #
 #   hack/bench-scale.sh [--levels 1000,10000] [--sequential 20] [--evict 100]
-#       [--idle-secs 60] [--resync-secs 20]
+#       [--idle-secs 60] [--resync-secs 20] [--lease-burst 100]
+#       [--lease-namespaces own|locks]
 #
 # It measures the image's binary (the static musl build of the Dockerfile);
 # LOCK_JANITOR_BIN=<path> measures another (for example target/release/lock-janitor,

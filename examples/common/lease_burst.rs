@@ -415,3 +415,120 @@ pub fn requests_in(
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// Where each release's time goes, from the API server's audit log: for
+/// each Lease of `allowed`, from the moment the rule allows it to the
+/// release's arrival (an update that empties the holder identity, by
+/// `user`, or by anyone but `not_user`), and for the janitor, to the last
+/// list of pods it sent in that namespace before it (the judgement's one
+/// read). Returns (allowed -> last pod list, pod list -> release, allowed
+/// -> release), in seconds.
+pub fn timeline(
+    cp: &lock_janitor_testenv::ControlPlane,
+    user: Option<&str>,
+    not_user: &str,
+    allowed: &HashMap<String, Allowed>,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let at = |e: &lock_janitor_testenv::audit::AuditEvent| {
+        e.received
+            .as_deref()
+            .and_then(|t| t.parse::<Timestamp>().ok())
+    };
+    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
+    let by = |e: &lock_janitor_testenv::audit::AuditEvent| match user {
+        Some(u) => e.effective_user() == u,
+        None => e.effective_user() != not_user,
+    };
+    let (mut to_list, mut list_to_release, mut to_release) = (Vec::new(), Vec::new(), Vec::new());
+    for (key, a) in allowed {
+        let Some((ns, name)) = key.split_once('/') else {
+            continue;
+        };
+        let release = audit.iter().filter_map(|e| {
+            let is = by(e)
+                && e.verb == "update"
+                && e.resource.as_deref() == Some("leases")
+                && e.namespace.as_deref() == Some(ns)
+                && e.name.as_deref() == Some(name)
+                && e.code == Some(200)
+                && e.request_object
+                    .as_ref()
+                    .is_some_and(|b| b["spec"]["holderIdentity"] == "");
+            is.then(|| at(e)).flatten()
+        });
+        let Some(released) = release.min() else {
+            continue;
+        };
+        to_release.push(released.duration_since(a.at).as_secs_f64());
+        if user.is_none() {
+            continue;
+        }
+        let list = audit
+            .iter()
+            .filter(|e| {
+                by(e)
+                    && e.verb == "list"
+                    && e.resource.as_deref() == Some("pods")
+                    && e.namespace.as_deref() == Some(ns)
+            })
+            .filter_map(at)
+            .filter(|t| *t <= released)
+            .max();
+        if let Some(list) = list {
+            to_list.push(list.duration_since(a.at).as_secs_f64());
+            list_to_release.push(released.duration_since(list).as_secs_f64());
+        }
+    }
+    (to_list, list_to_release, to_release)
+}
+
+/// When the janitor itself found each Lease releasable: from its debug log,
+/// the last "Lease holder died moments ago" line per Lease (a judgement
+/// that found the renewal window open), its time plus the remaining time it
+/// logged. By "ns/name".
+pub fn janitor_moments(log: &str) -> HashMap<String, Timestamp> {
+    let mut at = HashMap::new();
+    for line in log
+        .lines()
+        .filter(|l| l.contains("Lease holder died moments ago"))
+    {
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+        };
+        let moment = (|| {
+            let logged: Timestamp = line.split_whitespace().next()?.parse().ok()?;
+            let remaining: f64 = field("remaining_seconds")?.parse().ok()?;
+            let key = format!("{}/{}", field("namespace")?, field("lock")?);
+            let end = logged
+                .checked_add(SignedDuration::try_from_secs_f64(remaining).ok()?)
+                .ok()?;
+            Some((key, end))
+        })();
+        if let Some((key, end)) = moment {
+            at.insert(key, end);
+        }
+    }
+    at
+}
+
+/// For each Lease released: (the rule's moment -> the janitor's own, the
+/// janitor's own -> the release), in seconds.
+pub fn by_janitor_moment(
+    released: &Releases,
+    allowed: &HashMap<String, Allowed>,
+    moments: &HashMap<String, Timestamp>,
+) -> (Vec<f64>, Vec<f64>) {
+    let r = released.lock().unwrap_or_else(|e| e.into_inner());
+    allowed
+        .iter()
+        .filter_map(|(k, a)| {
+            let own = moments.get(k)?;
+            let done = r.get(k)?;
+            Some((
+                own.duration_since(a.at).as_secs_f64(),
+                done.duration_since(*own).as_secs_f64(),
+            ))
+        })
+        .unzip()
+}
