@@ -338,12 +338,18 @@ impl Memory {
 
     /// A write guarded by the version last judged was refused (409): that
     /// version is known no more, and its next judgement reads the lock live
-    /// (a 409 is never retried blindly).
+    /// (a 409 is never retried blindly; a Lease's window end, if still to
+    /// come, makes no judgement urgent any more).
     pub fn refused(&self, key: &LockKey) {
         self.with(|i| {
             if let Some(m) = i.memos.get_mut(key) {
                 m.shaped = false;
                 m.refused = true;
+                if let Some(r) = m.rare.as_mut() {
+                    if matches!(r.window, Window::EndsAt(_)) {
+                        r.window = Window::Spent;
+                    }
+                }
             }
         });
     }
@@ -599,6 +605,24 @@ mod tests {
         assert!(m.take_urgent(&w));
         m.urgent_after_window(&w, Duration::ZERO);
         assert!(m.take_urgent(&w), "again for another death");
+        // Taken before its end, the window's urgency is not spent.
+        let early = LockKey::lease("ns", "early");
+        m.died(&early, "uid-6");
+        assert!(m.take_urgent(&early));
+        m.urgent_after_window(&early, Duration::from_millis(300));
+        assert!(!m.take_urgent(&early), "before the end");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !m.take_urgent(&early) {
+            assert!(Instant::now() < deadline, "never urgent after the end");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // A 409 before the end spends it: the next judgement reads live.
+        let refused = LockKey::lease("ns", "refused");
+        m.died(&refused, "uid-7");
+        assert!(m.take_urgent(&refused));
+        m.urgent_after_window(&refused, Duration::ZERO);
+        m.refused(&refused);
+        assert!(!m.take_urgent(&refused), "spent by the 409");
         let other = LockKey::lease("ns", "never-died");
         m.urgent_after_window(&other, Duration::ZERO);
         assert!(!m.take_urgent(&other), "no death, no urgency");
