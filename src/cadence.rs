@@ -38,7 +38,8 @@ pub struct Renewals {
 /// The renew history of one Lease.
 #[derive(Clone, Debug)]
 pub struct Cadence {
-    /// A hash of the holder identity: a new holder starts a new history.
+    /// A hash of the holder identity and the Lease's uid: a new holder, or
+    /// a new Lease of the same name, starts a new history.
     identity: u64,
     /// The newest renew time seen (gaps are learnt from it).
     renewed: Option<Timestamp>,
@@ -51,17 +52,23 @@ pub struct Cadence {
     gaps: [u32; GAPS],
 }
 
-fn hash(identity: &str) -> u64 {
+/// The holder identity and the Lease's uid, hashed: a Lease deleted and
+/// made again under the same identity starts a new history too (no gap is
+/// learnt across the two objects).
+fn hash(holder: (&str, &str)) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    identity.hash(&mut h);
+    holder.hash(&mut h);
     h.finish()
 }
 
-fn holder_and_renewed(lease: &Lease) -> (&str, Option<Timestamp>) {
+fn holder_and_renewed(lease: &Lease) -> ((&str, &str), Option<Timestamp>) {
     let spec = lease.spec.as_ref();
     (
-        spec.and_then(|s| s.holder_identity.as_deref())
-            .unwrap_or_default(),
+        (
+            lease.metadata.uid.as_deref().unwrap_or_default(),
+            spec.and_then(|s| s.holder_identity.as_deref())
+                .unwrap_or_default(),
+        ),
         spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
     )
 }
@@ -187,6 +194,14 @@ mod tests {
         c.observe(&lease("b", s(326)), i(326));
         assert_eq!(c.renewals(i(326)).period, None);
         assert_eq!(c.renewals(i(327)).quiet_for, Some(Duration::from_secs(1)));
+        c.observe(&lease("b", s(352)), i(352));
+        assert_eq!(c.renewals(i(352)).period, Some(Duration::from_secs(26)));
+        // The same holder on a Lease made again (another uid): nothing
+        // known of it either.
+        let mut again = lease("b", s(378));
+        again.metadata.uid = Some("uid-2".into());
+        c.observe(&again, i(378));
+        assert_eq!(c.renewals(i(378)).period, None);
     }
 
     #[test]
