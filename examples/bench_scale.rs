@@ -474,6 +474,30 @@ fn where_time_goes(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[M
     )
 }
 
+/// As when a node dies some time after start: the janitor has learned
+/// which locks hold no data (its debug log says so once it has), the last
+/// of its start-up work.
+async fn settled(j: &Janitor) {
+    let learned = wait_for(
+        "the janitor learned which locks hold no data",
+        Duration::from_secs(120),
+        || async {
+            // Each of the janitor's lines about it, learned or not, says so.
+            j.logs()
+                .lines()
+                .rev()
+                .find(|l| l.contains("which locks hold no data"))
+                .map(str::to_owned)
+        },
+    )
+    .await;
+    if !learned.contains("learned which locks hold no data") {
+        die(&format!(
+            "the janitor did not learn which locks hold no data: {learned}"
+        ));
+    }
+}
+
 /// The Lease burst: `n` holders renew (client-go's timings), the janitor
 /// watches (beside every ConfigMap lock still there), all fail at once;
 /// then the same for a second set of `n` with a bare releaser in its place.
@@ -527,6 +551,8 @@ async fn lease_burst_phase(
         (held.unwrap_or(0.0) as usize == n).then_some(())
     })
     .await;
+    // Its start-up work over the ConfigMap locks still there is done.
+    settled(&j).await;
     // Four gaps seen (the janitor keeps the last four).
     renewer.rounds(5).await;
     let renewed = renewer.stop().await;
@@ -613,26 +639,7 @@ async fn main() {
     let (s, b) = (args.sequential, args.evict);
     let j = Janitor::start(&kubeconfig, &[]).await;
     all_held(&j, top, "every lock held").await;
-    // As when a node dies some time after start: the janitor has learned
-    // which locks hold no data (its debug log says so once it has).
-    let learned = wait_for(
-        "the janitor learned which locks hold no data",
-        Duration::from_secs(120),
-        || async {
-            // Each of the janitor's lines about it, learned or not, says so.
-            j.logs()
-                .lines()
-                .rev()
-                .find(|l| l.contains("which locks hold no data"))
-                .map(str::to_owned)
-        },
-    )
-    .await;
-    if !learned.contains("learned which locks hold no data") {
-        die(&format!(
-            "the janitor did not learn which locks hold no data: {learned}"
-        ));
-    }
+    settled(&j).await;
     let (j_seq, j_burst) = reclaim_latency(&client, &deleted, &made[..s], &made[s..s + b]).await;
     let j_breakdown = where_time_goes(&cp, JANITOR_USER, &made[..s]);
     drop(j);
