@@ -267,8 +267,8 @@ pub trait Watched:
     fn cached_meta(&self) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta> {
         None
     }
-    /// The cached Lease, which alone decides when it is released or
-    /// expired (nothing is written then); none for ConfigMaps.
+    /// The Lease as its watch holds it, judged without a live read when
+    /// `lease_copy_decides`; none for ConfigMaps.
     fn cached_lease(&self) -> Option<&Lease> {
         None
     }
