@@ -561,9 +561,10 @@ async fn lease_burst_phase(
     let janitor =
         lease_burst::release_latencies(&released, &allowed, Duration::from_secs(120)).await;
     let windows: Vec<f64> = allowed.values().map(|a| a.window.as_secs_f64()).collect();
-    let requests = lease_burst::requests_in(cp, JANITOR_USER, &namespaces, since);
+    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
+    let requests = lease_burst::requests_in(&audit, JANITOR_USER, &namespaces, since);
     let (to_list, list_to_release, to_release) =
-        lease_burst::timeline(cp, Some(JANITOR_USER), JANITOR_USER, &allowed);
+        lease_burst::timeline(&audit, Some(JANITOR_USER), JANITOR_USER, &allowed);
     let (to_own, own_to_release) = lease_burst::by_janitor_moment(
         &released,
         &allowed,
@@ -592,7 +593,8 @@ async fn lease_burst_phase(
     }
     let floor = lease_burst::release_latencies(&released, &allowed, Duration::from_secs(120)).await;
     watch.abort();
-    let (_, _, to_release) = lease_burst::timeline(cp, None, JANITOR_USER, &allowed);
+    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
+    let (_, _, to_release) = lease_burst::timeline(&audit, None, JANITOR_USER, &allowed);
     timeline.push_str(&format!(
         "\n  floor:   allowed -> release:           {}",
         distribution(to_release)

@@ -318,6 +318,26 @@ async fn lease_context(s: &Scenario) -> std::sync::Arc<lock_janitor::controller:
     )
 }
 
+/// A Lease "op-lease" lasting 10 s, renewed a second ago by the pod "dead",
+/// which has just failed; the janitor's library for it.
+async fn dead_holders_lease(
+    prefix: &str,
+) -> (
+    Scenario,
+    std::sync::Arc<lock_janitor::controller::Context>,
+    lock_janitor::lock::LockKey,
+) {
+    let s = scenario(prefix).await;
+    s.pod("dead").await;
+    s.lease_lasting("op-lease", "dead", 1, 10, true).await;
+    kubelet::set_failed(&s.client, &s.ns, "dead", "Evicted", "test")
+        .await
+        .unwrap();
+    let ctx = lease_context(&s).await;
+    let key = lock_janitor::lock::LockKey::lease(s.ns.clone(), "op-lease");
+    (s, ctx, key)
+}
+
 /// A death's judgement reads the Lease from its watch, not live; the pods
 /// its identity names are listed live all the same. A copy older than the
 /// Lease is judged stale and its release is refused (409: the update
@@ -325,17 +345,9 @@ async fn lease_context(s: &Scenario) -> std::sync::Arc<lock_janitor::controller:
 /// a holder recreated under its name since the copy is seen, and holds it.
 #[tokio::test]
 async fn a_lease_judged_from_its_watched_copy_frees_nothing_newer() {
-    use lock_janitor::lock::LockKey;
     use lock_janitor::reclaim::Outcome;
     use lock_janitor::verdict::{HeldBecause, LockState, Verdict};
-    let s = scenario("lease-copy").await;
-    s.pod("dead").await;
-    s.lease_lasting("op-lease", "dead", 1, 10, true).await;
-    kubelet::set_failed(&s.client, &s.ns, "dead", "Evicted", "test")
-        .await
-        .unwrap();
-    let ctx = lease_context(&s).await;
-    let key = LockKey::lease(s.ns.clone(), "op-lease");
+    let (s, ctx, key) = dead_holders_lease("lease-copy").await;
     let copy = s.leases().get("op-lease").await.unwrap();
     let judged = wait_for("the copy judged stale", Duration::from_secs(20), || async {
         let j = ctx
@@ -457,19 +469,7 @@ async fn a_release_keeps_the_leases_annotations() {
     }
     // No sweep after the first while this runs: the deaths' judgements
     // alone decide.
-    let kc = kubeconfig_as(s.cp, JANITOR_USER);
-    let j = Janitor::start(
-        &kc,
-        &[
-            "--namespace",
-            &s.ns,
-            "--resync",
-            "10m",
-            "--lock-kinds",
-            "lease",
-        ],
-    )
-    .await;
+    let j = s.janitor_resyncing("10m").await;
     wait_for(
         "both Leases held, swept once",
         Duration::from_secs(30),
@@ -549,16 +549,8 @@ async fn a_release_keeps_the_leases_annotations() {
 /// library says so; the new holder keeps it.
 #[tokio::test]
 async fn lease_changed_after_judgement_is_not_released() {
-    use lock_janitor::lock::LockKey;
     use lock_janitor::reclaim::Outcome;
-    let s = scenario("lease-race").await;
-    s.pod("dead").await;
-    s.lease_lasting("op-lease", "dead", 1, 10, true).await;
-    kubelet::set_failed(&s.client, &s.ns, "dead", "Evicted", "test")
-        .await
-        .unwrap();
-    let ctx = lease_context(&s).await;
-    let key = LockKey::lease(s.ns.clone(), "op-lease");
+    let (s, ctx, key) = dead_holders_lease("lease-race").await;
     // Held for the renewal window after the death (5 s: half the 10 s
     // lease, no renewal observed), then stale.
     let judged = wait_for(

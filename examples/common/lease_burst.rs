@@ -22,6 +22,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use lock_janitor_testenv::audit::AuditEvent;
 use lock_janitor_testenv::kubelet;
 
 use crate::bench_support::*;
@@ -379,17 +380,14 @@ pub async fn release_latencies(
 /// The janitor's requests in `namespaces` from `since` on, by verb and
 /// resource, from the API server's audit log.
 pub fn requests_in(
-    cp: &lock_janitor_testenv::ControlPlane,
+    audit: &[AuditEvent],
     user: &str,
     namespaces: &[String],
     since: Timestamp,
 ) -> String {
     let mut by: std::collections::BTreeMap<String, usize> = Default::default();
-    for e in lock_janitor_testenv::audit::read(cp.audit_log_path()) {
-        let at = e
-            .received
-            .as_deref()
-            .and_then(|t| t.parse::<Timestamp>().ok());
+    for e in audit {
+        let at = e.received_at();
         if e.effective_user() != user
             || at.is_none_or(|t| t < since)
             || !e
@@ -424,18 +422,12 @@ pub fn requests_in(
 /// read). Returns (allowed -> last pod list, pod list -> release, allowed
 /// -> release), in seconds.
 pub fn timeline(
-    cp: &lock_janitor_testenv::ControlPlane,
+    audit: &[AuditEvent],
     user: Option<&str>,
     not_user: &str,
     allowed: &HashMap<String, Allowed>,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let at = |e: &lock_janitor_testenv::audit::AuditEvent| {
-        e.received
-            .as_deref()
-            .and_then(|t| t.parse::<Timestamp>().ok())
-    };
-    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
-    let by = |e: &lock_janitor_testenv::audit::AuditEvent| match user {
+    let by = |e: &AuditEvent| match user {
         Some(u) => e.effective_user() == u,
         None => e.effective_user() != not_user,
     };
@@ -454,7 +446,7 @@ pub fn timeline(
                 && e.request_object
                     .as_ref()
                     .is_some_and(|b| b["spec"]["holderIdentity"] == "");
-            is.then(|| at(e)).flatten()
+            is.then(|| e.received_at()).flatten()
         });
         let Some(released) = release.min() else {
             continue;
@@ -471,7 +463,7 @@ pub fn timeline(
                     && e.resource.as_deref() == Some("pods")
                     && e.namespace.as_deref() == Some(ns)
             })
-            .filter_map(at)
+            .filter_map(AuditEvent::received_at)
             .filter(|t| *t <= released)
             .max();
         if let Some(list) = list {

@@ -43,6 +43,11 @@ impl AuditEvent {
         self.impersonated_user.as_deref().unwrap_or(&self.user)
     }
 
+    /// `requestReceivedTimestamp` as a time; `None` if absent or not one.
+    pub fn received_at(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        self.received.as_deref()?.parse().ok()
+    }
+
     /// Parses one line of the log; `None` if it is not an audit event.
     pub fn parse(line: &str) -> Option<AuditEvent> {
         let v: Value = serde_json::from_str(line).ok()?;

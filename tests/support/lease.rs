@@ -37,6 +37,11 @@ pub async fn scenario(prefix: &str) -> Scenario {
 
 impl Scenario {
     pub async fn janitor(&self) -> Janitor {
+        self.janitor_resyncing("2s").await
+    }
+
+    /// A janitor for this namespace's Leases, sweeping every `resync`.
+    pub async fn janitor_resyncing(&self, resync: &str) -> Janitor {
         let kc = kubeconfig_as(self.cp, JANITOR_USER);
         Janitor::start(
             &kc,
@@ -44,7 +49,7 @@ impl Scenario {
                 "--namespace",
                 &self.ns,
                 "--resync",
-                "2s",
+                resync,
                 "--lock-kinds",
                 "lease",
             ],
