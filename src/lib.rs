@@ -21,6 +21,7 @@ pub mod memory;
 pub mod metrics;
 pub mod observe;
 pub mod optin;
+pub mod podlists;
 pub mod preflight;
 pub mod readiness;
 pub mod reclaim;

@@ -17,6 +17,7 @@ use tracing::debug;
 use crate::cadence::Renewals;
 use crate::lock::lease::LeaseLock;
 use crate::lock::{self, Holder, Lock, LockKey, LockKind};
+use crate::podlists::PodLists;
 use crate::selector::Selector;
 use crate::verdict::{self, HolderSeen, Policy, StaleReason, Verdict};
 use crate::{call, Error, ErrorKind};
@@ -117,6 +118,8 @@ pub struct Observer {
     /// Where a holder may be looked for when cluster-wide lists are refused.
     namespaces: Vec<String>,
     policy: Policy,
+    /// Lease judgements waiting on one namespace share its list of pods.
+    lists: PodLists,
 }
 
 impl Observer {
@@ -132,6 +135,7 @@ impl Observer {
             selector,
             namespaces,
             policy,
+            lists: PodLists::default(),
         }
     }
 
@@ -499,7 +503,9 @@ impl Observer {
     /// Lease's holder may be named by `spec.hostname`, which no field
     /// selector reaches): every pod is read, in pages of 100, and only the
     /// matches are kept, so a judgement holds one page at a time, not the
-    /// namespace's pods.
+    /// namespace's pods. Judgements that wait on the same namespace at the
+    /// same time share one list that starts after each of them asked
+    /// (`PodLists`).
     pub async fn pods_named(
         &self,
         namespace: &str,
@@ -507,12 +513,25 @@ impl Observer {
         urgent: bool,
     ) -> Result<Vec<Pod>, Error> {
         let api: Api<Pod> = Api::namespaced(self.api(urgent).clone(), namespace);
-        let mut matching = Vec::new();
-        crate::for_each_page(&api, 100, &format!("listing pods in {namespace}"), |page| {
-            matching.extend(page.into_iter().filter(|p| lock::lease::names(host, p)))
-        })
-        .await?;
-        Ok(matching)
+        let what = format!("listing pods in {namespace}");
+        let list = move |hosts: Vec<String>| {
+            let (api, what) = (api.clone(), what.clone());
+            async move {
+                let mut found = vec![Vec::new(); hosts.len()];
+                crate::for_each_page(&api, 100, &what, |page| {
+                    for p in page {
+                        for (host, pods) in hosts.iter().zip(found.iter_mut()) {
+                            if lock::lease::names(host, &p) {
+                                pods.push(p.clone());
+                            }
+                        }
+                    }
+                })
+                .await?;
+                Ok(found)
+            }
+        };
+        self.lists.named(namespace, urgent, host, list).await
     }
 }
 

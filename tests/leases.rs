@@ -708,3 +708,100 @@ async fn scan_and_label_see_lease_locks() {
         );
     }
 }
+
+/// Judgements that wait on one namespace at once share its list of pods:
+/// eight Leases whose holders died together are judged side by side with
+/// two lists at most (one under way, one for those that asked meanwhile),
+/// where each used to list alone; each judgement still gets the pods its
+/// own identity names, by name or `spec.hostname` (a live pod that takes a
+/// dead holder's hostname makes that one Lease ambiguous, no other).
+#[tokio::test]
+async fn leases_judged_together_share_one_list_of_pods() {
+    use lock_janitor::verdict::Verdict;
+    let s = scenario("lease-shared-list").await;
+    let ctx = lease_context(&s).await;
+    let holders: Vec<String> = (0..8).map(|i| format!("holder-{i}")).collect();
+    for h in &holders {
+        s.pod(h).await;
+        s.lease_lasting(&format!("l-{h}"), h, 1, 10, true).await;
+    }
+    for i in 0..20 {
+        s.pod(&format!("bystander-{i}")).await;
+    }
+    for h in &holders {
+        kubelet::set_failed(&s.client, &s.ns, h, "Evicted", "test")
+            .await
+            .unwrap();
+    }
+    // A live pod whose hostname is holder-3's.
+    let twin: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "twin-of-3", "namespace": s.ns},
+        "spec": {"nodeName": s.node, "hostname": "holder-3",
+                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(s.client.clone(), &s.ns)
+        .create(&PostParams::default(), &twin)
+        .await
+        .unwrap();
+    kubelet::set_running(&s.client, &s.ns, "twin-of-3")
+        .await
+        .unwrap();
+
+    let mut copies = Vec::new();
+    for h in &holders {
+        let key = lock_janitor::lock::LockKey::lease(s.ns.clone(), format!("l-{h}"));
+        copies.push((key, s.leases().get(&format!("l-{h}")).await.unwrap()));
+    }
+    let lists = || {
+        lock_janitor_testenv::audit::read(s.cp.audit_log_path())
+            .iter()
+            .filter(|e| {
+                e.effective_user() == JANITOR_USER
+                    && e.namespace.as_deref() == Some(s.ns.as_str())
+                    && e.resource.as_deref() == Some("pods")
+                    && e.verb == "list"
+            })
+            .count()
+    };
+    let before = lists();
+    let judged = futures::future::join_all(
+        copies
+            .iter()
+            .map(|(key, copy)| ctx.judge_with(key, None, Some(copy), true)),
+    )
+    .await;
+    let after = wait_for(
+        "the lists in the audit log",
+        Duration::from_secs(10),
+        || async {
+            let n = lists();
+            (n > before).then_some(n)
+        },
+    )
+    .await;
+    assert!(
+        after - before <= 2,
+        "{} lists for {} judgements side by side",
+        after - before,
+        holders.len()
+    );
+    for (h, j) in holders.iter().zip(judged) {
+        let j = j.unwrap().expect("opted in");
+        if h == "holder-3" {
+            let Verdict::AmbiguousHolders(names) = &j.verdict else {
+                panic!("{h}: {:?}", j.verdict)
+            };
+            assert_eq!(names, &["holder-3".to_string(), "twin-of-3".to_string()]);
+        } else {
+            let holder = j.holder.as_ref().expect("one matching pod");
+            assert_eq!(holder.metadata.name.as_deref(), Some(h.as_str()));
+            assert!(
+                !matches!(j.verdict, Verdict::AmbiguousHolders(_)),
+                "{h}: {:?}",
+                j.verdict
+            );
+        }
+    }
+    assert!(s.lease_writes().is_empty(), "judging writes nothing");
+}

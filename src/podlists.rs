@@ -1,0 +1,337 @@
+//! One list of a namespace's pods serves every Lease judgement waiting on
+//! it.
+//!
+//! A Lease's holder identity may name a pod by its name or by its
+//! `spec.hostname`, and no field selector reaches a hostname: a judgement
+//! pages through every pod of the Lease's namespace. When a node dies with
+//! many leaders, their Leases come out of their renewal windows together,
+//! and each judgement listing the same namespace on its own multiplies the
+//! work by the number of Leases (a hundred Leases among 1,000 pods a
+//! namespace made 1,500 page requests in one second's worth of deaths).
+//!
+//! Here the judgements that wait on one namespace at the same time share a
+//! list. A list that is already under way is never joined: it may have
+//! passed a pod made since the judgement began (a holder recreated under its
+//! name), so a judgement waits for the next list, which starts after it
+//! asked and sees everything it would have seen alone. While one list runs,
+//! whoever asks gathers for the next; when it ends, the next starts at once
+//! for all of them. Each judgement gets only the pods its own identity
+//! names; a page is held while it is filtered, never the namespace.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::oneshot;
+
+use crate::Error;
+
+/// The lists under way and the judgements waiting for the next one, per
+/// namespace and client (the urgent client's lists are not paced by the
+/// idle budget, so they are not shared with budgeted ones).
+#[derive(Clone, Default)]
+pub struct PodLists {
+    slots: Arc<Mutex<HashMap<Key, Slot>>>,
+}
+
+type Key = (String, bool);
+type Reply = oneshot::Sender<Result<Vec<Pod>, Error>>;
+
+#[derive(Default)]
+struct Slot {
+    /// A list is under way (its task runs until nobody waits).
+    running: bool,
+    /// Who waits for the next list: the identity each one looks for.
+    waiting: Vec<(String, Reply)>,
+}
+
+impl PodLists {
+    /// The pods of `namespace` that `host` names, from a list that starts
+    /// after this call. `list` lists the namespace once for several
+    /// identities and answers, for each in order, the pods it names.
+    pub async fn named<L, F>(
+        &self,
+        namespace: &str,
+        urgent: bool,
+        host: &str,
+        list: L,
+    ) -> Result<Vec<Pod>, Error>
+    where
+        L: Fn(Vec<String>) -> F + Send + 'static,
+        F: Future<Output = Result<Vec<Vec<Pod>>, Error>> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let key = (namespace.to_owned(), urgent);
+        let lead = {
+            let mut slots = lock(&self.slots);
+            let slot = slots.entry(key.clone()).or_default();
+            slot.waiting.push((host.to_owned(), tx));
+            !std::mem::replace(&mut slot.running, true)
+        };
+        if lead {
+            tokio::spawn(run(self.slots.clone(), key, list));
+        }
+        match rx.await {
+            Ok(answer) => answer,
+            // The list's task ended without answering (it panicked): the
+            // judgement fails and is retried, nothing is judged.
+            Err(_) => Err(Error::Kube {
+                action: format!("listing pods in {namespace}"),
+                source: kube::Error::Service("the shared list of pods ended unanswered".into()),
+            }),
+        }
+    }
+
+    /// How many namespaces have a list under way or waiting (for tests).
+    pub fn busy(&self) -> usize {
+        lock(&self.slots).len()
+    }
+}
+
+fn lock(slots: &Mutex<HashMap<Key, Slot>>) -> std::sync::MutexGuard<'_, HashMap<Key, Slot>> {
+    // A panic elsewhere while the map was held leaves it consistent (each
+    // change is one statement): carry on with it.
+    slots.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Lists for whoever waits on `key`, one list after the other, until nobody
+/// does.
+async fn run<L, F>(slots: Arc<Mutex<HashMap<Key, Slot>>>, key: Key, list: L)
+where
+    L: Fn(Vec<String>) -> F,
+    F: Future<Output = Result<Vec<Vec<Pod>>, Error>>,
+{
+    // Should this task end early (a panic in the list), the slot goes with
+    // it: its waiters are answered by their dropped replies, and the next
+    // judgement starts a list of its own.
+    let mut guard = Ended {
+        slots: &slots,
+        key: &key,
+        armed: true,
+    };
+    loop {
+        let batch = {
+            let mut map = lock(guard.slots);
+            let Some(slot) = map.get_mut(guard.key) else {
+                guard.armed = false;
+                return;
+            };
+            if slot.waiting.is_empty() {
+                map.remove(guard.key);
+                guard.armed = false;
+                return;
+            }
+            std::mem::take(&mut slot.waiting)
+        };
+        let hosts = batch.iter().map(|(h, _)| h.clone()).collect();
+        match list(hosts).await {
+            Ok(found) => {
+                let mut found = found.into_iter();
+                for (_, reply) in batch {
+                    let _ = reply.send(Ok(found.next().unwrap_or_default()));
+                }
+            }
+            Err(e) => {
+                for (_, reply) in batch {
+                    let _ = reply.send(Err(copy_of(&e)));
+                }
+            }
+        }
+    }
+}
+
+struct Ended<'a> {
+    slots: &'a Mutex<HashMap<Key, Slot>>,
+    key: &'a Key,
+    armed: bool,
+}
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(self.slots).remove(self.key);
+        }
+    }
+}
+
+/// The same failure for another waiter: an API error keeps its status (a
+/// 403 stays a 403 in the metrics), anything else its message.
+fn copy_of(e: &Error) -> Error {
+    match e {
+        Error::Kube { action, source } => Error::Kube {
+            action: action.clone(),
+            source: match source {
+                kube::Error::Api(status) => kube::Error::Api(status.clone()),
+                other => kube::Error::Service(crate::error_chain(other).into()),
+            },
+        },
+        Error::Timeout { action, after } => Error::Timeout {
+            action: action.clone(),
+            after: *after,
+        },
+        Error::Metrics(m) => Error::Kube {
+            action: "listing pods".into(),
+            source: kube::Error::Service(m.to_string().into()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    use tokio::sync::{mpsc, Semaphore};
+
+    fn pod(name: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p
+    }
+
+    type Listed = std::pin::Pin<Box<dyn Future<Output = Result<Vec<Vec<Pod>>, Error>> + Send>>;
+
+    /// A lister whose lists each wait for a permit; it reports the hosts
+    /// of each list as it starts.
+    fn gated(
+        gate: Arc<Semaphore>,
+        started: mpsc::UnboundedSender<Vec<String>>,
+        lists: Arc<AtomicUsize>,
+    ) -> impl Fn(Vec<String>) -> Listed + Send + 'static {
+        move |hosts: Vec<String>| {
+            let (gate, started, lists) = (gate.clone(), started.clone(), lists.clone());
+            Box::pin(async move {
+                lists.fetch_add(1, Ordering::SeqCst);
+                let _ = started.send(hosts.clone());
+                gate.acquire().await.unwrap().forget();
+                Ok(hosts.iter().map(|h| vec![pod(h)]).collect())
+            })
+        }
+    }
+
+    /// Judgements that ask while a list runs share the next one, never the
+    /// one under way; each gets the pods its own identity names.
+    #[tokio::test]
+    async fn a_list_under_way_is_not_joined_and_the_next_one_is_shared() {
+        let lists = PodLists::default();
+        let gate = Arc::new(Semaphore::new(0));
+        let (tx, mut started) = mpsc::unbounded_channel();
+        let count = Arc::new(AtomicUsize::new(0));
+
+        let first = tokio::spawn({
+            let (lists, l) = (
+                lists.clone(),
+                gated(gate.clone(), tx.clone(), count.clone()),
+            );
+            async move { lists.named("ns", true, "a", l).await }
+        });
+        assert_eq!(started.recv().await.unwrap(), vec!["a".to_string()]);
+
+        // Two more ask while the first list runs.
+        let mut later = Vec::new();
+        for host in ["b", "c"] {
+            let (lists, l) = (
+                lists.clone(),
+                gated(gate.clone(), tx.clone(), count.clone()),
+            );
+            later.push(tokio::spawn(async move {
+                lists.named("ns", true, host, l).await
+            }));
+        }
+        // They are waiting, not listing.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(count.load(Ordering::SeqCst), 1, "no second list yet");
+
+        gate.add_permits(1);
+        let a = first.await.unwrap().unwrap();
+        assert_eq!(a[0].metadata.name.as_deref(), Some("a"));
+        // The next list starts for both at once.
+        let mut next = started.recv().await.unwrap();
+        next.sort();
+        assert_eq!(next, vec!["b".to_string(), "c".to_string()]);
+        gate.add_permits(1);
+        for (h, j) in ["b", "c"].into_iter().zip(later) {
+            let got = j.await.unwrap().unwrap();
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].metadata.name.as_deref(), Some(h));
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 2);
+        // Nobody waits: the slot is gone, and a new judgement lists anew.
+        wait_idle(&lists).await;
+        let (l, c) = (
+            gated(gate.clone(), tx.clone(), count.clone()),
+            count.clone(),
+        );
+        gate.add_permits(1);
+        lists.named("ns", true, "d", l).await.unwrap();
+        assert_eq!(c.load(Ordering::SeqCst), 3);
+    }
+
+    async fn wait_idle(lists: &PodLists) {
+        for _ in 0..200 {
+            if lists.busy() == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("the slot was never released");
+    }
+
+    /// Other namespaces, and the budgeted client, list on their own.
+    #[tokio::test]
+    async fn namespaces_and_clients_do_not_share() {
+        let lists = PodLists::default();
+        let gate = Arc::new(Semaphore::new(0));
+        let (tx, mut started) = mpsc::unbounded_channel();
+        let count = Arc::new(AtomicUsize::new(0));
+        let mut jobs = Vec::new();
+        for (ns, urgent) in [("x", true), ("y", true), ("x", false)] {
+            let (lists, l) = (
+                lists.clone(),
+                gated(gate.clone(), tx.clone(), count.clone()),
+            );
+            jobs.push(tokio::spawn(async move {
+                lists.named(ns, urgent, "h", l).await
+            }));
+        }
+        for _ in 0..3 {
+            started.recv().await.unwrap();
+        }
+        gate.add_permits(3);
+        for j in jobs {
+            assert_eq!(j.await.unwrap().unwrap().len(), 1);
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 3);
+    }
+
+    /// A failed list fails every judgement that waited on it, with its
+    /// status; a list that panics answers with an error, and the next
+    /// judgement lists again.
+    #[tokio::test]
+    async fn failures_reach_every_waiter() {
+        let lists = PodLists::default();
+        let forbidden = |_: Vec<String>| async {
+            Err(Error::Kube {
+                action: "listing pods in ns".into(),
+                source: kube::Error::Api(Box::new(
+                    kube::core::Status::failure("no", "Forbidden").with_code(403),
+                )),
+            })
+        };
+        let e = lists.named("ns", false, "a", forbidden).await.unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Forbidden);
+
+        let panics = |_: Vec<String>| async {
+            if true {
+                panic!("a bug in the list");
+            }
+            Ok(Vec::new())
+        };
+        let e = lists.named("ns", false, "a", panics).await.unwrap_err();
+        assert!(e.to_string().contains("unanswered"), "{e}");
+        wait_idle(&lists).await;
+        let ok = |h: Vec<String>| async move { Ok(h.iter().map(|h| vec![pod(h)]).collect()) };
+        assert_eq!(lists.named("ns", false, "a", ok).await.unwrap().len(), 1);
+    }
+}
