@@ -147,6 +147,9 @@ impl Observer {
     /// budget).
     pub fn with_urgent(mut self, client: Client) -> Self {
         self.urgent = client;
+        // A shared list runs on the client of whoever started it: lists are
+        // shared only between judgements of the same clients.
+        self.lists = PodLists::default();
         self
     }
 

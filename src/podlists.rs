@@ -70,7 +70,14 @@ impl PodLists {
             !std::mem::replace(&mut slot.running, true)
         };
         if lead {
-            tokio::spawn(run(self.slots.clone(), key, list));
+            // The guard exists before the task does: should the task never
+            // run (dropped unpolled at shutdown), the slot goes with it.
+            let guard = Ended {
+                slots: self.slots.clone(),
+                key,
+                armed: true,
+            };
+            tokio::spawn(run(guard, list));
         }
         match rx.await {
             Ok(answer) => answer,
@@ -95,41 +102,53 @@ fn lock(slots: &Mutex<HashMap<Key, Slot>>) -> std::sync::MutexGuard<'_, HashMap<
     slots.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Lists for whoever waits on `key`, one list after the other, until nobody
-/// does.
-async fn run<L, F>(slots: Arc<Mutex<HashMap<Key, Slot>>>, key: Key, list: L)
+/// Lists for whoever waits on the guard's key, one list after the other,
+/// until nobody does.
+async fn run<L, F>(mut guard: Ended, list: L)
 where
     L: Fn(Vec<String>) -> F,
     F: Future<Output = Result<Vec<Vec<Pod>>, Error>>,
 {
-    // Should this task end early (a panic in the list), the slot goes with
-    // it: its waiters are answered by their dropped replies, and the next
-    // judgement starts a list of its own.
-    let mut guard = Ended {
-        slots: &slots,
-        key: &key,
-        armed: true,
-    };
     loop {
-        let batch = {
-            let mut map = lock(guard.slots);
-            let Some(slot) = map.get_mut(guard.key) else {
+        let batch: Vec<(String, Reply)> = {
+            let mut map = lock(&guard.slots);
+            let Some(slot) = map.get_mut(&guard.key) else {
                 guard.armed = false;
                 return;
             };
+            // Who stopped waiting (a reconcile cancelled) needs no list.
+            slot.waiting.retain(|(_, reply)| !reply.is_closed());
             if slot.waiting.is_empty() {
-                map.remove(guard.key);
+                map.remove(&guard.key);
                 guard.armed = false;
                 return;
             }
             std::mem::take(&mut slot.waiting)
         };
         let hosts = batch.iter().map(|(h, _)| h.clone()).collect();
-        match list(hosts).await {
+        let answer = list(hosts).await.and_then(|found| {
+            if found.len() == batch.len() {
+                Ok(found)
+            } else {
+                // Never read as "no pod matches" (a held verdict that
+                // settles): every waiter fails and judges again.
+                Err(Error::Kube {
+                    action: format!("listing pods in {}", guard.key.0),
+                    source: kube::Error::Service(
+                        format!(
+                            "the shared list answered {} of {} identities",
+                            found.len(),
+                            batch.len()
+                        )
+                        .into(),
+                    ),
+                })
+            }
+        });
+        match answer {
             Ok(found) => {
-                let mut found = found.into_iter();
-                for (_, reply) in batch {
-                    let _ = reply.send(Ok(found.next().unwrap_or_default()));
+                for ((_, reply), pods) in batch.into_iter().zip(found) {
+                    let _ = reply.send(Ok(pods));
                 }
             }
             Err(e) => {
@@ -141,16 +160,20 @@ where
     }
 }
 
-struct Ended<'a> {
-    slots: &'a Mutex<HashMap<Key, Slot>>,
-    key: &'a Key,
+/// Removes the slot of a list task that ends without doing so itself (a
+/// panic in the list, or a task dropped before it ran): its waiters are
+/// answered by their dropped replies, and the next judgement starts a list
+/// of its own.
+struct Ended {
+    slots: Arc<Mutex<HashMap<Key, Slot>>>,
+    key: Key,
     armed: bool,
 }
 
-impl Drop for Ended<'_> {
+impl Drop for Ended {
     fn drop(&mut self) {
         if self.armed {
-            lock(self.slots).remove(self.key);
+            lock(&self.slots).remove(&self.key);
         }
     }
 }
@@ -171,7 +194,7 @@ fn copy_of(e: &Error) -> Error {
             after: *after,
         },
         Error::Metrics(m) => Error::Kube {
-            action: "listing pods".into(),
+            action: "listing pods (shared)".into(),
             source: kube::Error::Service(m.to_string().into()),
         },
     }
@@ -331,7 +354,44 @@ mod tests {
         let e = lists.named("ns", false, "a", panics).await.unwrap_err();
         assert!(e.to_string().contains("unanswered"), "{e}");
         wait_idle(&lists).await;
+        let short = |_: Vec<String>| async { Ok(Vec::new()) };
+        let e = lists.named("ns", false, "a", short).await.unwrap_err();
+        assert!(e.to_string().contains("answered 0 of 1"), "{e}");
+        wait_idle(&lists).await;
         let ok = |h: Vec<String>| async move { Ok(h.iter().map(|h| vec![pod(h)]).collect()) };
         assert_eq!(lists.named("ns", false, "a", ok).await.unwrap().len(), 1);
+    }
+
+    /// A list task dropped before it ran (a runtime shutting down) takes
+    /// its slot with it: its waiters are answered, and nobody waits on a
+    /// slot marked running that no task serves.
+    #[tokio::test]
+    async fn a_task_that_never_ran_releases_its_slot() {
+        let lists = PodLists::default();
+        let key = ("ns".to_string(), true);
+        let (tx, rx) = oneshot::channel();
+        lock(&lists.slots).insert(
+            key.clone(),
+            Slot {
+                running: true,
+                waiting: vec![("a".into(), tx)],
+            },
+        );
+        let ok = |h: Vec<String>| async move { Ok(h.iter().map(|h| vec![pod(h)]).collect()) };
+        let task = run(
+            Ended {
+                slots: lists.slots.clone(),
+                key,
+                armed: true,
+            },
+            ok,
+        );
+        drop(task);
+        assert_eq!(lists.busy(), 0);
+        assert!(
+            rx.await.is_err(),
+            "the waiter is answered by a dropped reply"
+        );
+        assert_eq!(lists.named("ns", true, "a", ok).await.unwrap().len(), 1);
     }
 }
