@@ -23,16 +23,29 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 
 use crate::Error;
 
 /// The lists under way and the judgements waiting for the next one, per
 /// namespace and client (the urgent client's lists are not paced by the
 /// idle budget, so they are not shared with budgeted ones).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct PodLists {
     slots: Arc<Mutex<HashMap<Key, Slot>>>,
+    /// Lists of different namespaces go side by side up to this many (each
+    /// holds a page while it filters it); a namespace waiting for a turn
+    /// gathers more judgements for its list meanwhile.
+    turns: Arc<Semaphore>,
+}
+
+/// How many namespaces are listed at once.
+pub const LISTS_IN_FLIGHT: usize = 16;
+
+impl Default for PodLists {
+    fn default() -> Self {
+        Self::with_turns(LISTS_IN_FLIGHT)
+    }
 }
 
 type Key = (String, bool);
@@ -47,6 +60,13 @@ struct Slot {
 }
 
 impl PodLists {
+    fn with_turns(n: usize) -> Self {
+        PodLists {
+            slots: Default::default(),
+            turns: Arc::new(Semaphore::new(n)),
+        }
+    }
+
     /// The pods of `namespace` that `host` names, from a list that starts
     /// after this call. `list` lists the namespace once for several
     /// identities and answers, for each in order, the pods it names.
@@ -77,7 +97,7 @@ impl PodLists {
                 key,
                 armed: true,
             };
-            tokio::spawn(run(guard, list));
+            tokio::spawn(run(guard, self.turns.clone(), list));
         }
         match rx.await {
             Ok(answer) => answer,
@@ -104,12 +124,16 @@ fn lock(slots: &Mutex<HashMap<Key, Slot>>) -> std::sync::MutexGuard<'_, HashMap<
 
 /// Lists for whoever waits on the guard's key, one list after the other,
 /// until nobody does.
-async fn run<L, F>(mut guard: Ended, list: L)
+async fn run<L, F>(mut guard: Ended, turns: Arc<Semaphore>, list: L)
 where
     L: Fn(Vec<String>) -> F,
     F: Future<Output = Result<Vec<Vec<Pod>>, Error>>,
 {
     loop {
+        // The batch is taken once this namespace's turn has come: whoever
+        // asked until then is served by this list. (The semaphore is never
+        // closed; were it, the list would go without a turn.)
+        let _turn = turns.acquire().await.ok();
         let batch: Vec<(String, Reply)> = {
             let mut map = lock(&guard.slots);
             let Some(slot) = map.get_mut(&guard.key) else {
@@ -384,6 +408,7 @@ mod tests {
                 key,
                 armed: true,
             },
+            Arc::new(Semaphore::new(1)),
             ok,
         );
         drop(task);
@@ -393,5 +418,37 @@ mod tests {
             "the waiter is answered by a dropped reply"
         );
         assert_eq!(lists.named("ns", true, "a", ok).await.unwrap().len(), 1);
+    }
+
+    /// A namespace waiting for its turn gathers every judgement that asks
+    /// meanwhile into its one list.
+    #[tokio::test]
+    async fn a_namespace_waiting_for_its_turn_gathers_judgements() {
+        let lists = PodLists::with_turns(1);
+        let gate = Arc::new(Semaphore::new(0));
+        let (tx, mut started) = mpsc::unbounded_channel();
+        let count = Arc::new(AtomicUsize::new(0));
+        let spawn = |ns: &'static str, host: &'static str| {
+            let (lists, l) = (
+                lists.clone(),
+                gated(gate.clone(), tx.clone(), count.clone()),
+            );
+            tokio::spawn(async move { lists.named(ns, true, host, l).await })
+        };
+        let x = spawn("x", "a");
+        assert_eq!(started.recv().await.unwrap(), vec!["a".to_string()]);
+        let y: Vec<_> = ["b", "c", "d"].into_iter().map(|h| spawn("y", h)).collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(count.load(Ordering::SeqCst), 1, "y waits for its turn");
+        gate.add_permits(1);
+        x.await.unwrap().unwrap();
+        let mut hosts = started.recv().await.unwrap();
+        hosts.sort();
+        assert_eq!(hosts, ["b", "c", "d"].map(String::from).to_vec());
+        gate.add_permits(1);
+        for j in y {
+            assert_eq!(j.await.unwrap().unwrap().len(), 1);
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 2);
     }
 }
