@@ -182,8 +182,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         info!(lease = %election.lease, namespace = %election.namespace, identity = %election.identity,
               "leader election on; writing only while holding the lease");
         // A client of its own: its renewals never share a connection with
-        // the reads of a mass eviction (the urgent reads, up to 16 per
-        // scope, go on `control`).
+        // the reads and writes of a mass eviction (the urgent reads, up to
+        // 16 per scope, and Lease releases, up to 128, go on `control`).
         let elector = lock_janitor::client::control(&shared.metrics)
             .await
             .context("building the election client")?;

@@ -14,9 +14,13 @@
 //! passed a pod made since the judgement began (a holder recreated under its
 //! name), so a judgement waits for the next list, which starts after it
 //! asked and sees everything it would have seen alone. While one list runs,
-//! whoever asks gathers for the next; when it ends, the next starts at once
-//! for all of them. Each judgement gets only the pods its own identity
-//! names; a page is held while it is filtered, never the namespace.
+//! whoever asks gathers for the next; when it ends, the next starts for all
+//! of them once it has a turn: at most `LISTS_IN_FLIGHT` namespaces are
+//! listed at once for the reads a death makes necessary, fewer for the
+//! budgeted ones (sweeps, doubts), which have turns of their own so that
+//! they never hold back the former. Each judgement gets only the pods its
+//! own identity names; a page is held while it is filtered, never the
+//! namespace.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,12 +39,17 @@ pub struct PodLists {
     slots: Arc<Mutex<HashMap<Key, Slot>>>,
     /// Lists of different namespaces go side by side up to this many (each
     /// holds a page while it filters it); a namespace waiting for a turn
-    /// gathers more judgements for its list meanwhile.
-    turns: Arc<Semaphore>,
+    /// gathers more judgements for its list meanwhile. The budgeted lists
+    /// have turns of their own (`[budgeted, urgent]`): paced by the idle
+    /// budget, they would otherwise hold turns a death's lists need.
+    turns: [Arc<Semaphore>; 2],
 }
 
-/// How many namespaces are listed at once.
+/// How many namespaces are listed at once for the reads a death makes
+/// necessary.
 pub const LISTS_IN_FLIGHT: usize = 16;
+/// How many namespaces are listed at once within the idle budget.
+pub const BUDGETED_LISTS_IN_FLIGHT: usize = 4;
 
 impl Default for PodLists {
     fn default() -> Self {
@@ -63,7 +72,10 @@ impl PodLists {
     fn with_turns(n: usize) -> Self {
         PodLists {
             slots: Default::default(),
-            turns: Arc::new(Semaphore::new(n)),
+            turns: [
+                Arc::new(Semaphore::new(BUDGETED_LISTS_IN_FLIGHT.min(n))),
+                Arc::new(Semaphore::new(n)),
+            ],
         }
     }
 
@@ -97,7 +109,8 @@ impl PodLists {
                 key,
                 armed: true,
             };
-            tokio::spawn(run(guard, self.turns.clone(), list));
+            let turns = self.turns[usize::from(urgent)].clone();
+            tokio::spawn(run(guard, turns, list));
         }
         match rx.await {
             Ok(answer) => answer,
@@ -113,6 +126,14 @@ impl PodLists {
     /// How many namespaces have a list under way or waiting (for tests).
     pub fn busy(&self) -> usize {
         lock(&self.slots).len()
+    }
+
+    /// How many judgements wait for the next list of this namespace.
+    #[cfg(test)]
+    fn waiting(&self, namespace: &str, urgent: bool) -> usize {
+        lock(&self.slots)
+            .get(&(namespace.to_owned(), urgent))
+            .map_or(0, |s| s.waiting.len())
     }
 }
 
@@ -287,7 +308,7 @@ mod tests {
             }));
         }
         // They are waiting, not listing.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        wait_waiting(&lists, "ns", 2).await;
         assert_eq!(count.load(Ordering::SeqCst), 1, "no second list yet");
 
         gate.add_permits(1);
@@ -313,6 +334,16 @@ mod tests {
         gate.add_permits(1);
         lists.named("ns", true, "d", l).await.unwrap();
         assert_eq!(c.load(Ordering::SeqCst), 3);
+    }
+
+    async fn wait_waiting(lists: &PodLists, ns: &str, n: usize) {
+        for _ in 0..1000 {
+            if lists.waiting(ns, true) == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("{n} never waited on {ns}");
     }
 
     async fn wait_idle(lists: &PodLists) {
@@ -438,7 +469,7 @@ mod tests {
         let x = spawn("x", "a");
         assert_eq!(started.recv().await.unwrap(), vec!["a".to_string()]);
         let y: Vec<_> = ["b", "c", "d"].into_iter().map(|h| spawn("y", h)).collect();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        wait_waiting(&lists, "y", 3).await;
         assert_eq!(count.load(Ordering::SeqCst), 1, "y waits for its turn");
         gate.add_permits(1);
         x.await.unwrap().unwrap();
@@ -450,5 +481,27 @@ mod tests {
             assert_eq!(j.await.unwrap().unwrap().len(), 1);
         }
         assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    /// A budgeted list that holds its turn (its pages paced by the idle
+    /// budget) never holds back a list a death makes necessary.
+    #[tokio::test]
+    async fn budgeted_lists_take_no_urgent_turn() {
+        let lists = PodLists::with_turns(1);
+        let gate = Arc::new(Semaphore::new(0));
+        let (tx, mut started) = mpsc::unbounded_channel();
+        let count = Arc::new(AtomicUsize::new(0));
+        let budgeted = tokio::spawn({
+            let (lists, l) = (
+                lists.clone(),
+                gated(gate.clone(), tx.clone(), count.clone()),
+            );
+            async move { lists.named("x", false, "a", l).await }
+        });
+        started.recv().await.unwrap();
+        let ok = |h: Vec<String>| async move { Ok(h.iter().map(|h| vec![pod(h)]).collect()) };
+        assert_eq!(lists.named("y", true, "b", ok).await.unwrap().len(), 1);
+        gate.add_permits(1);
+        budgeted.await.unwrap().unwrap();
     }
 }

@@ -151,7 +151,7 @@ impl Drop for JudgingADeath {
 
 /// What follows reclaims (Events, dead pods' deletions) goes at most this
 /// many requests at a time. In a mass eviction the API server then serves
-/// the DELETEs first (16 in flight per scope): an Event is a write as
+/// the DELETEs first (16 in flight per scope, Lease releases 128): an Event is a write as
 /// costly as a DELETE, and 1,000 of them sent alongside slowed the last
 /// reclaims of a burst of 1,000; they follow within seconds.
 const AFTER_IN_FLIGHT: usize = 2;

@@ -138,7 +138,8 @@ pub(super) fn run_scope(
         // idle budget); with 4 in flight a burst of 100 took about twice
         // the floor's time (a bare watcher with one DELETE per death). The
         // API server sees at most 16 per scope (each --namespace is one;
-        // the whole cluster is one), and as many again for Leases.
+        // the whole cluster is one); Lease releases go up to 128 (their
+        // judgements wait on shared lists: controller/leases.rs).
         concurrency: 16,
     };
     (
