@@ -515,24 +515,10 @@ impl Observer {
         host: &str,
         urgent: bool,
     ) -> Result<Vec<Pod>, Error> {
-        let api: Api<Pod> = Api::namespaced(self.api(urgent).clone(), namespace);
-        let what = format!("listing pods in {namespace}");
+        let (client, ns) = (self.api(urgent).clone(), namespace.to_owned());
         let list = move |hosts: Vec<String>| {
-            let (api, what) = (api.clone(), what.clone());
-            async move {
-                let mut found = vec![Vec::new(); hosts.len()];
-                crate::for_each_page(&api, 100, &what, |page| {
-                    for p in page {
-                        for (host, pods) in hosts.iter().zip(found.iter_mut()) {
-                            if lock::lease::names(host, &p) {
-                                pods.push(p.clone());
-                            }
-                        }
-                    }
-                })
-                .await?;
-                Ok(found)
-            }
+            let (client, ns) = (client.clone(), ns.clone());
+            async move { crate::podlists::naming(&client, &ns, &hosts).await }
         };
         self.lists.named(namespace, urgent, host, list).await
     }

@@ -223,6 +223,134 @@ impl Drop for Ended {
     }
 }
 
+/// Lists the pods of `namespace` once, in pages of 100, and answers for
+/// each of `hosts` the pods it names, whole. Each page is read twice at
+/// most: first into what naming needs (name, hostname, host network and
+/// node) with the rest of each pod skipped unread, then whole only if a pod
+/// of it is named, to keep the matches. A judgement among 1,000 pods needs
+/// the one or two pods its identity names, not 1,000 built and dropped.
+pub async fn naming(
+    client: &kube::Client,
+    namespace: &str,
+    hosts: &[String],
+) -> Result<Vec<Vec<Pod>>, Error> {
+    use kube::api::ListParams;
+    use kube::Resource;
+    let what = format!("listing pods in {namespace}");
+    let request = kube::core::Request::new(Pod::url_path(&(), Some(namespace)));
+    let mut found = vec![Vec::new(); hosts.len()];
+    let mut token: Option<String> = None;
+    loop {
+        let mut lp = ListParams::default().limit(PAGE);
+        if let Some(t) = &token {
+            lp = lp.continue_token(t);
+        }
+        let req = request.list(&lp).map_err(|e| Error::Kube {
+            action: what.clone(),
+            source: kube::Error::BuildRequest(e),
+        })?;
+        let text = crate::call(what.clone(), client.request_text(req)).await?;
+        let page: SlimPage = serde_json::from_str(&text).map_err(|e| Error::Kube {
+            action: what.clone(),
+            source: kube::Error::SerdeError(e),
+        })?;
+        // (item, host) pairs: which pod of the page each host names.
+        let mut named = Vec::new();
+        for (i, item) in page.items.into_iter().enumerate() {
+            let pod = item.into_pod();
+            for (h, host) in hosts.iter().enumerate() {
+                if crate::lock::lease::names(host, &pod) {
+                    named.push((i, h));
+                }
+            }
+        }
+        if !named.is_empty() {
+            let whole: kube::core::ObjectList<Pod> =
+                serde_json::from_str(&text).map_err(|e| Error::Kube {
+                    action: what.clone(),
+                    source: kube::Error::SerdeError(e),
+                })?;
+            for (i, h) in named {
+                let Some(pod) = whole.items.get(i) else {
+                    return Err(Error::Kube {
+                        action: what,
+                        source: kube::Error::Service(
+                            "a page read whole holds fewer pods than read by name".into(),
+                        ),
+                    });
+                };
+                found[h].push(pod.clone());
+            }
+        }
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            return Ok(found);
+        }
+    }
+}
+
+/// Pods a page of a judgement's list holds.
+const PAGE: u32 = 100;
+
+/// A list page as naming reads it. As in kube's `ObjectList`, `items` must
+/// be there (`null` is none): a body without it is not a list, and read as
+/// an empty one it would hide a holder.
+#[derive(serde::Deserialize)]
+struct SlimPage {
+    #[serde(default)]
+    metadata: SlimListMeta,
+    #[serde(deserialize_with = "null_as_empty")]
+    items: Vec<SlimPod>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<SlimPod>, D::Error> {
+    use serde::Deserialize;
+    Ok(Option::<Vec<SlimPod>>::deserialize(d)?.unwrap_or_default())
+}
+
+#[derive(Default, serde::Deserialize)]
+struct SlimListMeta {
+    #[serde(rename = "continue", default)]
+    continue_: Option<String>,
+}
+
+/// What says which identities a pod answers to; the rest is skipped.
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct SlimPod {
+    metadata: SlimMeta,
+    spec: Option<SlimSpec>,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct SlimMeta {
+    name: Option<String>,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct SlimSpec {
+    hostname: Option<String>,
+    host_network: Option<bool>,
+    node_name: Option<String>,
+}
+
+impl SlimPod {
+    /// A pod with just these fields, for `lock::lease::names`.
+    fn into_pod(self) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = self.metadata.name;
+        pod.spec = self.spec.map(|s| k8s_openapi::api::core::v1::PodSpec {
+            hostname: s.hostname,
+            host_network: s.host_network,
+            node_name: s.node_name,
+            ..Default::default()
+        });
+        pod
+    }
+}
+
 /// The same failure for another waiter: an API error keeps its status (a
 /// 403 stays a 403 in the metrics), anything else its message.
 fn copy_of(e: &Error) -> Error {
@@ -503,5 +631,54 @@ mod tests {
         assert_eq!(lists.named("y", true, "b", ok).await.unwrap().len(), 1);
         gate.add_permits(1);
         budgeted.await.unwrap().unwrap();
+    }
+
+    /// A pod read by name alone answers to the same identities as the pod
+    /// read whole: its name, its hostname, a long name cut at 63, and a
+    /// host-network pod's node.
+    #[test]
+    fn a_pod_read_by_name_answers_as_the_whole_pod() {
+        let long = "x".repeat(70);
+        let pods: Vec<Pod> = [
+            serde_json::json!({"metadata": {"name": "plain", "managedFields": [{"manager": "k"}]},
+                               "spec": {"containers": []}}),
+            serde_json::json!({"metadata": {"name": "twin-b"},
+                               "spec": {"hostname": "twin", "containers": []}}),
+            serde_json::json!({"metadata": {"name": long}, "spec": {"containers": []}}),
+            serde_json::json!({"metadata": {"name": "hostnet"},
+                               "spec": {"hostNetwork": true, "nodeName": "node-1", "containers": []}}),
+            serde_json::json!({"metadata": {"name": "nospec"}}),
+        ]
+        .into_iter()
+        .map(|v| serde_json::from_value(v).unwrap())
+        .collect();
+        let hosts = [
+            "plain".to_string(),
+            "twin".into(),
+            "twin-b".into(),
+            "x".repeat(63),
+            long.clone(),
+            "hostnet".into(),
+            "node-1".into(),
+            "nospec".into(),
+            "other".into(),
+        ];
+        let mut matched = 0;
+        for whole in &pods {
+            let slim: SlimPod =
+                serde_json::from_str(&serde_json::to_string(whole).unwrap()).unwrap();
+            let slim = slim.into_pod();
+            for h in &hosts {
+                let want = crate::lock::lease::names(h, whole);
+                matched += usize::from(want);
+                assert_eq!(
+                    crate::lock::lease::names(h, &slim),
+                    want,
+                    "{h} / {:?}",
+                    whole.metadata.name
+                );
+            }
+        }
+        assert!(matched >= 6, "the cases match something: {matched}");
     }
 }
