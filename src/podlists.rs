@@ -245,10 +245,12 @@ pub async fn naming(
         if let Some(t) = &token {
             lp = lp.continue_token(t);
         }
-        let req = request.list(&lp).map_err(|e| Error::Kube {
+        let mut req = request.list(&lp).map_err(|e| Error::Kube {
             action: what.clone(),
             source: kube::Error::BuildRequest(e),
         })?;
+        // Named as kube's Api::list names its own (the trace span).
+        req.extensions_mut().insert("list");
         let text = crate::call(what.clone(), client.request_text(req)).await?;
         let page: SlimPage = serde_json::from_str(&text).map_err(|e| Error::Kube {
             action: what.clone(),
@@ -326,6 +328,8 @@ struct SlimPod {
 #[serde(default)]
 struct SlimMeta {
     name: Option<String>,
+    #[serde(rename = "generateName")]
+    generate_name: Option<String>,
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -341,6 +345,7 @@ impl SlimPod {
     fn into_pod(self) -> Pod {
         let mut pod = Pod::default();
         pod.metadata.name = self.metadata.name;
+        pod.metadata.generate_name = self.metadata.generate_name;
         pod.spec = self.spec.map(|s| k8s_openapi::api::core::v1::PodSpec {
             hostname: s.hostname,
             host_network: s.host_network,
@@ -648,6 +653,7 @@ mod tests {
             serde_json::json!({"metadata": {"name": "hostnet"},
                                "spec": {"hostNetwork": true, "nodeName": "node-1", "containers": []}}),
             serde_json::json!({"metadata": {"name": "nospec"}}),
+            serde_json::json!({"metadata": {"generateName": "gen-"}}),
         ]
         .into_iter()
         .map(|v| serde_json::from_value(v).unwrap())
@@ -661,6 +667,7 @@ mod tests {
             "hostnet".into(),
             "node-1".into(),
             "nospec".into(),
+            "gen-".into(),
             "other".into(),
         ];
         let mut matched = 0;
