@@ -8,7 +8,7 @@
 //! (`examples/chaos.rs`) a long one with a random seed it prints
 //! (`SEED=` replays the plan; timing on a real control plane still varies).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -312,6 +312,9 @@ impl Report {
 }
 
 /// A fault's window, in audit-log time.
+/// The fault window of an API server killed and started again.
+const API_SERVER_RESTART: &str = "kube-apiserver restart";
+
 #[derive(Clone, Debug)]
 struct Window {
     what: String,
@@ -581,7 +584,7 @@ impl Run {
                     .await
                     .expect("restart kube-apiserver");
                 let ready = Instant::now();
-                self.window("kube-apiserver restart".into(), from);
+                self.window(API_SERVER_RESTART.into(), from);
                 self.recovery(ready).await;
             }
             Fault::RestartEtcd => {
@@ -845,6 +848,21 @@ pub async fn run(cfg: Config) -> Report {
 /// Checks every janitor DELETE in the audit log against what the suite
 /// wrote and when.
 async fn judge(run: &Run, plan: &Plan, all: &[(usize, Fate)]) -> Report {
+    // Which locks that must be reclaimed are gone, asked before the audit
+    // log is read: a lock deleted after the read would otherwise look gone
+    // with no DELETE.
+    let mut gone = BTreeSet::new();
+    for &(i, fate) in all {
+        if fate.must_be_reclaimed()
+            && run
+                .api::<ConfigMap>()
+                .get_opt(&lock_name(i))
+                .await
+                .is_ok_and(|cm| cm.is_none())
+        {
+            gone.insert(i);
+        }
+    }
     let events = audit::read(run.cp.audit_log_path());
     let ns = run.ns.as_str();
     let mine = |e: &&AuditEvent, user: &str, verb: &str, resource: &str, sub: Option<&str>| {
@@ -1004,25 +1022,33 @@ async fn judge(run: &Run, plan: &Plan, all: &[(usize, Fate)]) -> Report {
         }
         // An API server killed between carrying out a DELETE and writing
         // its audit record leaves a lock gone with no record: accepted
-        // only when such a restart fell within the bound and the lock is
-        // indeed gone (the fates that must be reclaimed have no heir, so
-        // nothing else makes it again or deletes it but the janitor).
-        let restarted = windows.iter().any(|w| {
-            w.what == "kube-apiserver restart" && w.to > death && w.from < death + allowed
+        // only when such a restart fell within the bound and none after
+        // it, no DELETE of the lock by anyone is in the audit log, and the
+        // lock is gone (or its heir made it again: the heir's create is
+        // audited, and only the janitor deletes these locks while their
+        // pods stay).
+        let restart = |w: &&Window| w.what == API_SERVER_RESTART;
+        let lost_within = windows
+            .iter()
+            .filter(restart)
+            .any(|w| w.to > death && w.from < death + allowed)
+            && !windows
+                .iter()
+                .filter(restart)
+                .any(|w| w.from >= death + allowed);
+        let name = lock_name(i);
+        let no_delete = !events.iter().any(|e| {
+            e.verb == "delete"
+                && e.namespace.as_deref() == Some(ns)
+                && e.resource.as_deref() == Some("configmaps")
+                && e.name.as_deref() == Some(name.as_str())
         });
+        let went = gone.contains(&i) || heir_at(&name).is_some();
         match reclaimed.get(&i) {
-            None if restarted
-                && run
-                    .api::<ConfigMap>()
-                    .get_opt(&lock_name(i))
-                    .await
-                    .is_ok_and(|cm| cm.is_none()) =>
-            {
-                report.unaudited.push(format!(
-                    "{} ({fate:?}): gone with no DELETE in the audit log (died {death})",
-                    lock_name(i)
-                ))
-            }
+            None if lost_within && no_delete && went => report.unaudited.push(format!(
+                "{} ({fate:?}): gone with no DELETE in the audit log (died {death})",
+                lock_name(i)
+            )),
             None => report.missed.push(format!(
                 "{} ({fate:?}): never reclaimed (died {death})",
                 lock_name(i)
