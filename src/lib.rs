@@ -198,6 +198,19 @@ where
     Ok(out)
 }
 
+/// A list page's `items`: `null` (what the API server sends for an empty
+/// list) is none, and a missing `items` stays an error, as in kube's
+/// `ObjectList`: a body without it is not a list, and read as an empty one
+/// it would hide a holder.
+pub(crate) fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    use serde::Deserialize;
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
 /// Lists what `api` lists in pages of `limit`, handing each page to `f` and
 /// keeping none: memory holds one page at a time.
 pub async fn for_each_page<K>(

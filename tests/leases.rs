@@ -397,15 +397,7 @@ async fn a_lease_judged_from_its_watched_copy_frees_nothing_newer() {
     s.pod("dead").await;
     let audit = || lock_janitor_testenv::audit::read(s.cp.audit_log_path());
     let mine = |audit: &[lock_janitor_testenv::audit::AuditEvent], verb: &str, resource: &str| {
-        audit
-            .iter()
-            .filter(|e| {
-                e.effective_user() == JANITOR_USER
-                    && e.namespace.as_deref() == Some(s.ns.as_str())
-                    && e.resource.as_deref() == Some(resource)
-                    && e.verb == verb
-            })
-            .count()
+        s.janitor_requests(audit, verb, resource)
     };
     let lists_before = mine(&audit(), "list", "pods");
     let j = ctx
@@ -754,15 +746,11 @@ async fn leases_judged_together_share_one_list_of_pods() {
         copies.push((key, s.leases().get(&format!("l-{h}")).await.unwrap()));
     }
     let lists = || {
-        lock_janitor_testenv::audit::read(s.cp.audit_log_path())
-            .iter()
-            .filter(|e| {
-                e.effective_user() == JANITOR_USER
-                    && e.namespace.as_deref() == Some(s.ns.as_str())
-                    && e.resource.as_deref() == Some("pods")
-                    && e.verb == "list"
-            })
-            .count()
+        s.janitor_requests(
+            &lock_janitor_testenv::audit::read(s.cp.audit_log_path()),
+            "list",
+            "pods",
+        )
     };
     let before = lists();
     let judged = futures::future::join_all(

@@ -123,8 +123,9 @@ impl PodLists {
         }
     }
 
-    /// How many namespaces have a list under way or waiting (for tests).
-    pub fn busy(&self) -> usize {
+    /// How many namespaces have a list under way or waiting.
+    #[cfg(test)]
+    fn busy(&self) -> usize {
         lock(&self.slots).len()
     }
 
@@ -301,13 +302,8 @@ const PAGE: u32 = 100;
 struct SlimPage {
     #[serde(default)]
     metadata: SlimListMeta,
-    #[serde(deserialize_with = "null_as_empty")]
+    #[serde(deserialize_with = "crate::null_as_empty")]
     items: Vec<SlimPod>,
-}
-
-fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<SlimPod>, D::Error> {
-    use serde::Deserialize;
-    Ok(Option::<Vec<SlimPod>>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Default, serde::Deserialize)]

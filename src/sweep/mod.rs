@@ -77,12 +77,8 @@ pub struct PodId {
 struct Page {
     #[serde(default)]
     metadata: PageMeta,
-    #[serde(deserialize_with = "null_as_empty")]
+    #[serde(deserialize_with = "crate::null_as_empty")]
     items: Vec<Item>,
-}
-
-fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Item>, D::Error> {
-    Ok(Option::<Vec<Item>>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Default, Deserialize)]

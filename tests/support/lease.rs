@@ -138,12 +138,25 @@ impl Scenario {
         lock_janitor_testenv::audit::read(self.cp.audit_log_path())
             .into_iter()
             .filter(|e| {
-                e.effective_user() == JANITOR_USER
-                    && e.namespace.as_deref() == Some(self.ns.as_str())
-                    && e.resource.as_deref() == Some("leases")
-                    && !matches!(e.verb.as_str(), "get" | "list" | "watch")
+                self.janitors(e, "leases") && !matches!(e.verb.as_str(), "get" | "list" | "watch")
             })
             .collect()
+    }
+
+    /// Is this the janitor's request about `resource` in this namespace?
+    pub fn janitors(&self, e: &AuditEvent, resource: &str) -> bool {
+        e.effective_user() == JANITOR_USER
+            && e.namespace.as_deref() == Some(self.ns.as_str())
+            && e.resource.as_deref() == Some(resource)
+    }
+
+    /// How many of the janitor's requests `audit` holds with this verb
+    /// about `resource` in this namespace.
+    pub fn janitor_requests(&self, audit: &[AuditEvent], verb: &str, resource: &str) -> usize {
+        audit
+            .iter()
+            .filter(|e| self.janitors(e, resource) && e.verb == verb)
+            .count()
     }
 
     pub async fn renew_time(&self, lease: &str) -> Option<Timestamp> {
