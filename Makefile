@@ -31,14 +31,26 @@ testenv-status:
 	$(CARGO) run --locked -q -p lock-janitor-testenv --bin testenv -- status
 
 ## Everything CI runs: lint, unit and end-to-end tests, alert rules, chart, Dockerfile build.
-test: setup testenv-build lint test-rust test-alerts test-chart test-docker
+## Ends with a table of its phases and their seconds (hack/phases.sh).
+TEST_PHASES := setup testenv-build lint test-rust test-alerts test-chart test-docker
+test:
+	@[ -n "$$LOCK_JANITOR_PHASES" ] || hack/phases.sh reset
+	@trap 'hack/phases.sh table "make test: phases"' EXIT; \
+	for p in $(TEST_PHASES); do \
+	  hack/phases.sh run "$$p" $(MAKE) --no-print-directory "$$p" || exit $$?; \
+	done
 
 lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
+# The unit tests, then tests/e2e (one shared control plane, TEST_THREADS) and
+# tests/isolated (own control planes, ISOLATED_THREADS) side by side. The
+# examples (benchmarks, demo, chaos) are checked by clippy and built by their
+# own targets, not linked for the tests.
+ISOLATED_THREADS ?= 2
 test-rust: setup testenv-build
-	$(CARGO) test --locked --workspace --all-targets -- --test-threads=$(TEST_THREADS)
+	TEST_THREADS=$(TEST_THREADS) ISOLATED_THREADS=$(ISOLATED_THREADS) CARGO=$(CARGO) hack/test-rust.sh
 
 test-alerts: setup
 	hack/test-alerts.sh
@@ -66,7 +78,7 @@ demo: testenv-build
 	$(CARGO) run --locked -q --example demo
 
 ## The long chaos run: random fates and faults, checked against the audit log; prints its seed (SEED=<n> replays). About 15 minutes.
-## `make test` runs a short seeded one (tests/chaos.rs).
+## `make test` runs a short seeded one (tests/isolated/chaos.rs).
 chaos: testenv-build
 	$(CARGO) build --locked --release --bin lock-janitor --example chaos
 	LOCK_JANITOR_BIN=$(CURDIR)/target/release/lock-janitor target/release/examples/chaos $(CHAOS_ARGS)

@@ -20,7 +20,7 @@ if [ ! -x "$bin" ]; then
   GOBIN="$cache/bin" GOFLAGS=-trimpath go install "github.com/norwoodj/helm-docs/cmd/helm-docs@$version" >&2
 fi
 
-# Sorted as in values.yaml; tests/docs.rs checks that every value is listed.
+# Sorted as in values.yaml; tests/e2e/docs.rs checks that every value is listed.
 args=(--chart-search-root "$chart" --template-files README.md.gotmpl --sort-values-order file
       --skip-version-footer --log-level warning)
 if [ "${1:-}" = "--check" ]; then

@@ -131,29 +131,33 @@ stubs="$target_dir/darwin-stubs"
 cargo metadata --format-version 1 --locked >"$target_dir/release-metadata.json" \
   || fail "cargo metadata failed"
 python3 hack/darwin-stubs.py "$stubs" <"$target_dir/release-metadata.json"
-# One cargo invocation per OS (linux: the two musl targets, darwin: the two
-# macOS ones), not one for all four: cargo unifies features across all the
-# --target of an invocation, and the two OSes pull libc in differently (rustix
-# uses libc on macOS, with its libc-extra-traits feature from the Linux side),
-# so a four-target build compiles libc, and every crate above it, with other
-# features than a Linux-only one. Then RELEASE_PLATFORMS (.ci/run), make test's
-# docker-build-check.sh and the Dockerfile (one target each) and a full
-# release each rebuilt the whole Linux tree from the other's. Per OS, the
-# Linux units are the same in all of them and are built once; the host parts
-# (build scripts, proc macros) are shared by both invocations.
-declare -A GROUP=()
+# One cargo invocation per Linux target, exactly the command the Dockerfile
+# and make test's docker-build-check.sh run (`cargo zigbuild --release
+# --locked --target <triple>`, same env), so that the linux/amd64 binary that
+# check built is the one the release packs (cargo finds it fresh), not built
+# again inside a two-target invocation (a cold .ci/run built amd64 twice,
+# 927 s in the check and again within the release's 658 s). The macOS targets go in one invocation of their own: cargo
+# unifies features across the --target of an invocation, and the two OSes
+# pull libc in differently (rustix uses libc on macOS), so mixing them would
+# rebuild the Linux tree with other features. The host parts (build scripts,
+# proc macros) are shared by every invocation.
+declare -a GROUPS_=()
+darwin_targets=""
 for p in "${PLATFORMS[@]}"; do
   t="${TRIPLE[$p]}"
-  GROUP[${p%/*}]+=" --target $t"
   if [ "${p%/*}" = darwin ]; then
+    darwin_targets+=" --target $t"
     var="CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$t")_RUSTFLAGS"
     export "$var=-C link-arg=-F$stubs"
+  else
+    GROUPS_+=("linux:--target $t")
   fi
 done
+[ -n "$darwin_targets" ] && GROUPS_+=("darwin:${darwin_targets# }")
 start=$SECONDS
-for os in linux darwin; do
-  [ -n "${GROUP[$os]:-}" ] || continue
-  read -r -a targets <<<"${GROUP[$os]}"
+for g in "${GROUPS_[@]}"; do
+  os="${g%%:*}"
+  read -r -a targets <<<"${g#*:}"
   say "cargo zigbuild --release --locked ${targets[*]}"
   # The zig venv goes first on PATH for cargo-zigbuild only (its python3 has
   # no PyYAML, which the checks below need). SOURCE_DATE_EPOCH stays out of
@@ -164,9 +168,11 @@ for os in linux darwin; do
   # of docker-build-check.sh and the Dockerfile.
   osenv=()
   [ "$os" = darwin ] && osenv=(MACOSX_DEPLOYMENT_TARGET="$MACOS_MIN")
+  t0=$SECONDS
   env -u SOURCE_DATE_EPOCH PATH="$ZIG_BIN:$PATH" "${osenv[@]}" \
     nice -n 10 cargo zigbuild --release --locked "${targets[@]}" \
     || fail "cargo zigbuild --release --locked ${targets[*]} failed"
+  say "${targets[*]}: $((SECONDS - t0))s"
 done
 say "built ${PLATFORMS[*]} in $((SECONDS - start))s"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what `make test` and `make demo` need beyond Go and Rust, so that
 # the README's two commands are the whole set-up on a fresh machine:
-#   - Debian packages: prometheus (promtool and a server for tests/prometheus.rs),
+#   - Debian packages: prometheus (promtool and a server for tests/e2e/prometheus.rs),
 #     musl-tools (the image's static build), file (checks that it is static);
 #   - rustup: rustfmt, clippy and the x86_64-unknown-linux-musl target.
 # apt-get runs as root (or through sudo when available); otherwise it names the

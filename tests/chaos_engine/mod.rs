@@ -4,7 +4,7 @@
 //! chart's RBAC. Ground truth is the API server's audit log: every DELETE the
 //! janitors sent is checked against what the suite wrote and when.
 //!
-//! `tests/chaos.rs` runs a short seeded run in `make test`; `make chaos`
+//! `tests/isolated/chaos.rs` runs a short seeded run in `make test`; `make chaos`
 //! (`examples/chaos.rs`) a long one with a random seed it prints
 //! (`SEED=` replays the plan; timing on a real control plane still varies).
 

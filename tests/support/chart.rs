@@ -7,12 +7,13 @@ use std::process::Command;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::PostParams;
 use kube::{Api, Client, Resource};
 use lock_janitor_testenv::ControlPlane;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 pub fn chart_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/lock-janitor")
@@ -122,4 +123,122 @@ pub fn sa_kubeconfig(cp: &ControlPlane, ns: &str, sa: &str) -> PathBuf {
     let path = cp.dir().join(format!("kubeconfig-{ns}"));
     std::fs::write(&path, text).expect("write kubeconfig");
     path
+}
+
+/// Duration strings of Prometheus, as the Prometheus Operator's CRDs check them.
+const PROM_DURATION: &str =
+    "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$";
+
+/// Minimal CRDs for the Prometheus Operator's ServiceMonitor and
+/// PrometheusRule (monitoring.coreos.com/v1): structural schemas with the
+/// fields the chart uses and their types, so that with strict field
+/// validation a misspelt or mistyped field is refused.
+pub fn monitoring_crds() -> Vec<CustomResourceDefinition> {
+    let string = json!({"type": "string"});
+    let duration = json!({"type": "string", "pattern": PROM_DURATION});
+    let string_map = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    let strings = json!({"type": "array", "items": {"type": "string"}});
+    let preserve = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+    let label_selector = json!({"type": "object", "properties": {
+        "matchLabels": string_map,
+        "matchExpressions": {"type": "array", "items": {
+            "type": "object", "required": ["key", "operator"],
+            "properties": {"key": string, "operator": string, "values": strings}}},
+    }});
+    let service_monitor = json!({"type": "object", "required": ["spec"], "properties": {
+        "apiVersion": string, "kind": string, "metadata": {"type": "object"},
+        "spec": {"type": "object", "required": ["selector"], "properties": {
+            "jobLabel": string,
+            "targetLabels": strings,
+            "podTargetLabels": strings,
+            "sampleLimit": {"type": "integer", "format": "int64"},
+            "selector": label_selector,
+            "namespaceSelector": {"type": "object", "properties": {
+                "any": {"type": "boolean"}, "matchNames": strings}},
+            "endpoints": {"type": "array", "items": {"type": "object", "properties": {
+                "port": string,
+                "targetPort": {"x-kubernetes-int-or-string": true,
+                               "anyOf": [{"type": "integer"}, {"type": "string"}]},
+                "path": string,
+                "scheme": {"type": "string", "enum": ["http", "https", "HTTP", "HTTPS"]},
+                "interval": duration,
+                "scrapeTimeout": duration,
+                "honorLabels": {"type": "boolean"},
+                "honorTimestamps": {"type": "boolean"},
+                "relabelings": {"type": "array", "items": preserve},
+                "metricRelabelings": {"type": "array", "items": preserve},
+            }}},
+        }},
+    }});
+    let prometheus_rule = json!({"type": "object", "required": ["spec"], "properties": {
+        "apiVersion": string, "kind": string, "metadata": {"type": "object"},
+        "spec": {"type": "object", "properties": {
+            "groups": {"type": "array", "items": {
+                "type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "interval": duration,
+                    "limit": {"type": "integer"},
+                    "labels": string_map,
+                    "rules": {"type": "array", "items": {
+                        "type": "object", "required": ["expr"], "properties": {
+                            "alert": string,
+                            "record": string,
+                            "expr": {"x-kubernetes-int-or-string": true,
+                                     "anyOf": [{"type": "integer"}, {"type": "string"}]},
+                            "for": duration,
+                            "keep_firing_for": duration,
+                            "labels": string_map,
+                            "annotations": string_map,
+                        }}},
+                }}},
+        }},
+    }});
+    [
+        ("servicemonitors", "ServiceMonitor", service_monitor),
+        ("prometheusrules", "PrometheusRule", prometheus_rule),
+    ]
+    .into_iter()
+    .map(|(plural, kind, schema)| {
+        serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.monitoring.coreos.com")},
+            "spec": {
+                "group": "monitoring.coreos.com",
+                "scope": "Namespaced",
+                "names": {"plural": plural, "kind": kind},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                              "schema": {"openAPIV3Schema": schema}}],
+            },
+        }))
+        .expect("CRD")
+    })
+    .collect()
+}
+
+/// Creates them (or keeps the ones already there: every suite that needs
+/// them installs these same two) and waits until they are established.
+pub async fn install_monitoring_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in monitoring_crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("creating CRD {name}: {e}"),
+        }
+        super::wait_for(
+            &format!("CRD {name} established"),
+            std::time::Duration::from_secs(60),
+            || async {
+                let c = crds.get(&name).await.ok()?;
+                c.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
 }

@@ -311,6 +311,15 @@ impl Janitor {
     pub async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
+            // A janitor that exited (its port taken by another test's
+            // janitor between free_port and its bind, say) must not pass for
+            // ready on the port's new owner's answer.
+            if self.exited() {
+                panic!(
+                    "janitor exited before it was ready; its log:\n{}",
+                    self.logs()
+                );
+            }
             if self.readyz().await == Some(200) {
                 return;
             }
@@ -318,6 +327,21 @@ impl Janitor {
                 panic!("janitor not ready within 60s; its log:\n{}", self.logs());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Whether the process has exited (a zombie until it is waited for;
+    /// Linux's /proc, where these tests run).
+    fn exited(&self) -> bool {
+        let Some(child) = &self.child else {
+            return true;
+        };
+        match std::fs::read_to_string(format!("/proc/{}/stat", child.id())) {
+            // "pid (comm) state ...": comm may hold spaces and parentheses.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+            Err(_) => true,
         }
     }
 

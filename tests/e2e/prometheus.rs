@@ -6,15 +6,13 @@
 //! Needs the `prometheus` binary (Debian package `prometheus`; $PROMETHEUS
 //! to use another one).
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::support::*;
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
 use serde_json::Value;
-use support::*;
 
 const WAIT: Duration = Duration::from_secs(60);
 

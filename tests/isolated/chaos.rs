@@ -2,10 +2,6 @@
 //! locks with random fates and one fault of each kind, on a control plane
 //! of its own, checked against the audit log. `make chaos` runs a long one.
 
-#[path = "chaos_engine/mod.rs"]
-mod chaos_engine;
-mod support;
-
 use std::time::Duration;
 
 #[tokio::test]
@@ -15,7 +11,7 @@ async fn chaos_short_seeded_run() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(20261201);
     let keep = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{seed}"));
-    let report = chaos_engine::run(chaos_engine::Config {
+    let report = crate::chaos_engine::run(crate::chaos_engine::Config {
         seed,
         locks: 45,
         faults: 5,

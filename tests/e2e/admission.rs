@@ -9,11 +9,11 @@
 //! carries the label over to the new leader's lock, and releases a stale
 //! Lease, as without it.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::chart::{apply_rbac, kind_of, render, sa_kubeconfig};
+use crate::support::*;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -25,8 +25,6 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
 use serde_json::{json, Value};
-use support::chart::{apply_rbac, kind_of, render, sa_kubeconfig};
-use support::*;
 
 const VAP: &str = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
 

@@ -6,18 +6,16 @@
 //! never deletes one, and never releases one that changed after it was
 //! judged.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::lease::*;
+use crate::support::*;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
 use kube::{Api, Client};
 use lock_janitor_testenv::kubelet;
 use lock_janitor_testenv::peers::Peer;
-use support::lease::*;
-use support::*;
 
 /// The leader's pod is evicted: the janitor releases its Lease and the
 /// waiting controller-runtime candidate, whose lease lasts 60 s, leads at

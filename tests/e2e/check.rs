@@ -7,13 +7,13 @@
 //! by one of them. A healthy install passes every check; then each failure
 //! on its own turns its check (and only the exit code it should) red.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::support::chart::{chart_dir, helm, install_monitoring_crds};
+use crate::support::*;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -21,15 +21,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::Role;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane};
 use serde_json::{json, Value};
-use support::chart::{chart_dir, helm};
-use support::*;
 
 const RELEASE: &str = "lock-janitor";
 const CHECKS: [&str; 8] = [
@@ -717,35 +714,14 @@ async fn an_unlabeled_lock_warns() {
     out.others_pass("locks");
 }
 
-fn monitoring_crd(plural: &str, kind: &str) -> CustomResourceDefinition {
-    serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{plural}.monitoring.coreos.com")},
-        "spec": {
-            "group": "monitoring.coreos.com",
-            "scope": "Namespaced",
-            "names": {"plural": plural, "kind": kind},
-            "versions": [{"name": "v1", "served": true, "storage": true,
-                          "schema": {"openAPIV3Schema": {"type": "object",
-                              "x-kubernetes-preserve-unknown-fields": true}}}],
-        },
-    }))
-    .unwrap()
-}
-
 #[tokio::test]
 async fn monitoring_needs_the_release_label() {
     let cp = shared().await;
     let client = cp.client().await.unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for (plural, kind) in [
-        ("servicemonitors", "ServiceMonitor"),
-        ("prometheusrules", "PrometheusRule"),
-    ] {
-        let _ = crds
-            .create(&PostParams::default(), &monitoring_crd(plural, kind))
-            .await;
+    // The same CRDs as the chart suite's (support::chart): one definition
+    // for every suite, whichever creates them first.
+    install_monitoring_crds(&client).await;
+    for plural in ["servicemonitors", "prometheusrules"] {
         wait_for(
             &format!("{plural} served"),
             Duration::from_secs(30),

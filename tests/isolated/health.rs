@@ -4,15 +4,13 @@
 //! minute and counts the errors; once RBAC is restored it is ready again.
 //! Own control plane (the API server is restarted).
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::DeleteParams;
 use kube::Api;
 use lock_janitor_testenv::{fresh_namespace, ControlPlane, Options};
-use support::*;
 
 #[tokio::test]
 async fn failing_watches_turn_readiness_off_and_back_on() {
@@ -83,7 +81,7 @@ async fn grant_election(client: &kube::Client, ns: &str, user: &str) {
         client,
         ns,
         &format!("election-{user}"),
-        support::user(user),
+        crate::support::user(user),
         rules,
     )
     .await;
@@ -171,9 +169,16 @@ async fn election_failures_are_counted() {
     // Leases to watch, but not creating its election Lease; pods for now.
     let read = ["get", "list", "watch"];
     let leases = vec![rule(&["coordination.k8s.io"], &["leases"], &read)];
-    grant_in(&client, &ns, "leases-only", support::user(&user), leases).await;
+    grant_in(
+        &client,
+        &ns,
+        "leases-only",
+        crate::support::user(&user),
+        leases,
+    )
+    .await;
     let pods = vec![rule(&[""], &["pods"], &read)];
-    grant_in(&client, &ns, "pods", support::user(&user), pods).await;
+    grant_in(&client, &ns, "pods", crate::support::user(&user), pods).await;
     let j = Janitor::start(
         &kubeconfig_as(cp, &user),
         &[
@@ -208,13 +213,20 @@ async fn election_failures_are_counted() {
 /// counts as a pod watch error and is said under the sweep's own name.
 #[tokio::test]
 async fn a_failing_sweep_is_counted_and_said() {
-    let s = support::lease::scenario("sweep-fails").await;
+    let s = crate::support::lease::scenario("sweep-fails").await;
     let user = format!("sweep-fails-{}", s.ns);
     let read = ["get", "list", "watch"];
     let leases = vec![rule(&["coordination.k8s.io"], &["leases"], &read)];
-    grant_in(&s.client, &s.ns, "leases", support::user(&user), leases).await;
+    grant_in(
+        &s.client,
+        &s.ns,
+        "leases",
+        crate::support::user(&user),
+        leases,
+    )
+    .await;
     let pods = vec![rule(&[""], &["pods"], &read)];
-    grant_in(&s.client, &s.ns, "pods", support::user(&user), pods).await;
+    grant_in(&s.client, &s.ns, "pods", crate::support::user(&user), pods).await;
     // A Lease lock for the sweep to look at: its holder's terminal pods.
     s.pod("op-0").await;
     s.lease("op-lease", "op-0", 0, true).await;

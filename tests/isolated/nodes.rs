@@ -5,17 +5,15 @@
 //! admin applies: then PodGC force-deletes the node's terminating pods and
 //! the garbage collector deletes their locks. Own control plane.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
-use support::*;
 
 fn has_taint(node: &Node, key: &str) -> bool {
     node.spec

@@ -2,15 +2,13 @@
 //! kube-apiserver, kube-controller-manager with the garbage collector on).
 //! Tests play the kubelet by writing pod status.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane};
-use support::*;
 
 struct Scenario {
     cp: &'static ControlPlane,

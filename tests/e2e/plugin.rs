@@ -3,13 +3,11 @@
 //! from the pinned Kubernetes module by `testenv/build.sh`), with kubectl's
 //! conventions: `-n`, `-A`, `--context`, `--kubeconfig`.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::support::*;
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
-use support::*;
 
 /// A PATH with `kubectl-lock_janitor` (a link to the janitor binary) first.
 fn plugin_path(dir: &Path) -> String {

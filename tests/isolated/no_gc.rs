@@ -3,15 +3,13 @@
 //! the janitor is the one that acts (or, when in doubt, refuses to).
 //! Each test starts its own control plane and stops it at the end.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
-use support::*;
 
 async fn no_gc_plane() -> (ControlPlane, Client) {
     let cp = ControlPlane::start(Options {

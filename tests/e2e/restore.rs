@@ -3,16 +3,14 @@
 //! the next janitor (from its own reclaim Events); a restore that cannot
 //! read those Events is counted in lock_janitor_restore_failures_total.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
 use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
-use support::*;
 
 #[tokio::test]
 async fn a_lock_recreated_while_no_janitor_ran_is_labeled_after_the_restart() {

@@ -6,17 +6,15 @@
 //! Event reasons of src/events.rs; docs/how-it-decides.md names every reason
 //! word; the chart's README is what helm-docs generates from values.yaml.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
-use support::*;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

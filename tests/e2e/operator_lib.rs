@@ -3,16 +3,14 @@
 //! plane, with the janitor as its own user. Tests play the kubelet: a pod's
 //! death is its status write, and its peer process is killed with it.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use lock_janitor_testenv::peers::Peer;
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane};
-use support::*;
 
 const LOCK: &str = "memcached-operator-lock";
 

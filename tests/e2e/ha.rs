@@ -4,14 +4,12 @@
 //! duration (15 s) and a little; the leader stopped (SIGTERM): it releases
 //! the lease and the standby leads within a few seconds.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
-use support::*;
 
 async fn grant_leases(client: &Client, ns: &str) {
     let rules = vec![rule(

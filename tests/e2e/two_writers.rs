@@ -5,17 +5,15 @@
 //! written, none of a lock whose holder lives, and every stale lock
 //! reclaimed exactly once (the other janitor's delete gets 404 or 409).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DeleteParams;
 use kube::Api;
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
-use support::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fate {

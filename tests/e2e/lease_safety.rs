@@ -7,10 +7,10 @@
 //! writes what client-go's release writes, and `--delete-pod` deletes only a
 //! pod the Lease names by name. Each is checked against the audit log.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::lease::*;
+use crate::support::*;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -20,8 +20,6 @@ use kube::Api;
 use lock_janitor_testenv::audit::AuditEvent;
 use lock_janitor_testenv::kubelet;
 use lock_janitor_testenv::peers::Peer;
-use support::lease::*;
-use support::*;
 
 /// OpenShift's library-go defaults: lease, renew deadline, retry period.
 const LIBRARY_GO: [Duration; 3] = [

@@ -3,15 +3,13 @@
 //! few holders by name, many by listing the namespace), never the pods of
 //! a namespace without locks.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use lock_janitor_testenv::audit::AuditEvent;
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane};
-use support::*;
 
 /// A user of this test's own, so that the audit log tells its janitor's
 /// reads from every other test's.

@@ -1,0 +1,37 @@
+//! The end-to-end suites that share one real control plane (etcd,
+//! kube-apiserver, kube-controller-manager: `lock_janitor_testenv::shared()`),
+//! one module per suite, in one test binary: kube, tokio and the test support
+//! are linked once, the control plane starts once, and every test runs in one
+//! parallel pool (`make test` runs it with `--test-threads=6`).
+//!
+//! Each test works in a namespace of its own (`fresh_namespace`), and every
+//! janitor it starts is scoped to it: by `--namespace`, or by a selector no
+//! other test uses (a janitor with neither would reclaim, label and restore
+//! across every suite), and objects that are cluster-scoped are named after
+//! that namespace or defined once in `support` (the monitoring CRDs).
+//! Suites that restart or reconfigure an API server start their own and live
+//! in `tests/isolated/`; the real node's suite is `tests/node.rs`.
+//!
+//!   cargo test --test e2e                        every suite
+//!   cargo test --test e2e scan::                 one suite
+//!   cargo test --test e2e scan::piped_tables     one test
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod admission;
+mod chart;
+mod check;
+mod docs;
+mod ha;
+mod janitor;
+mod lease_safety;
+mod leases;
+mod operator_lib;
+mod plugin;
+mod prometheus;
+mod properties;
+mod restore;
+mod scan;
+mod sweeps;
+mod two_writers;
