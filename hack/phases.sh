@@ -2,6 +2,7 @@
 # Times the phases of `make test` and `.ci/run` and prints where the time went.
 #
 #   hack/phases.sh run NAME CMD...   run CMD, record "NAME seconds status"
+#   hack/phases.sh record NAME SECONDS STATUS   record a phase timed elsewhere
 #   hack/phases.sh table [TITLE]     print the recorded phases as a table
 #   hack/phases.sh reset             forget the recorded phases
 #
@@ -24,6 +25,14 @@ case "${1:-}" in
     rc=$?
     printf '%s\t%s\t%s\n' "$name" "$((SECONDS - start))" "$rc" >>"$file"
     exit "$rc"
+    ;;
+  record)
+    # record NAME SECONDS STATUS: a phase timed by the caller (a `wait` on
+    # its own background job, which no child process can do).
+    shift
+    [ $# -eq 3 ] || { echo "usage: $0 record NAME SECONDS STATUS" >&2; exit 2; }
+    mkdir -p "$(dirname "$file")"
+    printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$file"
     ;;
   table)
     title="${2:-phases}"
