@@ -15,9 +15,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
+use lock_janitor::controller::memory::Memory;
 use lock_janitor::index::HolderIndex;
 use lock_janitor::lock::{self, LockKey};
-use lock_janitor::memory::Memory;
 
 /// The system allocator, counting live bytes and allocations.
 struct Counting;

@@ -44,12 +44,12 @@ pub async fn build(budget: Budget, metrics: &Metrics) -> Result<Client, kube::Er
 /// The client outside the budget: the janitor's own control traffic (the
 /// leader Lease: a leader must not lose its lease because reclaims saturate
 /// the budget, as kube-controller-manager gives leader election a client of
-/// its own; the one-time start-up check), the reads a death makes necessary
-/// (for a ConfigMap, its holder read, and the lock's unless known empty,
-/// once per lock and dead holder; for a Lease, the list of the pods its
-/// identity could name, in pages of 100, at the death and once its renewal
-/// window has ended), and the takeover followers, which keep to a budget of
-/// their own.
+/// its own; the one-time start-up check), and every judgement's live reads
+/// and its guarded write (a lock's GET, its holder's GET or, for a Lease,
+/// the pods its identity could name; the DELETE or release and its Event),
+/// so a death is acted on at once. The budget paces the janitor's own
+/// schedule: the watches' lists, the sweeps and the admin commands. The
+/// takeover followers keep to a budget of their own.
 pub async fn control(metrics: &Metrics) -> Result<Client, kube::Error> {
     let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
     Ok(ClientBuilder::try_from(config)?

@@ -5,7 +5,6 @@
 // One module a concern; dependencies run one way (top to bottom here):
 // commands and the controller use observe/reclaim/takeover, which use
 // memory/events/optin, which use verdict/lock/selector/metrics.
-pub mod cadence;
 pub mod cli;
 pub mod client;
 pub mod cmd;
@@ -17,16 +16,13 @@ mod fixtures;
 pub mod http;
 pub mod index;
 pub mod lock;
-pub mod memory;
 pub mod metrics;
 pub mod observe;
 pub mod optin;
-pub mod podlists;
 pub mod preflight;
 pub mod readiness;
 pub mod reclaim;
 pub mod selector;
-pub mod shapes;
 pub mod shared;
 pub mod streams;
 pub mod sweep;

@@ -182,8 +182,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         info!(lease = %election.lease, namespace = %election.namespace, identity = %election.identity,
               "leader election on; writing only while holding the lease");
         // A client of its own: its renewals never share a connection with
-        // the reads and writes of a mass eviction (the urgent reads, up to
-        // 16 per scope, and Lease releases, up to 128, go on `control`).
+        // the reads and writes of a mass eviction (the judgements' live
+        // reads and writes, up to 16 at a time per kind, go on `control`).
         let elector = lock_janitor::client::control(&shared.metrics)
             .await
             .context("building the election client")?;
@@ -212,13 +212,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::select! {
         () = &mut drained => {}
         () = deadline => warn!("in-flight work did not finish within {}s of the signal; stopping anyway", DRAIN_BOUND.as_secs()),
-    }
-    // The Events (and pod deletions) of the last reclaims.
-    if tokio::time::timeout(Duration::from_secs(5), ctx.reclaimer.finish())
-        .await
-        .is_err()
-    {
-        warn!("the Events of the last reclaims were not all written within 5s");
     }
     let waiting = ctx.takeovers.awaiting();
     if !waiting.is_empty() {

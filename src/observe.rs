@@ -14,11 +14,10 @@ use kube::core::PartialObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use tracing::debug;
 
-use crate::cadence::Renewals;
 use crate::lock::lease::LeaseLock;
 use crate::lock::{self, Holder, Lock, LockKey, LockKind};
-use crate::podlists::PodLists;
 use crate::selector::Selector;
+use crate::verdict::Renewals;
 use crate::verdict::{self, HolderSeen, Policy, StaleReason, Verdict};
 use crate::{call, Error, ErrorKind};
 
@@ -41,10 +40,11 @@ pub struct Judgement {
 }
 
 impl Judgement {
-    /// The version a report (an Event) is made once for: a ConfigMap's
+    /// The version judged, as `Watched::version` names it: a ConfigMap's
     /// resourceVersion; a Lease's uid and holder identity (its renewals
-    /// would otherwise repeat the Event every few seconds).
-    pub fn reported_version(&self) -> String {
+    /// change nothing a judgement depends on, and would repeat its Event
+    /// every few seconds).
+    pub fn version(&self) -> String {
         match &self.lease {
             Some(l) => lock::lease::version(l),
             None => self.meta.resource_version.clone().unwrap_or_default(),
@@ -106,20 +106,20 @@ pub enum Purpose {
     Report,
 }
 
+/// How many lists of a namespace's pods (for Lease judgements) run at
+/// once; each holds one page of 100 pods while it filters it.
+const LISTS_IN_FLIGHT: usize = 16;
+
 /// Reads locks and holders live.
 #[derive(Clone)]
 pub struct Observer {
     client: Client,
-    /// For the reads a holder's death makes necessary (the lock and its
-    /// holder, once per lock and dead holder): outside the idle budget, so a
-    /// mass eviction is not paced by it. The same as `client` unless set.
-    urgent: Client,
     selector: Selector,
     /// Where a holder may be looked for when cluster-wide lists are refused.
     namespaces: Vec<String>,
     policy: Policy,
-    /// Lease judgements waiting on one namespace share its list of pods.
-    lists: PodLists,
+    /// Turns for the lists of a namespace's pods (`LISTS_IN_FLIGHT`).
+    lists: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl Observer {
@@ -130,35 +130,16 @@ impl Observer {
         policy: Policy,
     ) -> Self {
         Observer {
-            urgent: client.clone(),
             client,
             selector,
             namespaces,
             policy,
-            lists: PodLists::default(),
+            lists: std::sync::Arc::new(tokio::sync::Semaphore::new(LISTS_IN_FLIGHT)),
         }
     }
 
     pub fn policy(&self) -> &Policy {
         &self.policy
-    }
-
-    /// Reads made necessary by a death go through `client` (one outside the
-    /// budget).
-    pub fn with_urgent(mut self, client: Client) -> Self {
-        self.urgent = client;
-        // A shared list runs on the client of whoever started it: lists are
-        // shared only between judgements of the same clients.
-        self.lists = PodLists::default();
-        self
-    }
-
-    fn api(&self, urgent: bool) -> &Client {
-        if urgent {
-            &self.urgent
-        } else {
-            &self.client
-        }
     }
 
     /// Reads the lock and its holder live and judges them. `None`: the lock
@@ -168,21 +149,11 @@ impl Observer {
         key: &LockKey,
         clock: &impl HolderClock,
     ) -> Result<Option<Judgement>, Error> {
-        self.judge_live_with(key, clock, false).await
-    }
-
-    /// As `judge_live`; `urgent`: a death made these reads necessary.
-    pub async fn judge_live_with(
-        &self,
-        key: &LockKey,
-        clock: &impl HolderClock,
-        urgent: bool,
-    ) -> Result<Option<Judgement>, Error> {
         if key.kind == LockKind::Lease {
-            return self.judge_live_lease(key, clock, urgent).await;
+            return self.judge_live_lease(key, clock).await;
         }
         // The whole object: a ConfigMap that holds data is not a lock.
-        let cms: Api<ConfigMap> = Api::namespaced(self.api(urgent).clone(), &key.namespace);
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
         let Some(live) = call(format!("reading lock {key}"), cms.get_opt(&key.name)).await? else {
             return Ok(None);
         };
@@ -191,60 +162,16 @@ impl Observer {
             return Ok(None);
         }
         let holds_data = lock::holds_data(&live);
-        let holder = self
-            .read_holder_of(&live.metadata, holds_data, urgent)
-            .await?;
         self.judge(
             key.clone(),
             live.metadata,
             holds_data,
-            holder,
+            None,
             clock,
             Purpose::BeforeWrite,
         )
         .await
         .map(Some)
-    }
-
-    /// Judges a ConfigMap lock from its cached metadata, without reading it:
-    /// only when this very resourceVersion was read live before and held no
-    /// data (the DELETE's uid and resourceVersion preconditions refuse any
-    /// other version, and the watch that cached it selects by the opt-in
-    /// label). The holder is read live, the one read safety needs: a pod
-    /// recreated under the holder's name may believe it leads, and no
-    /// precondition can see that.
-    pub async fn judge_known(
-        &self,
-        key: &LockKey,
-        meta: ObjectMeta,
-        clock: &impl HolderClock,
-        urgent: bool,
-    ) -> Result<Judgement, Error> {
-        let holder = self.read_holder_of(&meta, false, urgent).await?;
-        self.judge(
-            key.clone(),
-            meta,
-            false,
-            holder,
-            clock,
-            Purpose::BeforeWrite,
-        )
-        .await
-    }
-
-    /// The holder read for a lock read as `meta`, through the urgent client
-    /// when `urgent`; `None` when the lock names no holder to read (the
-    /// judgement says why).
-    async fn read_holder_of(
-        &self,
-        meta: &ObjectMeta,
-        holds_data: bool,
-        urgent: bool,
-    ) -> Result<Option<Option<Pod>>, Error> {
-        match lock::parse_shaped(meta, holds_data) {
-            Ok(lock) => self.read_holder_with(&lock, urgent).await.map(Some),
-            Err(_) => Ok(None),
-        }
     }
 
     /// Judges a lock read as `meta` (and whether it `holds_data`). Its
@@ -325,11 +252,7 @@ impl Observer {
 
     /// A live GET of the holder by name in the lock's namespace.
     pub async fn read_holder(&self, lock: &Lock) -> Result<Option<Pod>, Error> {
-        self.read_holder_with(lock, false).await
-    }
-
-    async fn read_holder_with(&self, lock: &Lock, urgent: bool) -> Result<Option<Pod>, Error> {
-        let pods: Api<Pod> = Api::namespaced(self.api(urgent).clone(), &lock.namespace);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &lock.namespace);
         call(
             format!("reading holder pod {}/{}", lock.namespace, lock.holder.name),
             pods.get_opt(&lock.holder.name),
@@ -368,34 +291,31 @@ impl Observer {
     }
 
     /// Reads a Lease live, then the pods of its namespace (every one its
-    /// holder identity could name, by name or hostname), and judges it;
-    /// through the urgent client when `urgent`.
+    /// holder identity could name, by name or hostname), and judges it.
     async fn judge_live_lease(
         &self,
         key: &LockKey,
         clock: &impl HolderClock,
-        urgent: bool,
     ) -> Result<Option<Judgement>, Error> {
-        let leases: Api<Lease> = Api::namespaced(self.api(urgent).clone(), &key.namespace);
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
         let Some(live) = call(format!("reading lease {key}"), leases.get_opt(&key.name)).await?
         else {
             return Ok(None);
         };
-        self.judge_watched_lease(key, &live, clock, urgent).await
+        self.judge_watched_lease(key, &live, clock).await
     }
 
-    /// Judges a Lease as its watch holds it, without reading it again; the
-    /// pods its holder identity could name are listed live all the same (a
-    /// pod of that name made since, by a StatefulSet for one, is seen by no
-    /// precondition). A release that follows replaces exactly this version:
-    /// the API server answers 409 if the Lease was renewed or changed
-    /// since. `None`: the Lease is not opted in.
+    /// Judges a Lease as read (live, or a watched copy that is released or
+    /// expired, for which nothing is written); the pods its holder identity
+    /// could name are listed live (a pod of that name made since, by a
+    /// StatefulSet for one, is seen by no precondition). A release that
+    /// follows replaces exactly this version: the API server answers 409 if
+    /// the Lease was renewed or changed since. `None`: not opted in.
     pub async fn judge_watched_lease(
         &self,
         key: &LockKey,
         lease: &Lease,
         clock: &impl HolderClock,
-        urgent: bool,
     ) -> Result<Option<Judgement>, Error> {
         if !self.selector.matches(lease.metadata.labels.as_ref()) {
             return Ok(None);
@@ -403,13 +323,9 @@ impl Observer {
         // What was seen of its renewals is taken once the pods are listed:
         // the time the list took counts as watched, and a renewal seen
         // meanwhile counts too.
-        self.judge_lease_reading(
-            key.clone(),
-            lease.clone(),
-            None,
-            || clock.lease_renewals(lease),
-            urgent,
-        )
+        self.judge_lease_reading(key.clone(), lease.clone(), None, || {
+            clock.lease_renewals(lease)
+        })
         .await
         .map(Some)
     }
@@ -425,19 +341,17 @@ impl Observer {
         pods: Option<&[Pod]>,
         renewals: &Renewals,
     ) -> Result<Judgement, Error> {
-        self.judge_lease_reading(key, live, pods, || *renewals, false)
+        self.judge_lease_reading(key, live, pods, || *renewals)
             .await
     }
 
-    /// As `judge_lease`, listing the pods through the urgent client when
-    /// `urgent`; `renewals` is asked after the pods are listed.
+    /// As `judge_lease`; `renewals` is asked after the pods are listed.
     async fn judge_lease_reading(
         &self,
         key: LockKey,
         live: Lease,
         pods: Option<&[Pod]>,
         renewals: impl FnOnce() -> Renewals,
-        urgent: bool,
     ) -> Result<Judgement, Error> {
         let meta = live.metadata.clone();
         let parsed = match lock::lease::parse(&live) {
@@ -464,7 +378,6 @@ impl Observer {
                     .pods_named(
                         &parsed.namespace,
                         parsed.host.as_deref().unwrap_or_default(),
-                        urgent,
                     )
                     .await?;
                 &listed
@@ -506,21 +419,17 @@ impl Observer {
     /// Lease's holder may be named by `spec.hostname`, which no field
     /// selector reaches): every pod is read, in pages of 100, and only the
     /// matches are kept, so a judgement holds one page at a time, not the
-    /// namespace's pods. Judgements that wait on the same namespace at the
-    /// same time share one list that starts after each of them asked
-    /// (`PodLists`).
-    pub async fn pods_named(
-        &self,
-        namespace: &str,
-        host: &str,
-        urgent: bool,
-    ) -> Result<Vec<Pod>, Error> {
-        let (client, ns) = (self.api(urgent).clone(), namespace.to_owned());
-        let list = move |hosts: Vec<String>| {
-            let (client, ns) = (client.clone(), ns.clone());
-            async move { crate::podlists::naming(&client, &ns, &hosts).await }
-        };
-        self.lists.named(namespace, urgent, host, list).await
+    /// namespace's pods. At most `LISTS_IN_FLIGHT` such lists run at once.
+    pub async fn pods_named(&self, namespace: &str, host: &str) -> Result<Vec<Pod>, Error> {
+        // Never closed.
+        let _turn = self.lists.acquire().await;
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let mut named = Vec::new();
+        crate::for_each_page(&api, 100, &format!("listing pods in {namespace}"), |page| {
+            named.extend(page.into_iter().filter(|p| lock::lease::names(host, p)));
+        })
+        .await?;
+        Ok(named)
     }
 }
 

@@ -116,7 +116,7 @@ pub async fn judge_all(
                     key,
                     c.lease.clone(),
                     Some(pods),
-                    &crate::cadence::Renewals::default(),
+                    &crate::verdict::Renewals::default(),
                 )
                 .await?,
         );

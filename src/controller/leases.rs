@@ -58,8 +58,8 @@ pub(super) fn run_scope(
             .any_semantic();
         let stream = watcher(leases, config)
             .backoff(watch_backoff())
-            // Small annotations are kept: a release from this copy
-            // writes them back.
+            // Large annotations are dropped: a release is made from a
+            // live read, never from this copy.
             .modify(lock::lease::trim_for_watch)
             .reflect(writer)
             .inspect(move |ev| match ev {
@@ -108,14 +108,7 @@ pub(super) fn run_scope(
         suspects: suspects_rx,
         suspects_tx,
         accepting: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-        // Leases whose holders died together come out of their renewal
-        // windows together: each release waits on a list of pods and the
-        // update. Judgements waiting on one namespace share its list
-        // (`podlists`, at most 16 namespaces listed at once), so a waiting
-        // judgement costs next to nothing and the more wait together the
-        // fewer lists: with 16 in flight, waiters of one or two namespaces
-        // filled every slot while the other namespaces queued.
-        concurrency: 128,
+        concurrency: super::CONCURRENCY,
     };
     (
         async move { drive(ctx, wiring, &scope, shutdown).await },

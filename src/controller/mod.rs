@@ -1,9 +1,10 @@
 //! kube-runtime wiring: a metadata-only watch of the opted-in locks, a watch
 //! of terminal pods that maps each to the locks it holds, and a periodic
-//! resync. (Over 500 lines: the wiring of one scope, its watches, sweeper
-//! and lead trigger, reads best as one function; its tests are in tests.rs.) Each reconcile judges the lock from live reads (`observe`) and
-//! acts on the verdict (`reclaim`), remembering what it needs (`memory`)
-//! and following deleted locks for a takeover (`takeover`).
+//! sweep. Each reconcile is one straight line: take the lock's state
+//! (`memory`), read the lock and its holder live and judge them
+//! (`observe`), decide what to write (`decide`, pure), write it
+//! (`reclaim`), put the next state. Deleted locks are followed for a
+//! takeover (`takeover`).
 
 use std::collections::HashSet;
 
@@ -24,25 +25,17 @@ use tracing::{debug, info, warn};
 use crate::election::Gate;
 use crate::events::Events;
 use crate::lock::{self, Holder, LockKey, LockKind};
-use crate::memory::Memory;
 use crate::observe::{Judgement, Observer};
-use crate::reclaim::{self, Mode, Reclaimer};
+use crate::reclaim::{Mode, Reclaimer};
 use crate::selector::Selector;
+use crate::verdict::{HeldBecause, Verdict};
 use crate::shared::Shared;
 use crate::takeover::Takeovers;
-use crate::verdict::{self, Policy, Verdict};
+use crate::verdict::Policy;
 use crate::Error;
+use decide::{Done, Judged, Next, State, Step};
+use memory::Memory;
 
-/// How soon a standby judges a stale lock again; taking the lead triggers a
-/// judgement of every lock at once anyway.
-const STANDBY_RETRY: Duration = Duration::from_secs(5);
-/// How soon a lock that changed under a delete is judged again.
-const REJUDGE_AFTER: Duration = Duration::from_millis(500);
-/// A grace or a renewal window is judged again this long after its
-/// remaining time: that time was measured just before, on clocks that move
-/// with the timer's, so this covers the timer's rounding; a judgement made
-/// a moment early finds the wait not over and waits again.
-const PAST_THE_WAIT: Duration = Duration::from_millis(20);
 /// Retry delay after a first error (counted in `error_policy`); it doubles
 /// with each failure in a row, up to `MAX_ERROR_BACKOFF`, with ±20% jitter.
 const ERROR_BACKOFF: Duration = Duration::from_secs(5);
@@ -64,6 +57,12 @@ pub fn resync_after(resync: Duration) -> Duration {
     resync.mul_f64(0.75 + 0.25 * fastrand::f64())
 }
 
+/// Reconciles in flight per scope and kind: a mass eviction frees its locks
+/// side by side, each waiting on its reads, its write and its Event (a few
+/// round trips). The API server sees at most this many per scope and kind
+/// (each --namespace is a scope; the whole cluster is one).
+const CONCURRENCY: u16 = 16;
+
 pub type LockMeta = PartialObjectMeta<ConfigMap>;
 
 #[derive(Clone, Debug)]
@@ -82,6 +81,8 @@ pub struct Settings {
 
 /// Per-reconcile context: who reads, who remembers, who writes.
 pub struct Context {
+    /// Within the API budget: the watches and the sweeps (the reads made on
+    /// the janitor's own schedule).
     pub client: Client,
     /// Who may write (the leader lease).
     pub gate: Gate,
@@ -104,106 +105,81 @@ impl Context {
         Self::with_clients(client.clone(), client, shared, settings, gate)
     }
 
-    /// As `with_gate`, with `unbudgeted` (outside `--api-qps`) for the reads
-    /// a death makes necessary and for the takeover followers, which keep
-    /// to a budget of their own.
+    /// As `with_gate`; `budgeted` (within `--api-qps`) for the watches and
+    /// sweeps, `control` (outside it) for what a judgement reads and
+    /// writes: a lock and its holder read live right before the write they
+    /// may lead to, and the takeover followers (a budget of their own).
     pub fn with_clients(
-        client: Client,
-        unbudgeted: Client,
+        budgeted: Client,
+        control: Client,
         shared: Shared,
         settings: Settings,
         gate: Gate,
     ) -> Arc<Self> {
         let metrics = shared.metrics.clone();
-        let memory = Arc::new(Memory::new(metrics.clone()));
         let mode = Mode {
             dry_run: settings.dry_run,
             delete_pod: settings.delete_pod,
         };
         Arc::new(Context {
             observer: Observer::new(
-                client.clone(),
+                control.clone(),
                 settings.selector.clone(),
                 settings.namespaces.clone(),
                 settings.policy.clone(),
-            )
-            .with_urgent(unbudgeted.clone()),
+            ),
             reclaimer: Reclaimer::new(
-                client.clone(),
+                control.clone(),
                 crate::takeover::reclaim_marker(&settings.selector),
                 gate.clone(),
-                Events::new(client.clone(), metrics.clone(), gate.clone()),
+                Events::new(control.clone(), metrics.clone(), gate.clone()),
                 metrics.clone(),
-                memory.clone(),
                 mode,
             ),
             takeovers: Takeovers::new(
-                unbudgeted,
+                control.clone(),
                 gate.clone(),
                 shared.readiness.clone(),
                 metrics.clone(),
-                Events::new(client.clone(), metrics.clone(), gate.clone()),
+                Events::new(control, metrics.clone(), gate.clone()),
                 crate::takeover::Settings {
                     selector: settings.selector.clone(),
                     dry_run: settings.dry_run,
                     timeout: settings.takeover_timeout,
                 },
             ),
-            memory,
+            memory: Arc::new(Memory::new(metrics)),
             gate,
-            client,
+            client: budgeted,
             shared,
             settings,
         })
     }
 
-    /// Reads the lock and its holder live and judges them with this
-    /// janitor's memory. `None`: the lock is gone or no longer opted in.
+    /// Reads the lock and its holder live and judges them on a fresh state
+    /// (what `scan` would find, with the controller's clocks). `None`: the
+    /// lock is gone or no longer opted in.
     pub async fn judge_live(&self, key: &LockKey) -> Result<Option<Judgement>, Error> {
-        self.judge_with(key, None, None, false).await
+        self.judge(key, &mut State::default(), None).await
     }
 
-    /// As `judge_live`, but without reading a ConfigMap lock whose `cached`
-    /// version was read live before and held no data, nor a Lease whose
-    /// watched copy (`cached_lease`) may be judged as it is
-    /// (`lease_copy_decides`); `urgent`: a death made these reads necessary
-    /// (they skip the idle budget).
-    pub async fn judge_with(
+    /// Judges a lock from live reads on the clocks of `state`; a Lease
+    /// whose watched copy says it is released or expired is judged as that
+    /// copy is (nothing is written for such a Lease).
+    async fn judge(
         &self,
         key: &LockKey,
-        cached: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
-        cached_lease: Option<&Lease>,
-        urgent: bool,
+        state: &mut State,
+        watched: Option<&Lease>,
     ) -> Result<Option<Judgement>, Error> {
-        let clock = self.memory.clock(key);
-        if let Some(lease) = cached_lease.filter(|l| lease_copy_decides(l, urgent)) {
-            let j = self
-                .observer
-                .judge_watched_lease(key, lease, &clock, urgent)
-                .await?;
-            if let Some(lock) = j.as_ref().and_then(|j| j.lock.as_ref()) {
-                self.memory.set_holder(key, &lock.holder);
-            }
-            return Ok(j);
+        let clock = self.memory.clock(key, state);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        match watched
+            .filter(|l| lock::lease::parse(l).is_ok_and(|p| p.host.is_none() || p.expired(now)))
+        {
+            Some(lease) => self.observer.judge_watched_lease(key, lease, &clock).await,
+            None => self.observer.judge_live(key, &clock).await,
         }
-        let known = cached.filter(|m| {
-            key.kind == LockKind::ConfigMap
-                && m.resource_version
-                    .as_deref()
-                    .is_some_and(|rv| self.memory.known_shaped(key, rv))
-        });
-        let j = match known {
-            Some(meta) => Some(
-                self.observer
-                    .judge_known(key, meta.clone(), &clock, urgent)
-                    .await?,
-            ),
-            None => self.observer.judge_live_with(key, &clock, urgent).await?,
-        };
-        if let Some(lock) = j.as_ref().and_then(|j| j.lock.as_ref()) {
-            self.memory.set_holder(key, &lock.holder);
-        }
-        Ok(j)
     }
 
     /// Forgets a lock that no longer exists (or no longer carries the
@@ -227,22 +203,23 @@ impl Context {
             }
         }
     }
-}
 
-/// Whether a Lease may be judged as its watch holds it, without a live
-/// read. When a death made the judgement urgent: a release replaces
-/// exactly the judged version (409 if it was renewed or changed since),
-/// and the judgement after a 409 is not urgent and reads the Lease live,
-/// so a watch that lags costs at most one refused write per death (a copy
-/// the watch dropped large annotations from is read live instead). When
-/// the copy is released or expired: such a Lease is held (candidates take
-/// it by themselves) and nothing is written. A newer version reaches the
-/// watch and is judged in its turn either way.
-fn lease_copy_decides(lease: &Lease, urgent: bool) -> bool {
-    // A copy without its large annotations never becomes a release's body.
-    (urgent && crate::lock::lease::is_whole(lease))
-        || crate::lock::lease::parse(lease)
-            .is_ok_and(|p| p.host.is_none() || p.expired(k8s_openapi::jiff::Timestamp::now()))
+    /// Writes what the decision calls for.
+    async fn write(&self, j: &Judgement, step: Step, state: &State) -> (Done, Option<Error>) {
+        match step {
+            Step::Nothing => (Done::default(), None),
+            Step::Report(reason) => {
+                let said = self.reclaimer.report_untouchable(j).await.then_some(reason);
+                (Done { freed: None, said }, None)
+            }
+            Step::Reclaim => {
+                let version = j.version();
+                self.reclaimer
+                    .reclaim(j, |reason| state.reported(&version, reason))
+                    .await
+            }
+        }
+    }
 }
 
 /// What the controller watches as locks, one impl per kind.
@@ -261,14 +238,8 @@ pub trait Watched:
     fn version(&self) -> String;
     /// The holder the cached copy names, when it can tell.
     fn cached_holder(&self) -> Option<Holder>;
-    /// The cached metadata a judgement may stand on instead of a read of
-    /// the lock (ConfigMaps: see `Observer::judge_known`); none for Leases,
-    /// whose release is an update of the very object read.
-    fn cached_meta(&self) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta> {
-        None
-    }
-    /// The Lease as its watch holds it, judged without a live read when
-    /// `lease_copy_decides`; none for ConfigMaps.
+    /// The Lease as its watch holds it (judged as it is when released or
+    /// expired); none for ConfigMaps.
     fn cached_lease(&self) -> Option<&Lease> {
         None
     }
@@ -281,9 +252,6 @@ impl Watched for LockMeta {
     }
     fn cached_holder(&self) -> Option<Holder> {
         lock::parse(&self.metadata).ok().map(|l| l.holder)
-    }
-    fn cached_meta(&self) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta> {
-        Some(&self.metadata)
     }
 }
 
@@ -317,145 +285,66 @@ pub fn key_of<K: Watched>(o: &K) -> LockKey {
     }
 }
 
-/// Judges one lock from live reads and acts on the verdict, unless its last
-/// judgement still stands (nothing changed since: see `memory`).
+/// Judges one lock from live reads and writes what the verdict calls for,
+/// unless its last judgement still stands (nothing changed since).
 pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
     if !ctx.shared.readiness.is_synced() {
         // Safety rule 4: nothing happens before every watch has synced.
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let key = key_of(&*obj);
-    if !ctx.memory.needs_judging(&key, &obj.version()) {
+    let Some(mut state) = ctx.memory.take(&key, &obj.version(), obj.cached_holder()) else {
         // Its judgement stands until the lock or its holder changes: the
         // lock watch, the terminal-pod watch and each sweep say so. No
-        // timer is kept per settled lock (memory at 10,000 locks).
+        // timer is kept per settled lock.
         return Ok(Action::await_change());
-    }
+    };
     let _timer = ctx.shared.metrics.reconcile_duration.start_timer();
-    ctx.memory.take_suspect(&key);
-    if let Some(holder) = obj.cached_holder() {
-        // Known before any read can fail: whose lock to follow if it goes.
-        ctx.memory.set_holder(&key, &holder);
-    }
-    // A standby's judgement ends in NotLeader: it keeps the death notice
-    // for when it leads, and reads within the budget meanwhile.
-    let urgent = ctx.gate.may_write() && ctx.memory.take_urgent(&key);
-    let _death = urgent.then(|| ctx.reclaimer.judging_a_death());
-    let Some(judgement) = ctx
-        .judge_with(&key, obj.cached_meta(), obj.cached_lease(), urgent)
-        .await?
-    else {
+    let Some(j) = ctx.judge(&key, &mut state, obj.cached_lease()).await? else {
         debug!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, "lock is gone");
         ctx.forget(&key);
         return Ok(Action::await_change());
     };
-    let judged = match &judgement.lease {
-        Some(l) => lease_version(l),
-        None => judgement.meta.resource_version.clone().unwrap_or_default(),
+    say_held(&j);
+    let version = j.version();
+    let step = decide::step(&j.verdict, &state, &version);
+    let (done, error) = ctx.write(&j, step, &state).await;
+    let judged = Judged {
+        verdict: &j.verdict,
+        version: &version,
+        holder: j.lock.as_ref().map(|l| &l.holder),
+        by_hostname: j.matched_by_hostname_only(),
     };
-    let untouchable = match &judgement.verdict {
-        Verdict::Ambiguous { .. } | Verdict::AmbiguousHolders(_) => {
-            Some(crate::events::REASON_AMBIGUOUS)
+    let (next, then) = decide::after(state, &judged, &done, ctx.settings.resync);
+    let stands = ctx.memory.put(&key, next);
+    if let Some(e) = error {
+        return Err(e);
+    }
+    Ok(match then {
+        Next::OnChange if stands => Action::await_change(),
+        Next::OnChange | Next::Resync => Action::requeue(resync_after(ctx.settings.resync)),
+        Next::After(wait) => Action::requeue(wait),
+        Next::Forget => {
+            ctx.forget(&key);
+            Action::await_change()
         }
-        Verdict::Unmanageable(_) => Some(crate::events::REASON_UNMANAGEABLE),
-        _ => None,
-    };
-    // A Lease whose holder matched by spec.hostname only: no terminal-pod
-    // event names it (they name pods), so it is judged again each resync.
-    let mut settles = settles(&judgement.verdict) && !judgement.matched_by_hostname_only();
-    let reported_rv = judgement.reported_version();
-    // Lock-shaped at this version, and not on its way out (a copy stripped
-    // of its finalizers would tell them wrong).
-    let shaped = key.kind == LockKind::ConfigMap
-        && judgement.lock.is_some()
-        && judgement.meta.deletion_timestamp.is_none();
-    // A death's judgement found the renewal window open: the first one
-    // after it ends is urgent too.
-    let window = match judgement.verdict {
-        Verdict::Held(verdict::HeldBecause::RenewalWindow { remaining }) if urgent => {
-            Some(remaining)
-        }
-        _ => None,
-    };
-    let (action, changed) = act(&ctx, judgement).await?;
-    if let Some(remaining) = window {
-        ctx.memory.urgent_after_window(&key, remaining);
-    }
-    if let Some(reason) = untouchable {
-        // Settled only once its Event is written (a standby writes none).
-        settles &= ctx.memory.was_reported(&key, &reported_rv, reason);
-    }
-    ctx.memory.judged(&key, &judged, settles);
-    // A ConfigMap lock-shaped at this version: its next judgement needs no
-    // read of the lock while the version stands. Not after a 409: the cache
-    // is behind the lock, and the next judgement reads it live (a 409 is
-    // never retried blindly).
-    if changed {
-        ctx.memory.refused(&key);
-    } else {
-        ctx.memory.set_shaped(&key, shaped);
-    }
-    ctx.memory.succeeded(&key);
-    if settles && !ctx.memory.needs_judging(&key, &judged) {
-        // Settled and not suspected while it was judged: no timer.
-        return Ok(Action::await_change());
-    }
-    Ok(action)
+    })
 }
 
-/// Whether a verdict stands until the lock or its holder changes (both are
-/// watched). A stale lock (dry run, blocked, failing), a running owner-gone
-/// grace and an owner in another namespace are judged again each time.
-fn settles(v: &Verdict) -> bool {
-    !matches!(
-        v,
-        Verdict::Stale { .. }
-            | Verdict::Held(verdict::HeldBecause::OwnerGoneGrace { .. })
-            | Verdict::Held(verdict::HeldBecause::RenewalWindow { .. })
-            | Verdict::Held(verdict::HeldBecause::Expired)
-            | Verdict::Unmanageable(lock::Unmanageable::OwnerInOtherNamespace(_))
-    )
-}
-
-/// Acts on a judgement: reports, reclaims, and says when to look again,
-/// and whether the lock had changed under the write (409).
-pub async fn act(ctx: &Context, j: Judgement) -> Result<(Action, bool), Error> {
-    let resync = Action::requeue(resync_after(ctx.settings.resync));
-    ctx.memory.set_state(&j.key, j.verdict.state());
-    if !matches!(j.verdict, Verdict::Stale { .. }) {
-        ctx.memory.clear_stale(&j.key);
-    }
+/// Logs why a lock is held (what is written says itself in reclaim.rs).
+fn say_held(j: &Judgement) {
+    let (namespace, lock) = (&j.key.namespace, &j.key.name);
     match &j.verdict {
-        Verdict::Held(why) => {
-            debug!(namespace = %j.key.namespace, lock = %j.key.name, held = ?why, "lock is held");
-            if let verdict::HeldBecause::OwnerGoneGrace { remaining } = why {
-                info!(namespace = %j.key.namespace, lock = %j.key.name,
-                      "holder pod is missing; reclaiming after the owner-gone grace unless it reappears");
-                let wait = remaining.saturating_add(PAST_THE_WAIT);
-                return Ok((Action::requeue(wait.min(ctx.settings.resync)), false));
-            }
-            if let verdict::HeldBecause::RenewalWindow { remaining } = why {
-                debug!(namespace = %j.key.namespace, lock = %j.key.name, remaining_seconds = remaining.as_secs_f64(),
-                       "Lease holder died moments ago; releasing once nothing renewed it");
-                let wait = remaining.saturating_add(PAST_THE_WAIT);
-                return Ok((Action::requeue(wait.min(ctx.settings.resync)), false));
-            }
-            Ok((resync, false))
+        Verdict::Held(HeldBecause::OwnerGoneGrace { remaining }) => {
+            info!(%namespace, %lock, remaining_seconds = remaining.as_secs_f64(),
+                  "holder pod is missing; reclaiming after the owner-gone grace unless it reappears");
         }
-        Verdict::Ambiguous { .. } | Verdict::AmbiguousHolders(_) | Verdict::Unmanageable(_) => {
-            ctx.reclaimer.report_untouchable(&j).await;
-            Ok((resync, false))
+        Verdict::Held(HeldBecause::RenewalWindow { remaining }) => {
+            debug!(%namespace, %lock, remaining_seconds = remaining.as_secs_f64(),
+                   "Lease holder died moments ago; releasing once nothing renewed it");
         }
-        Verdict::Stale { .. } => match ctx.reclaimer.reclaim(&j).await? {
-            reclaim::Outcome::Reclaimed | reclaim::Outcome::AlreadyGone => {
-                ctx.forget(&j.key);
-                Ok((Action::await_change(), false))
-            }
-            reclaim::Outcome::Changed => Ok((Action::requeue(REJUDGE_AFTER), true)),
-            reclaim::Outcome::DryRun | reclaim::Outcome::Blocked => Ok((resync, false)),
-            // A standby looks again soon: it writes once it leads.
-            reclaim::Outcome::NotLeader => Ok((Action::requeue(STANDBY_RETRY), false)),
-        },
+        Verdict::Held(why) => debug!(%namespace, %lock, held = ?why, "lock is held"),
+        _ => {}
     }
 }
 
@@ -468,7 +357,6 @@ pub fn error_policy<K: Watched>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> 
         .inc();
     let key = key_of(&*obj);
     // Judged again from live reads after the backoff, whatever the memory says.
-    ctx.memory.suspect(&key);
     let failures = ctx.memory.failed(&key);
     let retry = error_backoff(failures);
     warn!(namespace = %obj.namespace().unwrap_or_default(), lock = %obj.name_any(), error = %err,
@@ -522,7 +410,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     future::join_all(runs).await;
 }
 
+pub mod cadence;
+pub mod decide;
 mod leases;
+pub mod memory;
 mod pods;
 mod scope;
 mod wiring;

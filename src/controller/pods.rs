@@ -31,9 +31,6 @@ pub(super) struct ConfigMaps {
     /// Set by the first sweep: from then on the lock watch's events reach
     /// the Controller.
     pub(super) swept: Arc<AtomicBool>,
-    /// Told when the lock watch has listed again (after the first sweep):
-    /// what was known empty is learned again (`learn_empty`).
-    pub(super) relisted: Arc<tokio::sync::Notify>,
 }
 
 /// The Lease side of a scope.
@@ -58,27 +55,17 @@ impl Sides {
     }
 
     /// A terminal pod: the locks it may hold are judged from live reads.
-    /// A death makes those reads necessary: they skip the idle budget.
     fn ended(&self, ctx: &Context, pod: &TerminalPod) {
         let ns = pod.namespace().unwrap_or_default();
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         if let Some(c) = &self.configmaps {
-            let keys = c.index.locks_of(&ns, uid);
-            for k in &keys {
-                ctx.memory.died(k, uid);
-            }
-            for r in suspects::<LockMeta>(ctx, keys) {
+            for r in suspects::<LockMeta>(ctx, c.index.locks_of(&ns, uid)) {
                 let _ = c.tx.unbounded_send(r);
             }
         }
         if let Some(l) = &self.leases {
-            // The Leases whose identity names the pod: its death makes the
-            // judgement now, and the one when the renewal window ends, urgent.
-            let keys = l.index.leases_of(&ns, &pod.name_any());
-            for k in &keys {
-                ctx.memory.died(k, uid);
-            }
-            for r in suspects::<Lease>(ctx, keys) {
+            // The Leases whose identity names the pod.
+            for r in suspects::<Lease>(ctx, l.index.leases_of(&ns, &pod.name_any())) {
                 let _ = l.tx.unbounded_send(r);
             }
         }
@@ -137,56 +124,6 @@ impl ConfigMaps {
     }
 }
 
-impl ConfigMaps {
-    /// Learns which locks hold no data at the version last judged, from
-    /// the API server's table of the scope's opted-in ConfigMaps
-    /// (`shapes`): a lock settled from metadata is then reclaimed with one
-    /// read, of its holder, as a lock judged live is. Within the idle
-    /// budget; a failure marks nothing (each such lock is read whole
-    /// before its DELETE).
-    async fn learn_empty(&self, ctx: &Context, ns: Option<&str>) {
-        let mut marked = 0usize;
-        let learned =
-            crate::shapes::learn(&ctx.client, ns, ctx.settings.selector.as_str(), |row| {
-                let meta = &row.meta;
-                // As a live read marks (`reconcile`'s `shaped`): no data, not
-                // being deleted, opted in and lock-shaped as listed.
-                if row.data_keys != 0
-                    || meta.deletion_timestamp.is_some()
-                    || !ctx.settings.selector.matches(meta.labels.as_ref())
-                    || lock::parse(meta).is_err()
-                {
-                    return;
-                }
-                let (Some(name), Some(rv)) =
-                    (meta.name.as_deref(), meta.resource_version.as_deref())
-                else {
-                    return;
-                };
-                let key = LockKey {
-                    namespace: meta.namespace.clone().unwrap_or_default(),
-                    name: name.to_owned(),
-                    kind: lock::LockKind::ConfigMap,
-                };
-                if ctx.memory.learned_empty(&key, rv) {
-                    marked += 1;
-                }
-            })
-            .await;
-        let scope = ns.unwrap_or("all namespaces");
-        match learned {
-            Ok(crate::shapes::Learned {
-                requests,
-                whole: true,
-            }) => debug!(scope, requests, marked, "learned which locks hold no data"),
-            Ok(crate::shapes::Learned { requests, .. }) => info!(scope, requests, marked,
-                "the API server answered the same continue token twice; learned which locks hold no data from the pages before only"),
-            Err(e) => info!(scope, error = %e,
-                "could not learn which locks hold no data; their reclaims read the lock first"),
-        }
-    }
-}
-
 /// Runs a scope's pod side until `shutdown`: the terminal-pod watch, and
 /// the sweeper once `listed` counts `expect_listed` watches listed (this
 /// one's and each kind's lock watch).
@@ -225,11 +162,6 @@ pub(super) async fn run(
     }
 }
 
-/// How long one learning of which locks hold no data may take, at least
-/// and at most (half of --resync in between).
-const LEARN_AT_LEAST: Duration = Duration::from_secs(5);
-const LEARN_AT_MOST: Duration = Duration::from_secs(60);
-
 /// Resolves when this replica takes the lead (never without an election:
 /// it always leads, and sweeps on its timer).
 async fn took_lead(changes: &mut Option<tokio::sync::watch::Receiver<bool>>) {
@@ -241,15 +173,6 @@ async fn took_lead(changes: &mut Option<tokio::sync::watch::Receiver<bool>>) {
         }
     }
     futures::future::pending::<()>().await
-}
-
-/// Resolves when the lock watch has listed again (never without
-/// ConfigMaps).
-async fn relisted_again(relisted: Option<&tokio::sync::Notify>) {
-    match relisted {
-        Some(n) => n.notified().await,
-        None => futures::future::pending().await,
-    }
 }
 
 /// Once the watches have listed, and every --resync while this replica
@@ -277,16 +200,10 @@ async fn sweeper(
     let mut lead = ctx.gate.changes();
     let mut first = true;
     let mut failures = 0;
-    let relisted = sides.configmaps.as_ref().map(|c| c.relisted.clone());
-    let mut learn = false;
-    // False only when the lock watch listed again: then the loop learns
-    // and waits on, without a sweep.
-    let mut sweep_due = true;
-    let mut next_sweep = tokio::time::Instant::now();
     loop {
         // A replica whose sweep fails keeps trying, leading or not: its
         // readiness must see the sweep work again, not merely stop failing.
-        if sweep_due && (first || failures > 0 || ctx.gate.may_write()) {
+        if first || failures > 0 || ctx.gate.may_write() {
             let before = match (&sides.configmaps, first) {
                 (Some(c), true) => c.snapshot(),
                 _ => HashMap::new(),
@@ -329,7 +246,6 @@ async fn sweeper(
                         }
                         ctx.shared.readiness.synced();
                         first = false;
-                        learn = true;
                         // Leading already counts as taken: no second sweep.
                         if let Some(rx) = lead.as_mut() {
                             rx.borrow_and_update();
@@ -358,44 +274,18 @@ async fn sweeper(
                 .metrics
                 .prune_reclaims(crate::metrics::RECLAIM_SERIES_TTL);
         }
-        if std::mem::take(&mut learn) {
-            if let Some(c) = &sides.configmaps {
-                // Bounded, so that a table that does not end delays no sweep
-                // for long; what it marked before stands.
-                let bound = (ctx.settings.resync / 2).clamp(LEARN_AT_LEAST, LEARN_AT_MOST);
-                tokio::select! {
-                    learned = tokio::time::timeout(bound, c.learn_empty(&ctx, ns.as_deref())) => {
-                        if learned.is_err() {
-                            info!(scope, seconds = bound.as_secs(),
-                                "learning which locks hold no data took too long; stopped (the reclaims of the others read the lock first)");
-                        }
-                    }
-                    _ = shutdown.cancelled() => break,
-                }
-            }
-        }
-        if sweep_due {
-            // A failing sweep retries at least every 30 s, so readiness sees
-            // it failing rather than recovered.
-            let wait = if failures > 0 {
-                error_backoff(failures).min(Duration::from_secs(30))
-            } else {
-                resync_after(ctx.settings.resync)
-            };
-            // Only a sweep's turn moves the next one: re-lists of the lock
-            // watch, however often, never put it off.
-            next_sweep = tokio::time::Instant::now() + wait;
-        }
-        sweep_due = true;
+        // A failing sweep retries at least every 30 s, so readiness sees it
+        // failing rather than recovered.
+        let wait = if failures > 0 {
+            error_backoff(failures).min(Duration::from_secs(30))
+        } else {
+            resync_after(ctx.settings.resync)
+        };
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep_until(next_sweep) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = took_lead(&mut lead), if !first => {
                 debug!(scope, "took the lead: sweeping now");
-            }
-            _ = relisted_again(relisted.as_deref()), if !first => {
-                learn = true;
-                sweep_due = false;
             }
         }
     }

@@ -21,9 +21,7 @@ use crate::scoped;
 use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
 
 /// Keeps of a watched lock only what the cache is used for (identity,
-/// version, owner references). A judgement reads the lock whole, unless
-/// this version was read live before and held no data (`judge_known`): the
-/// copy is then the version the guarded DELETE names.
+/// version, owner references): a judgement reads the lock whole.
 pub fn strip_cached(m: &mut LockMeta) {
     let meta = &mut m.metadata;
     meta.managed_fields = None;
@@ -55,8 +53,6 @@ pub(super) fn run_scope(
 
     // Whether the first sweep is done (see `pods`).
     let swept = Arc::new(AtomicBool::new(false));
-    // Told when the lock watch lists again after the first sweep.
-    let relisted = Arc::new(tokio::sync::Notify::new());
     // Locks to judge that the lock watch's own events do not name: from
     // the pod side, the lead trigger and the end of a re-list.
     let (suspects_tx, suspects_rx) = futures::channel::mpsc::unbounded::<ObjectRef<LockMeta>>();
@@ -67,7 +63,6 @@ pub(super) fn run_scope(
         let readiness = readiness.clone();
         let ns = namespace.clone();
         let index = holders.clone();
-        let relisted = relisted.clone();
         let config = watcher::Config::default()
             .labels(ctx.settings.selector.as_str())
             .any_semantic();
@@ -89,21 +84,12 @@ pub(super) fn run_scope(
                 Ok(watcher::Event::Init) => index.relist_started(),
                 Ok(watcher::Event::InitDone) => {
                     index.relist_done();
-                    // What a re-list follows (an expired resourceVersion,
-                    // an etcd restored from a snapshot) may reuse versions:
-                    // each lock's next judgement reads it live again.
-                    // What holds no data is then learned again from the
-                    // versions listed now (the pod side's `learn_empty`).
-                    for m in reader.state() {
-                        ctx.memory.set_shaped(&key_of(&*m), false);
-                    }
                     ctx.forget_missing(ns.as_deref(), &reader);
                     // A re-list's objects were queued before they reached
                     // the store; now that they have, what changed is queued
                     // again (before the first sweep, it queues them).
                     if swept_then.load(Ordering::SeqCst) {
                         super::queue_unsettled(&ctx.memory, &reader, &tx);
-                        relisted.notify_one();
                     }
                 }
                 Err(_) => {}
@@ -121,7 +107,6 @@ pub(super) fn run_scope(
         reader: reader.clone(),
         tx: suspects_tx.clone(),
         swept: swept.clone(),
-        relisted,
     };
     let wiring = Wiring {
         locks,
@@ -133,14 +118,7 @@ pub(super) fn run_scope(
         // (10,000 locks queued at once before it would grow the
         // Controller's scheduler to 10,000 entries, for good).
         accepting: swept,
-        // A mass eviction frees its locks side by side: each reclaim waits
-        // on its reads and its DELETE (about three round trips, none on the
-        // idle budget); with 4 in flight a burst of 100 took about twice
-        // the floor's time (a bare watcher with one DELETE per death). The
-        // API server sees at most 16 per scope (each --namespace is one;
-        // the whole cluster is one); Lease releases go up to 128 (their
-        // judgements wait on shared lists: controller/leases.rs).
-        concurrency: 16,
+        concurrency: super::CONCURRENCY,
     };
     (
         async move { drive(ctx, wiring, &scope, shutdown).await },

@@ -12,8 +12,8 @@ use kube::runtime::reflector::Store;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::memory::Memory;
 use super::{error_policy, key_of, reconcile, Context, Watched};
-use crate::memory::Memory;
 use crate::{lock::LockKey, Error};
 
 /// A sweep (a list of pods) answered: said once it recovers from failing.

@@ -7,12 +7,23 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::{judge_holder_pod, HeldBecause, Verdict};
-use crate::cadence::Renewals;
 use crate::lock::lease::{self, LeaseLock};
 
 /// How long after a pod's last container finished a Lease renewal still
 /// counts as its own: `finishedAt` has second precision.
 const RENEW_SLACK: SignedDuration = SignedDuration::from_secs(2);
+
+/// What the janitor saw of a Lease's renewals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Renewals {
+    /// The holder's renew period as observed: the longest of the recent
+    /// gaps between renewals under the current holder identity.
+    pub period: Option<Duration>,
+    /// How long since the janitor last saw the renew time change (or first
+    /// saw the Lease under this holder), on its own clock. `None`: it does
+    /// not watch the Lease (a one-shot `scan`).
+    pub quiet_for: Option<Duration>,
+}
 
 /// The shortest wait after the death: the slack, one retry period of
 /// client-go's defaults (2 s) and a second of rounding.

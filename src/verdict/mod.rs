@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::lock::{Lock, Unmanageable};
 
 mod lease;
-pub use lease::judge_lease;
+pub use lease::{judge_lease, Renewals};
 
 /// Why a stale lock's holder can no longer run. `as_str` is the `reason`
 /// label of the metrics and appears in Events.

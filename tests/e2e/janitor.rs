@@ -711,15 +711,13 @@ async fn bad_flags_exit_2_with_a_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no Kubernetes cluster found"));
 }
 
-/// The race: the lock is deleted and re-created by a live pod between the
-/// judgement and the DELETE. The library's reclaim is driven directly with
-/// the stale judgement; the API server's preconditions refuse the delete.
-/// The fast path skips the read of the lock, never of the holder: a holder
+/// Every write follows a live read of the lock and of its holder: a holder
 /// that died and was recreated under its name (a StatefulSet pod, which
-/// operator-lib takes for the leader by name) is seen by that read, and the
-/// lock, known lock-shaped at this very version, is ambiguous: no DELETE.
+/// operator-lib takes for the leader by name) is seen by that read even
+/// when the janitor's cached copy of the lock is the version it judged
+/// held before: the lock is ambiguous, reported, and never deleted.
 #[tokio::test]
-async fn the_fast_path_still_sees_a_holder_recreated_under_its_name() {
+async fn a_holder_recreated_under_its_name_is_seen_before_any_write() {
     use lock_janitor::lock::LockKey;
     let s = scenario("fastsame").await;
     let holder = s.pod("op-0").await;
@@ -733,12 +731,15 @@ async fn the_fast_path_still_sees_a_holder_recreated_under_its_name() {
         .await
         .unwrap();
     lock_janitor::controller::strip_cached(&mut cached);
-    let rv = cached.metadata.resource_version.clone().unwrap();
-    ctx.memory.suspect(&key);
-    lock_janitor::controller::reconcile(std::sync::Arc::new(cached.clone()), ctx.clone())
+    let cached = std::sync::Arc::new(cached);
+    lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
         .await
         .unwrap();
-    assert!(ctx.memory.known_shaped(&key, &rv), "the fast path is armed");
+    assert!(
+        !ctx.memory
+            .needs_judging(&key, cached.metadata.resource_version.as_deref().unwrap()),
+        "judged held and settled"
+    );
 
     // The holder fails and is replaced under its name before the janitor
     // looks (the garbage collector may take the lock meanwhile: either way
@@ -748,16 +749,13 @@ async fn the_fast_path_still_sees_a_holder_recreated_under_its_name() {
         .await
         .unwrap();
     s.pod("op-0").await;
-    let j = ctx
-        .judge_with(&key, Some(&cached.metadata), None, true)
+    ctx.memory.suspect(&key);
+    lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
         .await
-        .unwrap()
-        .expect("judged from the cached copy, without reading the lock");
-    assert!(
-        matches!(j.verdict, lock_janitor::verdict::Verdict::Ambiguous { .. }),
-        "{:?}",
-        j.verdict
-    );
+        .unwrap();
+    if lock_exists(&s.client, &s.ns, "op-lock").await {
+        wait_event(&s.client, &s.ns, "AmbiguousLock", "op-lock").await;
+    }
     let deletes: Vec<_> = s
         .janitor_writes()
         .into_iter()
@@ -766,13 +764,12 @@ async fn the_fast_path_still_sees_a_holder_recreated_under_its_name() {
     assert!(deletes.is_empty(), "{deletes:?}");
 }
 
-/// A lock there before the janitor starts is settled from metadata by the
-/// first sweep; the API server's table of ConfigMaps then says it holds no
-/// data, so its reclaim reads only the holder: the janitor never GETs the
-/// lock. A lock that holds data is not marked, and when its holder dies it
-/// is read whole and left alone (unmanageable).
+/// A lock there before the janitor starts is settled by the first sweep,
+/// without a read of its own; when its holder dies, the lock and its holder
+/// are both read live before the DELETE. A lock that holds data is read
+/// whole and left alone (unmanageable).
 #[tokio::test]
-async fn a_lock_there_before_start_is_reclaimed_without_reading_it() {
+async fn a_lock_there_before_start_is_read_live_before_its_reclaim() {
     let s = scenario("learned").await;
     let leader = s.pod("leader").await;
     s.lock("op-lock", &leader).await;
@@ -781,24 +778,7 @@ async fn a_lock_there_before_start_is_reclaimed_without_reading_it() {
     with_data.data = Some([("state".to_string(), "mine".to_string())].into());
     create_lock(&s.client, &with_data).await;
     let j = s.janitor(&[]).await;
-    wait_for(
-        "the janitor learned which locks hold no data",
-        Duration::from_secs(60),
-        || async {
-            j.logs()
-                .lines()
-                .find(|l| l.contains("learned which locks hold no data"))
-                .map(str::to_owned)
-        },
-    )
-    .await;
-    let learned = j.logs();
-    assert!(
-        learned
-            .lines()
-            .any(|l| l.contains("learned which locks hold no data") && l.contains("marked=1")),
-        "one lock marked, not the one with data:\n{learned}"
-    );
+    j.wait_ready().await;
     fail_with(&s, "leader", "Evicted").await;
     fail_with(&s, "other", "Evicted").await;
     s.wait_gone("op-lock").await;
@@ -832,17 +812,18 @@ async fn a_lock_there_before_start_is_reclaimed_without_reading_it() {
     // Before its DELETE (the takeover follower reads the lock afterwards,
     // 2 s on): the log is written as answers complete, and a read the
     // reclaim made was answered before the DELETE was sent.
-    let reads_before_delete = log
-        .iter()
-        .filter(|e| about(e, "op-lock", "configmaps"))
-        .take_while(|e| e.verb != "delete")
-        .filter(|e| e.verb == "get")
-        .count();
+    let before_delete = |resource: &str, name: &str| {
+        log.iter()
+            .take_while(|e| !(about(e, "op-lock", "configmaps") && e.verb == "delete"))
+            .filter(|e| about(e, name, resource) && e.verb == "get")
+            .count()
+    };
     assert_eq!(
-        reads_before_delete, 0,
-        "the lock is never read before its DELETE"
+        before_delete("configmaps", "op-lock"),
+        1,
+        "the lock is read once, after its holder died"
     );
-    assert!(mine("leader", "pods", "get") >= 1, "its holder is");
+    assert!(before_delete("pods", "leader") >= 1, "and its holder");
     assert_eq!(mine("op-lock", "configmaps", "delete"), 1);
     assert!(
         mine("data-lock", "configmaps", "get") >= 1,
@@ -851,13 +832,12 @@ async fn a_lock_there_before_start_is_reclaimed_without_reading_it() {
     assert_eq!(mine("data-lock", "configmaps", "delete"), 0);
 }
 
-/// The fast path (a lock version read live lock-shaped is not read again)
-/// meets a lock that changed while the watch is behind: the DELETE of the
-/// cached version gets 409, and the next judgement reads the lock live
-/// instead of retrying the same DELETE blindly: here the lock was opted
-/// out meanwhile, so it is left alone.
+/// The janitor's cached copy of a lock is behind: the lock was opted out
+/// after its holder died. The live read before the write sees it: no
+/// DELETE, and the lock is forgotten; the same stale copy again changes
+/// nothing.
 #[tokio::test]
-async fn a_409_on_the_fast_path_is_judged_again_from_a_live_read() {
+async fn a_cached_copy_behind_the_lock_never_leads_to_a_delete() {
     use lock_janitor::lock::LockKey;
     let s = scenario("fast409").await;
     let holder = s.pod("holder").await;
@@ -870,14 +850,9 @@ async fn a_409_on_the_fast_path_is_judged_again_from_a_live_read() {
     let mut cached = metas.get_metadata("op-lock").await.unwrap();
     lock_janitor::controller::strip_cached(&mut cached);
     let cached = std::sync::Arc::new(cached);
-    let judged_rv = cached.metadata.resource_version.clone().unwrap();
-
-    // Judged held from a live read: this version is known lock-shaped.
-    ctx.memory.suspect(&key);
     lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
         .await
         .unwrap();
-    assert!(ctx.memory.known_shaped(&key, &judged_rv));
 
     // The holder dies, and the lock is opted out before the watch says so.
     fail_with(&s, "holder", "Evicted").await;
@@ -886,37 +861,37 @@ async fn a_409_on_the_fast_path_is_judged_again_from_a_live_read() {
         .patch("op-lock", &PatchParams::default(), &Patch::Merge(&opt_out))
         .await
         .unwrap();
-    ctx.memory.suspect(&key);
-    ctx.memory
-        .died(&key, holder.metadata.uid.as_deref().unwrap());
-    lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
-        .await
-        .unwrap();
-    assert!(
-        !ctx.memory.known_shaped(&key, &judged_rv),
-        "after a 409 the cached version is not trusted"
-    );
-    // The watch is still behind: the same cached copy comes again.
-    lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
-        .await
-        .unwrap();
+    for _ in 0..2 {
+        ctx.memory.suspect(&key);
+        lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
+            .await
+            .unwrap();
+    }
     assert!(
         lock_exists(&s.client, &s.ns, "op-lock").await,
         "opted out: kept"
+    );
+    assert!(
+        ctx.memory
+            .keys_in(None, lock_janitor::lock::LockKind::ConfigMap)
+            .is_empty(),
+        "forgotten"
     );
     let deletes: Vec<_> = s
         .janitor_writes()
         .into_iter()
         .filter(|e| e.verb == "delete" && e.resource.as_deref() == Some("configmaps"))
         .collect();
-    assert_eq!(deletes.len(), 1, "one DELETE, refused: {deletes:?}");
-    assert_eq!(deletes[0].code, Some(409), "{deletes:?}");
+    assert!(deletes.is_empty(), "{deletes:?}");
 }
 
+/// The race: the lock is deleted and re-created by a live pod between the
+/// judgement and the DELETE. The library's reclaim is driven directly with
+/// the stale judgement; the API server's preconditions refuse the delete.
 #[tokio::test]
 async fn lock_recreated_between_judgement_and_delete_survives() {
     use lock_janitor::lock::LockKey;
-    use lock_janitor::reclaim::Outcome;
+    use lock_janitor::reclaim::Freed;
     let s = scenario("race").await;
     let dead = s.pod("dead").await;
     s.lock("op-lock", &dead).await;
@@ -939,10 +914,10 @@ async fn lock_recreated_between_judgement_and_delete_survives() {
         .unwrap();
     let live = s.pod("live").await;
     let new_lock = s.lock("op-lock", &live).await;
-    assert_eq!(
-        ctx.reclaimer.reclaim(&judged).await.unwrap(),
-        Outcome::Changed
-    );
+    assert!(matches!(
+        ctx.reclaimer.reclaim(&judged, |_| false).await.0.freed,
+        Some(Freed::Changed(_))
+    ));
     let now = cms.get("op-lock").await.unwrap();
     assert_eq!(
         now.metadata.uid, new_lock.metadata.uid,
@@ -959,10 +934,10 @@ async fn lock_recreated_between_judgement_and_delete_survives() {
         reason: lock_janitor::verdict::StaleReason::Evicted,
         died_at: None,
     };
-    assert_eq!(
-        ctx.reclaimer.reclaim(&stale_copy).await.unwrap(),
-        Outcome::Changed
-    );
+    assert!(matches!(
+        ctx.reclaimer.reclaim(&stale_copy, |_| false).await.0.freed,
+        Some(Freed::Changed(_))
+    ));
     assert!(lock_exists(&s.client, &s.ns, "op-lock").await);
 
     let conflicts: Vec<_> = s

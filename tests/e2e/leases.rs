@@ -336,25 +336,24 @@ async fn dead_holders_lease(
     (s, ctx, key)
 }
 
-/// A death's judgement reads the Lease from its watch, not live; the pods
-/// its identity names are listed live all the same. A copy older than the
-/// Lease is judged stale and its release is refused (409: the update
-/// carries the copy's resourceVersion), so a watch that lags frees nothing;
-/// a holder recreated under its name since the copy is seen, and holds it.
+/// Every release follows a live read of the Lease and a live list of the
+/// pods its identity names, whatever the watch's copy says: a copy that
+/// lags behind a candidate's takeover frees nothing, and a holder recreated
+/// under its name is seen and holds it.
 #[tokio::test]
-async fn a_lease_judged_from_its_watched_copy_frees_nothing_newer() {
-    use lock_janitor::reclaim::Outcome;
-    use lock_janitor::verdict::{HeldBecause, LockState, Verdict};
+async fn a_lease_copy_behind_the_lease_frees_nothing() {
+    use lock_janitor::verdict::LockState;
     let (s, ctx, key) = dead_holders_lease("lease-copy").await;
-    let copy = s.leases().get("op-lease").await.unwrap();
-    let judged = wait_for("the copy judged stale", Duration::from_secs(20), || async {
-        let j = ctx
-            .judge_with(&key, None, Some(&copy), true)
-            .await
-            .unwrap()
-            .expect("opted in");
-        (j.verdict.state() == LockState::Stale).then_some(j)
-    })
+    ctx.shared.readiness.expect(0);
+    let copy = std::sync::Arc::new(s.leases().get("op-lease").await.unwrap());
+    wait_for(
+        "the Lease judged stale",
+        Duration::from_secs(20),
+        || async {
+            let j = ctx.judge_live(&key).await.unwrap().expect("opted in");
+            (j.verdict.state() == LockState::Stale).then_some(())
+        },
+    )
     .await;
 
     // The Lease moved on since the copy: a live candidate took it.
@@ -365,173 +364,42 @@ async fn a_lease_judged_from_its_watched_copy_frees_nothing_newer() {
         .replace("op-lease", &PostParams::default(), &taken)
         .await
         .unwrap();
-    // Still judged from the copy (it names the dead pod), never live.
-    let again = ctx
-        .judge_with(&key, None, Some(&copy), true)
+    let audit = || lock_janitor_testenv::audit::read(s.cp.audit_log_path());
+    let gets_before = s.janitor_requests(&audit(), "get", "leases");
+    ctx.memory.suspect(&key);
+    lock_janitor::controller::reconcile(copy.clone(), ctx.clone())
         .await
-        .unwrap()
         .unwrap();
-    assert_eq!(
-        again.verdict.state(),
-        LockState::Stale,
-        "{:?}",
-        again.verdict
-    );
-    assert_eq!(
-        ctx.reclaimer.reclaim(&judged).await.unwrap(),
-        Outcome::Changed
-    );
     assert_eq!(
         s.identity("op-lease").await,
         "live",
         "the new holder keeps it"
     );
 
-    // The dead holder is made again under its name, Running: the copy
-    // still names it, and the live list of pods sees it.
+    // The dead holder is made again under its name, Running, and the Lease
+    // handed back to it: judged held from the live list of pods.
     kubelet::force_delete_pod(&s.client, &s.ns, "dead")
         .await
         .unwrap();
     s.pod("dead").await;
-    let audit = || lock_janitor_testenv::audit::read(s.cp.audit_log_path());
-    let mine = |audit: &[lock_janitor_testenv::audit::AuditEvent], verb: &str, resource: &str| {
-        s.janitor_requests(audit, verb, resource)
-    };
-    let lists_before = mine(&audit(), "list", "pods");
-    let j = ctx
-        .judge_with(&key, None, Some(&copy), true)
+    let mut back = s.leases().get("op-lease").await.unwrap();
+    back.spec.as_mut().unwrap().holder_identity = Some("dead".into());
+    s.leases()
+        .replace("op-lease", &PostParams::default(), &back)
         .await
-        .unwrap()
         .unwrap();
-    assert!(
-        matches!(&j.verdict, Verdict::Held(HeldBecause::Phase(p)) if p == "Running"),
-        "{:?}",
-        j.verdict
-    );
-
+    ctx.memory.suspect(&key);
+    lock_janitor::controller::reconcile(copy, ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(s.identity("op-lease").await, "dead");
     let audit = audit();
-    assert_eq!(
-        mine(&audit, "get", "leases"),
-        0,
-        "the copy is judged, the Lease never read"
-    );
     assert!(
-        mine(&audit, "list", "pods") > lists_before,
-        "the pods are listed live"
+        s.janitor_requests(&audit, "get", "leases") >= gets_before + 2,
+        "each judgement read the Lease live"
     );
     let writes = s.lease_writes();
-    assert_eq!(writes.len(), 1, "{writes:#?}");
-    assert_eq!(
-        (writes[0].verb.as_str(), writes[0].code),
-        ("update", Some(409))
-    );
-}
-
-/// A release writes the Lease back whole: its annotations stay, both when
-/// the release is made from the watch's copy (which keeps small
-/// annotations; the audit log shows no read of it after the death) and
-/// when the annotations are too large for the watch to keep (then the
-/// Lease is read live before the release).
-#[tokio::test]
-async fn a_release_keeps_the_leases_annotations() {
-    let s = scenario("lease-annotations").await;
-    let notes = "x".repeat(4096);
-    for (lease, pod, annotations) in [
-        ("small", "op-a", serde_json::json!({"team": "platform"})),
-        (
-            "large",
-            "op-b",
-            serde_json::json!({"team": "platform", "example.com/notes": notes}),
-        ),
-    ] {
-        s.pod(pod).await;
-        s.lease_lasting(lease, pod, 1, 10, true).await;
-        s.leases()
-            .patch(
-                lease,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(
-                    serde_json::json!({"metadata": {"annotations": annotations}}),
-                ),
-            )
-            .await
-            .unwrap();
-    }
-    // No sweep after the first while this runs: the deaths' judgements
-    // alone decide.
-    let j = s.janitor_resyncing("10m").await;
-    wait_for(
-        "both Leases held, swept once",
-        Duration::from_secs(30),
-        || async {
-            let m = j.metrics().await;
-            (sample(
-                &m,
-                "lock_janitor_locks",
-                &[("kind", "lease"), ("state", "held")],
-            ) == Some(2.0)
-                && j.logs().contains("resync sweep done"))
-            .then_some(())
-        },
-    )
-    .await;
-    let died = Timestamp::now();
-    for pod in ["op-a", "op-b"] {
-        kubelet::set_failed(&s.client, &s.ns, pod, "Evicted", "test")
-            .await
-            .unwrap();
-    }
-    wait_for("both released", Duration::from_secs(30), || async {
-        (s.identity("small").await.is_empty() && s.identity("large").await.is_empty()).then_some(())
-    })
-    .await;
-    for (lease, want) in [("small", None), ("large", Some(&notes))] {
-        let a = s
-            .leases()
-            .get(lease)
-            .await
-            .unwrap()
-            .metadata
-            .annotations
-            .unwrap_or_default();
-        assert_eq!(
-            a.get("team").map(String::as_str),
-            Some("platform"),
-            "{lease}: {a:?}"
-        );
-        assert_eq!(a.get("example.com/notes"), want, "{lease}");
-    }
-    // "small" was released from the watch's copy (no read of it after the
-    // deaths); "large" was read live before its release.
-    let gets = |lease: &str| {
-        lock_janitor_testenv::audit::read(s.cp.audit_log_path())
-            .into_iter()
-            .filter(|e| {
-                e.effective_user() == JANITOR_USER
-                    && e.verb == "get"
-                    && e.resource.as_deref() == Some("leases")
-                    && e.namespace.as_deref() == Some(s.ns.as_str())
-                    && e.name.as_deref() == Some(lease)
-                    && e.received
-                        .as_deref()
-                        .and_then(|t| t.parse::<Timestamp>().ok())
-                        .is_some_and(|t| t > died)
-            })
-            .count()
-    };
-    assert_eq!(gets("small"), 0, "{}", j.logs());
-    assert!(gets("large") >= 1, "{}", j.logs());
-    // And the releases sent them: nothing else wrote these Leases.
-    let writes = s.lease_writes();
-    assert_eq!(writes.len(), 2, "{writes:#?}");
-    for w in &writes {
-        let body = w.request_object.as_ref().expect("request body");
-        assert_eq!(
-            body["metadata"]["annotations"]["team"], "platform",
-            "{body}"
-        );
-        assert_eq!(body["spec"]["holderIdentity"], "", "{body}");
-    }
+    assert!(writes.is_empty(), "nothing written: {writes:#?}");
 }
 
 /// The release never happens if the Lease changed after it was judged: a
@@ -539,7 +407,7 @@ async fn a_release_keeps_the_leases_annotations() {
 /// library says so; the new holder keeps it.
 #[tokio::test]
 async fn lease_changed_after_judgement_is_not_released() {
-    use lock_janitor::reclaim::Outcome;
+    use lock_janitor::reclaim::Freed;
     let (s, ctx, key) = dead_holders_lease("lease-race").await;
     // Held for the renewal window after the death (5 s: half the 10 s
     // lease, no renewal observed), then stale.
@@ -562,10 +430,10 @@ async fn lease_changed_after_judgement_is_not_released() {
         .await
         .unwrap();
 
-    assert_eq!(
-        ctx.reclaimer.reclaim(&judged).await.unwrap(),
-        Outcome::Changed
-    );
+    assert!(matches!(
+        ctx.reclaimer.reclaim(&judged, |_| false).await.0.freed,
+        Some(Freed::Changed(_))
+    ));
     assert_eq!(
         s.identity("op-lease").await,
         "live",
@@ -699,14 +567,12 @@ async fn scan_and_label_see_lease_locks() {
     }
 }
 
-/// Judgements that wait on one namespace at once share its list of pods:
-/// eight Leases whose holders died together are judged side by side with
-/// two lists at most (one under way, one for those that asked meanwhile),
-/// where each used to list alone; each judgement still gets the pods its
-/// own identity names, by name or `spec.hostname` (a live pod that takes a
-/// dead holder's hostname makes that one Lease ambiguous, no other).
+/// Eight Leases whose holders died together are judged side by side, each
+/// from its own live list of the namespace's pods: each judgement gets the
+/// pods its own identity names, by name or `spec.hostname` (a live pod that
+/// takes a dead holder's hostname makes that one Lease ambiguous, no other).
 #[tokio::test]
-async fn leases_judged_together_share_one_list_of_pods() {
+async fn leases_judged_side_by_side_each_see_the_pods_they_name() {
     use lock_janitor::verdict::Verdict;
     let s = scenario("lease-shared-list").await;
     let ctx = lease_context(&s).await;
@@ -738,40 +604,11 @@ async fn leases_judged_together_share_one_list_of_pods() {
         .await
         .unwrap();
 
-    let mut copies = Vec::new();
-    for h in &holders {
-        let key = lock_janitor::lock::LockKey::lease(s.ns.clone(), format!("l-{h}"));
-        copies.push((key, s.leases().get(&format!("l-{h}")).await.unwrap()));
-    }
-    let lists = || {
-        s.janitor_requests(
-            &lock_janitor_testenv::audit::read(s.cp.audit_log_path()),
-            "list",
-            "pods",
-        )
-    };
-    let before = lists();
-    let judged = futures::future::join_all(
-        copies
-            .iter()
-            .map(|(key, copy)| ctx.judge_with(key, None, Some(copy), true)),
-    )
-    .await;
-    let after = wait_for(
-        "the lists in the audit log",
-        Duration::from_secs(10),
-        || async {
-            let n = lists();
-            (n > before).then_some(n)
-        },
-    )
-    .await;
-    assert!(
-        after - before <= 2,
-        "{} lists for {} judgements side by side",
-        after - before,
-        holders.len()
-    );
+    let keys: Vec<_> = holders
+        .iter()
+        .map(|h| lock_janitor::lock::LockKey::lease(s.ns.clone(), format!("l-{h}")))
+        .collect();
+    let judged = futures::future::join_all(keys.iter().map(|key| ctx.judge_live(key))).await;
     for (h, j) in holders.iter().zip(judged) {
         let j = j.unwrap().expect("opted in");
         if h == "holder-3" {

@@ -279,7 +279,7 @@ proptest! {
                 &parsed,
                 &[p],
                 k8s_openapi::jiff::Timestamp::now(),
-                &lock_janitor::cadence::Renewals::default(),
+                &lock_janitor::verdict::Renewals::default(),
             );
             prop_assert!(!matches!(v, Verdict::Stale { .. }), "{v:?}");
         }

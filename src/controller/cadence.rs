@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::verdict::Renewals;
+
 /// How many recent gaps are kept: the longest of them is the period, so one
 /// slow renewal (an API server hiccup) widens the window for a while.
 const GAPS: usize = 4;
@@ -22,18 +24,6 @@ const LONGEST_GAP: Duration = Duration::from_secs(3600);
 const SHORTEST_GAP: Duration = Duration::from_secs(1);
 /// Gaps seen before the longest of them counts as the period.
 const GAPS_NEEDED: usize = 2;
-
-/// What the janitor saw of a Lease's renewals.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Renewals {
-    /// The holder's renew period as observed: the longest of the recent
-    /// gaps between renewals under the current holder identity.
-    pub period: Option<Duration>,
-    /// How long since the janitor last saw the renew time change (or first
-    /// saw the Lease under this holder), on its own clock. `None`: it does
-    /// not watch the Lease (a one-shot `scan`).
-    pub quiet_for: Option<Duration>,
-}
 
 /// The renew history of one Lease.
 #[derive(Clone, Debug)]
