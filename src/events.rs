@@ -1,6 +1,8 @@
 //! Kubernetes Events: the reason strings of docs/design.md and the one way the
 //! janitor writes an Event (events.k8s.io, bounded note, never blocking).
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -26,6 +28,8 @@ pub const REASON_BLOCKED: &str = "LockDeletionBlocked";
 
 /// events.k8s.io refuses a note over 1 KiB.
 const MAX_NOTE: usize = 1024;
+/// How often the Event of a write made is tried (1 s, then 2 s apart).
+const RECORD_ATTEMPTS: u32 = 3;
 
 fn truncate(mut note: String) -> String {
     if note.len() > MAX_NOTE {
@@ -102,8 +106,9 @@ impl Events {
         }
     }
 
-    /// Publishes an Event on `regarding`. A failed Event never undoes or
-    /// blocks what it reports; it is logged and counted. True if written.
+    /// Publishes an Event on `regarding`, if this replica leads. A failed
+    /// Event never undoes or blocks what it reports; it is logged and
+    /// counted. True if written.
     pub async fn publish(
         &self,
         regarding: &ObjectReference,
@@ -114,10 +119,40 @@ impl Events {
             // A standby says nothing; the leader reports.
             return false;
         }
+        self.write(regarding, related, &say).await
+    }
+
+    /// Records a write this replica made (a reclaim, a dead pod deleted),
+    /// whether it still leads or not: the lead may be lost during the
+    /// write, and `takeover::restore` finds what to await from these
+    /// Events alone. Tried `RECORD_ATTEMPTS` times; true if written.
+    pub async fn record(
+        &self,
+        regarding: &ObjectReference,
+        related: Option<ObjectReference>,
+        say: Say,
+    ) -> bool {
+        for attempt in 1..=RECORD_ATTEMPTS {
+            if self.write(regarding, related.clone(), &say).await {
+                return true;
+            }
+            if attempt < RECORD_ATTEMPTS {
+                tokio::time::sleep(Duration::from_secs(u64::from(attempt))).await;
+            }
+        }
+        false
+    }
+
+    async fn write(
+        &self,
+        regarding: &ObjectReference,
+        related: Option<ObjectReference>,
+        say: &Say,
+    ) -> bool {
         let ev = Event {
             type_: say.type_,
             reason: say.reason.into(),
-            note: Some(truncate(say.note)),
+            note: Some(truncate(say.note.clone())),
             action: say.action.into(),
             secondary: related,
         };

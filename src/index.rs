@@ -56,7 +56,7 @@ impl HolderIndex {
             .iter()
             // A name no pod can have names no holder (the lock is
             // unmanageable, `OwnerNameNotAPod`): nothing for a sweep to ask.
-            .filter(|o| o.kind == "Pod" && !o.uid.is_empty() && crate::lock::is_pod_name(&o.name))
+            .filter(|o| o.kind == "Pod" && !o.uid.is_empty() && crate::dns_subdomain(&o.name))
             .map(|o| (o.name.as_str().into(), o.uid.as_str().into()))
             .collect();
         self.with(|i| {

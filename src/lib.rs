@@ -174,13 +174,20 @@ pub fn dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-/// Is `s` a DNS-1123 subdomain (an object name such as a pod's): labels
-/// joined by `.`, at most 253 characters?
+/// Is `s` a DNS-1123 subdomain, as Kubernetes checks an object name such
+/// as a pod's: at most 253 characters, labels of lower-case alphanumerics
+/// and `-` joined by `.`, each starting and ending with an alphanumeric
+/// (a label inside a name may be longer than 63).
 pub fn dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.')
-            .all(|l| !l.is_empty() && l.len() <= 63 && dns_label(l))
+    let part = |l: &str| {
+        let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+        let b = l.as_bytes();
+        !b.is_empty()
+            && alnum(b[0])
+            && alnum(b[b.len() - 1])
+            && b.iter().all(|&c| alnum(c) || c == b'-')
+    };
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(part)
 }
 
 /// Every object `api` lists, whole, in pages of 500 (`what` names the list
@@ -190,45 +197,70 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let mut out = Vec::new();
-    for_each_page(api, 500, what, |page| out.extend(page)).await?;
+    let all = kube::api::ListParams::default();
+    let list = |lp: kube::api::ListParams| async move { api.list(&lp).await };
+    for_each_page(what, &all, 500, list, |page| match page {
+        Paged::Items(items) => out.extend(items),
+        Paged::StartOver => out.clear(),
+    })
+    .await?;
     Ok(out)
 }
 
-/// A list page's `items`: `null` (what the API server sends for an empty
-/// list) is none, and a missing `items` stays an error, as in kube's
-/// `ObjectList`: a body without it is not a list, and read as an empty one
-/// it would hide a holder.
-pub(crate) fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::Deserialize<'de>,
-{
-    use serde::Deserialize;
-    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+/// What a paged list hands on: a page, or word that the list starts over
+/// from its first page (what was handed before is handed again).
+pub enum Paged<T> {
+    Items(Vec<T>),
+    StartOver,
 }
 
-/// Lists what `api` lists in pages of `limit`, handing each page to `f` and
-/// keeping none: memory holds one page at a time.
-pub async fn for_each_page<K>(
-    api: &kube::Api<K>,
-    limit: u32,
+/// How often a list starts over after its continue token expired.
+const START_OVER_AT_MOST: u32 = 3;
+
+/// The one pager: lists in pages of `limit` through `list` (given each
+/// page's parameters, as `Api::list` or `Api::list_metadata` take them:
+/// `params`' selectors, the pager's limit and continue token), handing each
+/// page to `each` and keeping none: memory holds one page at a time. A
+/// continue token expires (410 Gone) when paging outlasts etcd's
+/// compaction: the list starts over, at most 3 times. Returns the requests
+/// made.
+pub async fn for_each_page<T, F>(
     what: &str,
-    mut f: impl FnMut(Vec<K>),
-) -> Result<(), Error>
+    params: &kube::api::ListParams,
+    limit: u32,
+    list: impl Fn(kube::api::ListParams) -> F,
+    mut each: impl FnMut(Paged<T>),
+) -> Result<usize, Error>
 where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    T: Clone,
+    F: Future<Output = kube::Result<kube::core::ObjectList<T>>>,
 {
     let mut token: Option<String> = None;
+    let (mut requests, mut restarts) = (0, 0);
     loop {
-        let mut lp = kube::api::ListParams::default().limit(limit);
+        let mut lp = params.clone().limit(limit);
         if let Some(t) = &token {
             lp = lp.continue_token(t);
         }
-        let page = call(what.to_owned(), api.list(&lp)).await?;
+        requests += 1;
+        let page = match call(what.to_owned(), list(lp)).await {
+            Ok(page) => page,
+            Err(Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 410 && token.is_some() && restarts < START_OVER_AT_MOST => {
+                restarts += 1;
+                tracing::debug!(%what, "continue token expired; listing again");
+                token = None;
+                each(Paged::StartOver);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         token = page.metadata.continue_.filter(|t| !t.is_empty());
-        f(page.items);
+        each(Paged::Items(page.items));
         if token.is_none() {
-            return Ok(());
+            return Ok(requests);
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::lock::{self, Holder, Lock, LockKey, LockKind};
 use crate::selector::Selector;
 use crate::verdict::Renewals;
 use crate::verdict::{self, HolderSeen, Policy, StaleReason, Verdict};
-use crate::{call, Error, ErrorKind};
+use crate::{call, Error, ErrorKind, Paged};
 
 /// A lock as judged from live reads (the holder always; the lock itself,
 /// or the cached copy of a version read live before and found empty): what
@@ -211,6 +211,8 @@ impl Observer {
         } = verdict
         {
             if let Some(ns) = self.holder_elsewhere(&lock).await? {
+                // Seen: its grace starts again once it is gone from there too.
+                clock.holder_present(&lock);
                 verdict = verdict::judge(&lock, HolderSeen::Elsewhere(ns), &self.policy);
             } else if purpose == Purpose::BeforeWrite {
                 // That search took time: the holder read must be the last
@@ -425,9 +427,22 @@ impl Observer {
         let _turn = self.lists.acquire().await;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let mut named = Vec::new();
-        crate::for_each_page(&api, 100, &format!("listing pods in {namespace}"), |page| {
-            named.extend(page.into_iter().filter(|p| lock::lease::names(host, p)));
-        })
+        let what = format!("listing pods in {namespace}");
+        let api = &api;
+        let list = |lp: ListParams| async move { api.list(&lp).await };
+        crate::for_each_page(
+            &what,
+            &ListParams::default(),
+            100,
+            list,
+            |page| match page {
+                // A pod seen twice must not look like two.
+                Paged::StartOver => named.clear(),
+                Paged::Items(pods) => {
+                    named.extend(pods.into_iter().filter(|p| lock::lease::names(host, p)))
+                }
+            },
+        )
         .await?;
         Ok(named)
     }

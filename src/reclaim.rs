@@ -70,6 +70,14 @@ impl Reclaimer {
             .await
     }
 
+    /// Records a write this replica made, leading or not (`Events::record`).
+    async fn record_event(&self, j: &Judgement, say: Say) -> bool {
+        let related = j.lock.as_ref().map(events::holder_ref);
+        self.events
+            .record(&events::ref_of(j.key.kind, &j.meta), related, say)
+            .await
+    }
+
     /// Reports a lock the janitor will never touch (ambiguous or
     /// unmanageable); whether the Event was written.
     pub async fn report_untouchable(&self, j: &Judgement) -> bool {
@@ -249,10 +257,13 @@ impl Reclaimer {
                         self.marker
                     ),
                 };
-                // Written before the reclaim counts as done: after a crash,
-                // `takeover::restore` finds the takeovers to await from
-                // these Events alone.
-                self.publish(j, say).await;
+                // Written before the reclaim counts as done, leading or
+                // not: after a crash, `takeover::restore` finds the
+                // takeovers to await from these Events alone.
+                if !self.record_event(j, say).await {
+                    warn!(namespace = %j.key.namespace, lock = %j.key.name,
+                          "the reclaim's Event could not be written: a restart before its takeover would not await it");
+                }
                 if self.mode.delete_pod {
                     self.delete_dead_pod(j, reason).await;
                 }
@@ -379,7 +390,7 @@ impl Reclaimer {
                     action: "DeletePod",
                     note: format!("Deleted the dead holder pod {name} ({reason})."),
                 };
-                self.publish(j, say).await;
+                self.record_event(j, say).await;
             }
             Err(Error::Kube { source, .. }) if matches!(api_code(&source), Some(404 | 409)) => {
                 info!(

@@ -22,7 +22,7 @@ use kube::{Api, Client};
 use crate::cli::Scope;
 use crate::lock::{holds_data, looks_like_lock};
 use crate::selector::Selector;
-use crate::{call, Error};
+use crate::{call, Error, Paged};
 
 /// Objects per page of a list.
 const PAGE_SIZE: u32 = 500;
@@ -226,53 +226,33 @@ async fn list_namespace(
         Some(ns) => format!("listing configmaps in namespace {ns}"),
         None => "listing configmaps in all namespaces".to_owned(),
     };
-    // A continue token expires (410) if paging takes longer than the etcd
-    // compaction interval; start over then, a few times.
-    let mut restarts = 0;
-    'restart: loop {
-        let mut found = Vec::new();
-        let mut scanned = 0;
-        let mut token: Option<String> = None;
-        loop {
-            let mut lp = ListParams::default().limit(PAGE_SIZE);
-            if let Some(t) = &token {
-                lp = lp.continue_token(t);
-            }
-            let page = match call(what.clone(), api.list_metadata(&lp)).await {
-                Ok(page) => page,
-                Err(Error::Kube {
-                    source: kube::Error::Api(s),
-                    ..
-                }) if s.code == 410 && token.is_some() && restarts < 3 => {
-                    restarts += 1;
-                    tracing::debug!(%what, "continue token expired; listing again");
-                    continue 'restart;
-                }
-                Err(e) => return Err(e),
-            };
-            scanned += page.items.len();
-            for item in page.items {
-                let mut meta = item.metadata;
-                // Not needed, and the largest part of the metadata.
-                meta.managed_fields = None;
-                let labeled = selector.matches(meta.labels.as_ref());
-                if labeled || looks_like_lock(&meta) {
-                    found.push(Candidate {
-                        meta,
-                        labeled,
-                        holds_data: false,
-                    });
-                }
-            }
-            token = page.metadata.continue_.filter(|t| !t.is_empty());
-            if token.is_none() {
-                break;
+    let (mut found, mut scanned) = (Vec::new(), 0);
+    let api = &api;
+    let list = |lp: ListParams| async move { api.list_metadata(&lp).await };
+    crate::for_each_page(&what, &ListParams::default(), PAGE_SIZE, list, |page| {
+        let Paged::Items(items) = page else {
+            (found, scanned) = (Vec::new(), 0);
+            return;
+        };
+        scanned += items.len();
+        for item in items {
+            let mut meta = item.metadata;
+            // Not needed, and the largest part of the metadata.
+            meta.managed_fields = None;
+            let labeled = selector.matches(meta.labels.as_ref());
+            if labeled || looks_like_lock(&meta) {
+                found.push(Candidate {
+                    meta,
+                    labeled,
+                    holds_data: false,
+                });
             }
         }
-        out.candidates.extend(found);
-        out.scanned += scanned;
-        return Ok(());
-    }
+    })
+    .await?;
+    out.candidates.extend(found);
+    out.scanned += scanned;
+    Ok(())
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error.

@@ -12,9 +12,6 @@ use crate::events::{REASON_AMBIGUOUS, REASON_UNMANAGEABLE};
 use crate::lock::{Holder, Unmanageable};
 use crate::verdict::{HeldBecause, LockState, StaleReason, Verdict};
 
-/// How soon a standby judges a stale lock again; taking the lead triggers a
-/// judgement of every lock that is not settled anyway.
-pub const STANDBY_RETRY: Duration = Duration::from_secs(5);
 /// How soon a lock that changed under the write (409) is judged again.
 pub const REJUDGE_AFTER: Duration = Duration::from_millis(500);
 /// A grace or a renewal window is judged again this long after its
@@ -183,6 +180,11 @@ pub enum Next {
     /// Within the resync period.
     Resync,
     After(Duration),
+    /// A stale lock a standby could not free: when this replica takes the
+    /// lead (taking it judges every lock that is not settled), else within
+    /// the resync period. Never a timer of its own: a standby's judgements
+    /// read outside the API budget.
+    OnLead,
     /// Freed: forget it and await a takeover.
     Forget,
 }
@@ -208,7 +210,7 @@ pub fn after(mut state: State, j: &Judged, done: &Done, resync: Duration) -> (St
             Some(Freed::DryRun | Freed::Blocked(_) | Freed::Failed) => {
                 (Phase::Stale(*reason), Next::Resync)
             }
-            Some(Freed::NotLeader) | None => (Phase::Due(s), Next::After(STANDBY_RETRY)),
+            Some(Freed::NotLeader) | None => (Phase::Due(s), Next::OnLead),
         },
         Verdict::Held(HeldBecause::OwnerGoneGrace { remaining })
         | Verdict::Held(HeldBecause::RenewalWindow { remaining }) => {
@@ -294,11 +296,7 @@ mod tests {
                 Phase::Stale(StaleReason::Evicted),
                 Next::Resync,
             ),
-            (
-                Freed::NotLeader,
-                Phase::Due(LockState::Stale),
-                Next::After(STANDBY_RETRY),
-            ),
+            (Freed::NotLeader, Phase::Due(LockState::Stale), Next::OnLead),
         ];
         for (f, phase, next) in table {
             let (s, n) = after(

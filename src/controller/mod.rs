@@ -28,12 +28,12 @@ use crate::lock::{self, Holder, LockKey, LockKind};
 use crate::observe::{Judgement, Observer};
 use crate::reclaim::{Mode, Reclaimer};
 use crate::selector::Selector;
-use crate::verdict::{HeldBecause, Verdict};
 use crate::shared::Shared;
 use crate::takeover::Takeovers;
 use crate::verdict::Policy;
+use crate::verdict::{HeldBecause, Verdict};
 use crate::Error;
-use decide::{Done, Judged, Next, State, Step};
+use decide::{Done, Judged, Next, State, Step, REJUDGE_AFTER};
 use memory::Memory;
 
 /// Retry delay after a first error (counted in `error_policy`); it doubles
@@ -174,12 +174,26 @@ impl Context {
     ) -> Result<Option<Judgement>, Error> {
         let clock = self.memory.clock(key, state);
         let now = k8s_openapi::jiff::Timestamp::now();
-        match watched
+        if let Some(lease) = watched
             .filter(|l| lock::lease::parse(l).is_ok_and(|p| p.host.is_none() || p.expired(now)))
         {
-            Some(lease) => self.observer.judge_watched_lease(key, lease, &clock).await,
-            None => self.observer.judge_live(key, &clock).await,
+            let j = self
+                .observer
+                .judge_watched_lease(key, lease, &clock)
+                .await?;
+            // Only a copy held as released or expired stands; anything
+            // else (a clock that stepped back) is judged from live reads.
+            let held = |j: &Judgement| {
+                matches!(
+                    j.verdict,
+                    Verdict::Held(HeldBecause::Released | HeldBecause::Expired)
+                )
+            };
+            if let Some(j) = j.filter(held) {
+                return Ok(Some(j));
+            }
         }
+        self.observer.judge_live(key, &clock).await
     }
 
     /// Forgets a lock that no longer exists (or no longer carries the
@@ -324,6 +338,10 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
         Next::OnChange if stands => Action::await_change(),
         Next::OnChange | Next::Resync => Action::requeue(resync_after(ctx.settings.resync)),
         Next::After(wait) => Action::requeue(wait),
+        // The lead came while this judgement ran: taking it queued the
+        // locks that were not settled, which this one may have looked.
+        Next::OnLead if ctx.gate.may_write() => Action::requeue(REJUDGE_AFTER),
+        Next::OnLead => Action::requeue(resync_after(ctx.settings.resync)),
         Next::Forget => {
             ctx.forget(&key);
             Action::await_change()

@@ -21,7 +21,7 @@ use super::wiring::TerminalPod;
 use super::{error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta};
 use crate::index::{HolderIndex, LeaseIndex};
 use crate::lock::{self, LockKey};
-use crate::sweep::{self, Plan, Sweep};
+use crate::sweep::{self, Sweep};
 
 /// The ConfigMap side of a scope, as the pod side needs it.
 pub(super) struct ConfigMaps {
@@ -196,7 +196,6 @@ async fn sweeper(
     }
     let scope = ns.as_deref().unwrap_or("all namespaces");
     let health = format!("pods sweep in {scope}");
-    let mut plan = Plan::default();
     let mut lead = ctx.gate.changes();
     let mut first = true;
     let mut failures = 0;
@@ -211,7 +210,7 @@ async fn sweeper(
             let mut found = Sweep::default();
             // Read-only: dropped at shutdown rather than holding the drain.
             let swept = tokio::select! {
-                r = sweep::sweep(&ctx.client, ns.as_deref(), sides.watched(), &mut plan, &mut found) => r,
+                r = sweep::sweep(&ctx.client, ns.as_deref(), sides.watched(), &mut found) => r,
                 _ = shutdown.cancelled() => break,
             };
             match swept {
@@ -223,7 +222,6 @@ async fn sweeper(
                         pods = found.pods,
                         requests = found.requests,
                         namespaces = found.namespaces,
-                        cluster = found.cluster,
                         suspects = found.configmaps.len() + found.leases.len(),
                         "resync sweep done"
                     );

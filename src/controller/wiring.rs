@@ -178,7 +178,8 @@ pub(super) fn queue_unsettled<K: Watched>(
 /// scope queues locks at all (`accepting`: before the first sweep, which
 /// queues them itself). A lock whose reconcile is running as the lead comes
 /// may look settled and be skipped here; that reconcile, as a standby's,
-/// ends in `NotLeader` and looks again after `STANDBY_RETRY`.
+/// ends in `NotLeader`, sees the lead taken and looks again at once
+/// (`decide::Next::OnLead`).
 fn on_lead<K: Watched>(
     ctx: &Context,
     reader: Store<K>,

@@ -32,7 +32,7 @@ pub fn parse(meta: &ObjectMeta) -> Result<Lock, Unmanageable> {
     if owner.name.is_empty() {
         return Err(Unmanageable::EmptyOwnerName);
     }
-    if !super::is_pod_name(&owner.name) {
+    if !crate::dns_subdomain(&owner.name) {
         return Err(Unmanageable::OwnerNameNotAPod);
     }
     if owner.uid.is_empty() {

@@ -221,15 +221,3 @@ impl fmt::Display for Unmanageable {
         }
     }
 }
-
-/// Whether `name` can be a pod's (a DNS-1123 subdomain: lowercase letters,
-/// digits, `-` and `.`, starting and ending alphanumeric, at most 253).
-pub fn is_pod_name(name: &str) -> bool {
-    let ok = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= 253
-        && ok(b[0])
-        && ok(b[b.len() - 1])
-        && b.iter().all(|&c| ok(c) || c == b'-' || c == b'.')
-}
