@@ -18,10 +18,10 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
 use serde_json::{json, Value};
@@ -228,7 +228,7 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
             .await,
     )
     .expect("the release of a Lease that is not opted in is refused");
-    assert!(m.contains("release an opted-in one"), "{m}");
+    assert!(m.contains("release an opted-in, renewed one"), "{m}");
 
     // Adding the opt-in label and anything else: a finalizer (it would wedge
     // the lock), an annotation, a second owner. Each refused, naming the
@@ -335,8 +335,7 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         .expect("client-go's release of an opted-in Lease passes the guard");
 
     // deletePod: RBAC lets it delete every pod; the guard only a dead one.
-    let pods_as_janitor: Api<k8s_openapi::api::core::v1::Pod> =
-        Api::namespaced(janitor_client.clone(), &ns);
+    let pods_as_janitor: Api<Pod> = Api::namespaced(janitor_client.clone(), &ns);
     let m = denied(
         pods_as_janitor
             .delete("holder", &DeleteParams::default())
@@ -344,6 +343,97 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
     )
     .expect("a running pod's delete is refused");
     assert!(m.contains("only a dead holder pod"), "{m}");
+
+    // The guard demands the preconditions the janitor always sends: an
+    // opted-in, lock-shaped ConfigMap is deleted only with both.
+    let shaped = cms
+        .create(
+            &PostParams::default(),
+            &configmap("shaped", &[opt_in], Some(&holder), false),
+        )
+        .await
+        .unwrap();
+    let uid = shaped.metadata.uid.clone();
+    let version = shaped.metadata.resource_version.clone();
+    let with = |uid: Option<String>, resource_version: Option<String>| DeleteParams {
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version,
+        }),
+        ..Default::default()
+    };
+    for (what, dp) in [
+        ("no preconditions", DeleteParams::default()),
+        ("a uid alone", with(uid.clone(), None)),
+        ("a resourceVersion alone", with(None, version.clone())),
+    ] {
+        let m = denied(as_janitor.delete("shaped", &dp).await)
+            .unwrap_or_else(|| panic!("a lock DELETE with {what} was let through"));
+        assert!(m.contains(&policy_name), "{what}: {m}");
+        assert!(
+            m.contains("uid and resourceVersion preconditions"),
+            "{what}: {m}"
+        );
+    }
+    as_janitor
+        .delete("shaped", &with(uid, version))
+        .await
+        .expect("a lock DELETE with both preconditions passes");
+    // A held Lease that was never renewed (no renewTime) is never released.
+    let mut unrenewed = lease.clone();
+    unrenewed.metadata.name = Some("unrenewed-lease".into());
+    unrenewed.metadata.labels = Some(BTreeMap::from([(opt_in.0.into(), opt_in.1.into())]));
+    unrenewed.spec.as_mut().unwrap().renew_time = None;
+    let unrenewed = leases
+        .create(&PostParams::default(), &unrenewed)
+        .await
+        .unwrap();
+    let m = denied(
+        as_janitor_leases
+            .replace(
+                "unrenewed-lease",
+                &PostParams::default(),
+                &release(unrenewed),
+            )
+            .await,
+    )
+    .expect("the release of a Lease without a renewTime is refused");
+    assert!(m.contains("renewed one"), "{m}");
+    // deletePod: a pod whose phase says Failed while its status still says
+    // a container runs is refused; so is a dead pod's DELETE without a uid
+    // precondition; the janitor's own (uid precondition) passes.
+    let pods_admin: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let half = running_pod(&admin, &ns, "half-dead", &node).await;
+    pods_admin
+        .patch_status(
+            "half-dead",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Failed"}})),
+        )
+        .await
+        .unwrap();
+    let m = denied(
+        pods_as_janitor
+            .delete("half-dead", &with(half.metadata.uid.clone(), None))
+            .await,
+    )
+    .expect("a Failed pod with a container running is refused");
+    assert!(m.contains("no container running"), "{m}");
+    let dead_pod = running_pod(&admin, &ns, "dead-pod", &node).await;
+    kubelet::set_failed(&admin, &ns, "dead-pod", "Evicted", "test")
+        .await
+        .unwrap();
+    let m = denied(
+        pods_as_janitor
+            .delete("dead-pod", &DeleteParams::default())
+            .await,
+    )
+    .expect("a dead pod's DELETE without a uid precondition is refused");
+    assert!(m.contains("uid precondition"), "{m}");
+    pods_as_janitor
+        .delete("dead-pod", &with(dead_pod.metadata.uid.clone(), None))
+        .await
+        .expect("a dead pod's DELETE with its uid passes");
 
     // Other users are unaffected.
     cms.delete("unlabeled", &DeleteParams::default())
