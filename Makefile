@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle release release-check
+.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle release release-check push
 
 all: build
 
@@ -66,6 +66,11 @@ test-docker: setup
 ## the chart package and the krew manifest. Cross-compiled here, no Docker engine.
 release: setup
 	hack/release.sh
+
+## Pushes dist/ (make release) to your registry: make push REGISTRY=<host>[/<path>]
+## (PLAIN_HTTP=1 for one without TLS); prints the helm install command for it.
+push: testenv-build
+	hack/push.sh "$(REGISTRY)"
 
 ## Installs dist/ from a local OCI registry, for real: push the image and the chart,
 ## cosign sign + verify, helm install oci:// into a test control plane, digest check.

@@ -85,21 +85,22 @@ curl -fsS "http://$reg/v2/" >/dev/null || fail "the registry does not answer on 
 say "registry $("$REGISTRY" --version 2>&1 | head -n1) on $reg"
 
 # --- 2. push ------------------------------------------------------------------
+# The push and the install are docs/install.md's "From source", exactly:
+# hack/push.sh, then the command it prints.
+export HELM_CONFIG_HOME="$work/helm/config" HELM_CACHE_HOME="$work/helm/cache" HELM_DATA_HOME="$work/helm/data"
+install_cmd="$(PLAIN_HTTP=1 hack/push.sh "$reg/lock-janitor" 2>"$work/push.log")" \
+  || { cat "$work/push.log" >&2; fail "hack/push.sh $reg/lock-janitor"; }
 repo="$reg/lock-janitor/lock-janitor"
-ref="$("$CRANE" push --insecure "$dist/image" "$repo:$version")" || fail "crane push $dist/image $repo:$version"
-digest="${ref##*@}"
+digest="${install_cmd##*image.digest=}"
+ref="$repo@$digest"
 want_digest="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifests"][0]["digest"])' "$dist/image/index.json")"
 [ "$digest" = "$want_digest" ] || fail "pushed digest $digest, the layout's index is $want_digest"
 say "pushed image index $ref"
 mt="$("$CRANE" manifest --insecure "$repo:$version" | python3 -c 'import json,sys; m=json.load(sys.stdin); print(m["mediaType"], sorted(d["platform"]["os"]+"/"+d["platform"]["architecture"] for d in m["manifests"]))')"
 [ "$mt" = "application/vnd.oci.image.index.v1+json ['linux/amd64', 'linux/arm64']" ] || fail "registry serves $repo:$version as: $mt"
 
-export HELM_CONFIG_HOME="$work/helm/config" HELM_CACHE_HOME="$work/helm/cache" HELM_DATA_HOME="$work/helm/data"
-"$helm" push "$dist/lock-janitor-$version.tgz" "oci://$reg/charts" --plain-http >"$work/helm-push.log" 2>&1 \
-  || { cat "$work/helm-push.log" >&2; fail "helm push"; }
-say "pushed chart oci://$reg/charts/lock-janitor:$version ($(grep -o 'sha256:[0-9a-f]*' "$work/helm-push.log" | head -n1))"
+say "pushed chart oci://$reg/lock-janitor/charts/lock-janitor:$version"
 
-# --- 3. sign and verify -------------------------------------------------------
 export COSIGN_PASSWORD=""
 (cd "$work" && "$COSIGN" generate-key-pair >/dev/null 2>&1) || fail "cosign generate-key-pair"
 mkdir -p "$work/other" && (cd "$work/other" && "$COSIGN" generate-key-pair >/dev/null 2>&1) || fail "cosign generate-key-pair (wrong key)"
@@ -132,10 +133,13 @@ kubectl=("$tbin/kubectl")
 ns=lock-janitor
 "${kubectl[@]}" create namespace "$ns" >/dev/null
 "${kubectl[@]}" label namespace "$ns" pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/enforce-version=latest >/dev/null
-"$helm" install lock-janitor "oci://$reg/charts/lock-janitor" --version "$version" --plain-http \
-  --namespace "$ns" --set image.registry= --set image.repository="$repo" --set image.digest="$digest" >"$work/install.log" 2>&1 \
-  || { cat "$work/install.log" >&2; fail "helm install oci://$reg/charts/lock-janitor --version $version"; }
-say "helm install oci://$reg/charts/lock-janitor --version $version: $(grep -m1 '^STATUS' "$work/install.log")"
+case "$install_cmd" in
+  "helm install lock-janitor oci://$reg/lock-janitor/charts/lock-janitor --version $version --plain-http "*) ;;
+  *) fail "hack/push.sh printed an unexpected install command: $install_cmd" ;;
+esac
+(PATH="$tbin:$PATH"; eval "$install_cmd") >"$work/install.log" 2>&1 \
+  || { cat "$work/install.log" >&2; fail "$install_cmd"; }
+say "$install_cmd: $(grep -m1 '^STATUS' "$work/install.log")"
 "$helm" get manifest lock-janitor -n "$ns" >"$work/manifest.yaml"
 n="$(python3 - "$work/manifest.yaml" "$ns" <<'EOF'
 import sys, yaml

@@ -159,10 +159,22 @@ impl Install {
             .collect::<Vec<_>>()
             .join(",")
     }
-    /// `helm upgrade <release> <chart> -n <ns> --reuse-values`, for hints.
+    /// `helm upgrade` of this install, for hints: the chart version it runs
+    /// pinned (from its `helm.sh/chart` label), and the new chart's
+    /// defaults under the install's own values (`--reuse-values` alone
+    /// would keep the old chart's defaults, and without `--version` helm
+    /// would take the newest chart).
     pub fn helm_upgrade(&self, set: &str) -> String {
+        let version = self
+            .deployment
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("helm.sh/chart"))
+            .and_then(|c| c.strip_prefix("lock-janitor-"))
+            .unwrap_or("<installed version>");
         format!(
-            "helm upgrade {} oci://ghcr.io/lock-janitor/charts/lock-janitor -n {} --reuse-values {set}",
+            "helm upgrade {} oci://ghcr.io/lock-janitor/charts/lock-janitor --version {version} -n {} --reset-then-reuse-values {set}",
             self.release.as_deref().unwrap_or("<release>"),
             self.namespace
         )
