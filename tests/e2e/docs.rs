@@ -591,3 +591,74 @@ async fn metrics_listed_are_the_metrics_exported() {
         listed.difference(&exported).collect::<Vec<_>>()
     );
 }
+
+/// The modules of `dir` by name: its `.rs` files' stems and its
+/// subdirectories (a subdirectory beside a file of its name, such as
+/// `memory.rs` and `memory/`, is that module's).
+fn modules_in(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.strip_suffix(".rs").map_or(name.clone(), str::to_owned)
+        })
+        .collect()
+}
+
+/// docs/development.md's layout names every module of src/ and nothing
+/// that is not there: each `name.rs` and `name/` of its code block exists
+/// in src/, a directory's `(a b c)` lists exactly its modules, and every
+/// entry of src/ is named.
+#[test]
+fn the_layout_in_development_md_is_the_tree() {
+    let doc = read("docs/development.md");
+    let block = doc
+        .split("## Layout")
+        .nth(1)
+        .and_then(|s| s.split("```").nth(1))
+        .expect("a code block under ## Layout in docs/development.md");
+    let src = root().join("src");
+    let ident = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+    let mut named = BTreeSet::new();
+    for line in block.lines().filter(|l| !l.starts_with('#')) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let mut i = 0;
+        while i < words.len() {
+            let w = words[i];
+            if let Some(dir) = w.strip_suffix('/').filter(|d| ident(d)) {
+                assert!(
+                    src.join(dir).is_dir(),
+                    "the layout names {w}, not a directory of src/"
+                );
+                named.insert(dir.to_owned());
+                if words.get(i + 1).is_some_and(|n| n.starts_with('(')) {
+                    let mut listed = BTreeSet::new();
+                    loop {
+                        i += 1;
+                        let m = words
+                            .get(i)
+                            .unwrap_or_else(|| panic!("{w}'s list is not closed"));
+                        listed.insert(m.trim_matches(|c| c == '(' || c == ')').to_owned());
+                        if m.ends_with(')') {
+                            break;
+                        }
+                    }
+                    assert_eq!(listed, modules_in(&src.join(dir)), "the modules of src/{w}");
+                }
+            } else if let Some(file) = w.strip_suffix(".rs").filter(|f| ident(f)) {
+                assert!(
+                    src.join(w).is_file(),
+                    "the layout names {w}, not a file of src/"
+                );
+                named.insert(file.to_owned());
+            }
+            i += 1;
+        }
+    }
+    assert_eq!(
+        named,
+        modules_in(&src),
+        "the entries of src/ and the layout's"
+    );
+}
