@@ -10,14 +10,12 @@
 //! matters. The other tests share the usual control plane (collector on).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -25,112 +23,15 @@ use lock_janitor_testenv::audit::{self, AuditEvent};
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane, Options};
 use serde_json::Value;
 
+use crate::support::cli::{command, run, run_with, Run};
+use crate::support::*;
+
 const WATCH: &str = "lock-janitor.io/watch";
+/// The node every test's pods run on (created with the first of them).
+const NODE: &str = "scan-node";
 
 // ---------------------------------------------------------------------------
 // Helpers
-
-/// The outcome of one run of the binary.
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
-            panic!(
-                "stdout is not one JSON document ({e}):\n{}\nstderr:\n{}",
-                self.stdout, self.stderr
-            )
-        })
-    }
-}
-
-impl std::fmt::Display for Run {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {}\n--- stdout ---\n{}--- stderr ---\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_lock-janitor")
-}
-
-/// A command with a clean environment: only `KUBECONFIG` says where the cluster is.
-fn command(kubeconfig: &Path, args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(bin());
-    cmd.args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "warn")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("LOCK_JANITOR_") && k != "LOCK_JANITOR_TESTENV_BIN" {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-async fn run_with(mut cmd: tokio::process::Command) -> Run {
-    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
-        .await
-        .expect("the command finished within 120s")
-        .expect("the command started");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-async fn run(kubeconfig: &Path, args: &[&str]) -> Run {
-    run_with(command(kubeconfig, args)).await
-}
-
-/// Polls `f` every 200 ms until it returns `Some`, or panics after `timeout`.
-async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn pod_owner(name: &str, uid: &str) -> OwnerReference {
-    OwnerReference {
-        api_version: "v1".into(),
-        kind: "Pod".into(),
-        name: name.into(),
-        uid: uid.into(),
-        ..Default::default()
-    }
-}
-
-fn owner_of(pod: &Pod) -> OwnerReference {
-    pod_owner(
-        pod.metadata.name.as_deref().unwrap(),
-        pod.metadata.uid.as_deref().unwrap(),
-    )
-}
 
 /// Creates a ConfigMap with these owners and labels (operator-lib's lock:
 /// one Pod owner, no labels, a little data).
@@ -162,17 +63,8 @@ async fn configmap(
         .unwrap_or_else(|e| panic!("creating configmap {ns}/{name}: {e}"))
 }
 
-async fn running_pod(client: &Client, ns: &str, name: &str) -> Pod {
-    kubelet::create_pod(client, ns, name, "scan-node", &[])
-        .await
-        .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
-    kubelet::set_running(client, ns, name)
-        .await
-        .unwrap_or_else(|e| panic!("pod {name} running: {e}"))
-}
-
 async fn evicted_pod(client: &Client, ns: &str, name: &str) -> Pod {
-    running_pod(client, ns, name).await;
+    running_pod(client, ns, name, NODE).await;
     kubelet::set_failed(
         client,
         ns,
@@ -376,56 +268,6 @@ fn names(events: &[AuditEvent]) -> BTreeSet<String> {
     events.iter().filter_map(|e| e.name.clone()).collect()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// Grants `user` the `verbs` on `resources` (core group) in `ns`.
-async fn grant(client: &Client, ns: &str, user: &str, resources: &[&str], verbs: &[&str]) {
-    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let role = Role {
-        metadata: ObjectMeta {
-            name: Some(user.into()),
-            ..Default::default()
-        },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(strings(resources)),
-            verbs: strings(verbs),
-            ..Default::default()
-        }]),
-    };
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some(user.into()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: user.into(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: user.into(),
-            ..Default::default()
-        }]),
-    };
-    let pp = PostParams::default();
-    Api::<Role>::namespaced(client.clone(), ns)
-        .create(&pp, &role)
-        .await
-        .expect("create role");
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
-        .create(&pp, &binding)
-        .await
-        .expect("create rolebinding");
-}
-
 /// Waits until `user` may list ConfigMaps in `ns` (RBAC changes take a moment).
 async fn wait_until_can_list(cp: &ControlPlane, ns: &str, user: &str) {
     let mut config = cp.kube_config();
@@ -445,27 +287,6 @@ async fn wait_until_can_list(cp: &ControlPlane, ns: &str, user: &str) {
     .await;
 }
 
-/// A copy of the admin kubeconfig that acts as `user` (impersonation).
-fn kubeconfig_as(cp: &ControlPlane, user: &str, file: &str) -> PathBuf {
-    let admin = std::fs::read_to_string(cp.kubeconfig_path()).expect("admin kubeconfig");
-    let text = admin.replacen("  user:\n", &format!("  user:\n    as: {user}\n"), 1);
-    assert_ne!(text, admin, "kubeconfig layout changed: cannot add `as:`");
-    let path = cp.dir().join(file);
-    std::fs::write(&path, text).expect("write kubeconfig");
-    path
-}
-
-/// A copy of the admin kubeconfig pointing at a port where nothing listens.
-fn kubeconfig_unreachable(cp: &ControlPlane, file: &str) -> PathBuf {
-    let admin = std::fs::read_to_string(cp.kubeconfig_path()).expect("admin kubeconfig");
-    let port = free_port();
-    let text = admin.replace(cp.server_url(), &format!("https://127.0.0.1:{port}"));
-    assert_ne!(text, admin, "kubeconfig has no {}", cp.server_url());
-    let path = cp.dir().join(file);
-    std::fs::write(&path, text).expect("write kubeconfig");
-    path
-}
-
 // ---------------------------------------------------------------------------
 // scan
 
@@ -482,7 +303,7 @@ async fn scan_finds_candidates_and_judges_them_like_the_controller() {
     let client = cp.client().await.unwrap();
     let ns = fresh_namespace(&client, "scan-verdicts").await;
 
-    let live = running_pod(&client, &ns, "live-op").await;
+    let live = running_pod(&client, &ns, "live-op", NODE).await;
     let evicted = evicted_pod(&client, &ns, "evicted-op").await;
     let deploy = deployment(&client, &ns, "some-app").await;
     // Candidates: labeled or not, a live, an evicted and a never-existing holder.
@@ -490,19 +311,23 @@ async fn scan_finds_candidates_and_judges_them_like_the_controller() {
         &client,
         &ns,
         "live-lock",
-        vec![owner_of(&live)],
+        vec![pod_owner(&live)],
         &[(WATCH, "true")],
     )
     .await;
-    configmap(&client, &ns, "evicted-lock", vec![owner_of(&evicted)], &[]).await;
+    configmap(&client, &ns, "evicted-lock", vec![pod_owner(&evicted)], &[]).await;
     configmap(
         &client,
         &ns,
         "ghost-lock",
-        vec![pod_owner(
-            "ghost-op",
-            "0b5e8f3c-6d1a-4c57-9d0e-000000000001",
-        )],
+        vec![pod_owner(&Pod {
+            metadata: ObjectMeta {
+                name: Some("ghost-op".into()),
+                uid: Some("0b5e8f3c-6d1a-4c57-9d0e-000000000001".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })],
         &[],
     )
     .await;
@@ -522,7 +347,7 @@ async fn scan_finds_candidates_and_judges_them_like_the_controller() {
         &client,
         &ns,
         "two-owners",
-        vec![owner_of(&live), owner_of(&evicted)],
+        vec![pod_owner(&live), pod_owner(&evicted)],
         &[],
     )
     .await;
@@ -680,13 +505,13 @@ async fn scan_json_carries_every_column() {
     let client = cp.client().await.unwrap();
     let ns = fresh_namespace(&client, "scan-json").await;
     let other = fresh_namespace(&client, "scan-json-other").await;
-    let live = running_pod(&client, &ns, "memcached-operator-7d9f8b6c5-x2x9k").await;
+    let live = running_pod(&client, &ns, "memcached-operator-7d9f8b6c5-x2x9k", NODE).await;
     let evicted = evicted_pod(&client, &other, "redis-operator-5c8d7f9b4-abcde").await;
     configmap(
         &client,
         &ns,
         "memcached-operator-lock",
-        vec![owner_of(&live)],
+        vec![pod_owner(&live)],
         &[],
     )
     .await;
@@ -694,7 +519,7 @@ async fn scan_json_carries_every_column() {
         &client,
         &other,
         "redis-operator-lock",
-        vec![owner_of(&evicted)],
+        vec![pod_owner(&evicted)],
         &[(WATCH, "true")],
     )
     .await;
@@ -912,7 +737,7 @@ async fn piped_tables_are_never_cut() {
         &client,
         &ns,
         &lock,
-        vec![owner_of(&pod)],
+        vec![pod_owner(&pod)],
         &[(WATCH, "true")],
     )
     .await;
@@ -946,7 +771,7 @@ async fn scan_and_label_fail_with_a_clear_message() {
     let ns = fresh_namespace(&client, "scan-errors").await;
 
     // No access: says which list was forbidden.
-    let nobody = kubeconfig_as(cp, "scan-nobody", "kubeconfig-scan-nobody");
+    let nobody = kubeconfig_as(cp, "scan-nobody");
     let r = run(&nobody, &["scan", "-n", &ns]).await;
     assert_eq!(r.code, 1, "{r}");
     assert!(
@@ -961,11 +786,18 @@ async fn scan_and_label_fail_with_a_clear_message() {
     assert!(r.stderr.contains("forbidden"), "{r}");
 
     // May list ConfigMaps, nothing else: each command says what it lacks.
-    let pod = running_pod(&client, &ns, "op").await;
-    configmap(&client, &ns, "op-lock", vec![owner_of(&pod)], &[]).await;
-    grant(&client, &ns, "scan-reader", &["configmaps"], &["list"]).await;
+    let pod = running_pod(&client, &ns, "op", NODE).await;
+    configmap(&client, &ns, "op-lock", vec![pod_owner(&pod)], &[]).await;
+    grant_in(
+        &client,
+        &ns,
+        "scan-reader",
+        user("scan-reader"),
+        vec![rule(&[""], &["configmaps"], &["list"])],
+    )
+    .await;
     wait_until_can_list(cp, &ns, "scan-reader").await;
-    let reader = kubeconfig_as(cp, "scan-reader", "kubeconfig-scan-reader");
+    let reader = kubeconfig_as(cp, "scan-reader");
     // An unlabeled candidate is read whole (is it empty, lock-shaped?).
     for args in [vec!["scan", "-n", &ns], vec!["label", "-n", &ns]] {
         let r = run(&reader, &args).await;
@@ -1027,7 +859,7 @@ async fn scan_and_label_fail_with_a_clear_message() {
     assert!(r.stderr.contains("no Kubernetes cluster configured"), "{r}");
 
     // A cluster that does not answer.
-    let down = kubeconfig_unreachable(cp, "kubeconfig-scan-down");
+    let down = kubeconfig_unreachable(cp);
     let r = run(&down, &["scan", "-n", &ns]).await;
     assert_eq!(r.code, 1, "{r}");
     assert!(
@@ -1054,18 +886,25 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
     let kc = cp.kubeconfig_path();
     let client = cp.client().await.unwrap();
     let ns = fresh_namespace(&client, "label").await;
-    let a = running_pod(&client, &ns, "a-op").await;
+    let a = running_pod(&client, &ns, "a-op", NODE).await;
     let b = evicted_pod(&client, &ns, "b-op").await;
-    let c = running_pod(&client, &ns, "c-op").await;
+    let c = running_pod(&client, &ns, "c-op", NODE).await;
     let deploy = deployment(&client, &ns, "some-app").await;
-    configmap(&client, &ns, "a-lock", vec![owner_of(&a)], &[]).await;
-    configmap(&client, &ns, "b-lock", vec![owner_of(&b)], &[("team", "x")]).await;
-    configmap(&client, &ns, "skip-lock", vec![owner_of(&c)], &[]).await;
+    configmap(&client, &ns, "a-lock", vec![pod_owner(&a)], &[]).await;
+    configmap(
+        &client,
+        &ns,
+        "b-lock",
+        vec![pod_owner(&b)],
+        &[("team", "x")],
+    )
+    .await;
+    configmap(&client, &ns, "skip-lock", vec![pod_owner(&c)], &[]).await;
     configmap(
         &client,
         &ns,
         "already-lock",
-        vec![owner_of(&a)],
+        vec![pod_owner(&a)],
         &[(WATCH, "true")],
     )
     .await;
@@ -1073,7 +912,7 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
         &client,
         &ns,
         "optout-lock",
-        vec![owner_of(&c)],
+        vec![pod_owner(&c)],
         &[(WATCH, "false")],
     )
     .await;
@@ -1090,7 +929,7 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
         &client,
         &ns,
         "two-owners",
-        vec![owner_of(&a), owner_of(&c)],
+        vec![pod_owner(&a), pod_owner(&c)],
         &[],
     )
     .await;
@@ -1226,15 +1065,15 @@ async fn label_output_fits_kubectl_habits() {
     let ns = fresh_namespace(&client, "label-out").await;
     let holder = format!("operator-{}-7d9f8b6c5-x2x9k", "p".repeat(120));
     let lock = format!("operator-lock-{}", "l".repeat(150));
-    let pod = running_pod(&client, &ns, &holder).await;
-    let other = running_pod(&client, &ns, "other-op").await;
-    let lease_op = running_pod(&client, &ns, "lease-op").await;
-    configmap(&client, &ns, &lock, vec![owner_of(&pod)], &[]).await;
+    let pod = running_pod(&client, &ns, &holder, NODE).await;
+    let other = running_pod(&client, &ns, "other-op", NODE).await;
+    let lease_op = running_pod(&client, &ns, "lease-op", NODE).await;
+    configmap(&client, &ns, &lock, vec![pod_owner(&pod)], &[]).await;
     configmap(
         &client,
         &ns,
         "in-lock",
-        vec![owner_of(&other)],
+        vec![pod_owner(&other)],
         &[(WATCH, "true")],
     )
     .await;
@@ -1242,7 +1081,7 @@ async fn label_output_fits_kubectl_habits() {
         &client,
         &ns,
         "out-lock",
-        vec![owner_of(&other)],
+        vec![pod_owner(&other)],
         &[(WATCH, "false")],
     )
     .await;
@@ -1437,9 +1276,9 @@ async fn configmaps_with_data_are_not_lock_candidates() {
     let kc = cp.kubeconfig_path();
     let client = cp.client().await.unwrap();
     let ns = fresh_namespace(&client, "with-data").await;
-    let driver = running_pod(&client, &ns, "spark-driver").await;
-    let op = running_pod(&client, &ns, "op").await;
-    configmap(&client, &ns, "op-lock", vec![owner_of(&op)], &[]).await;
+    let driver = running_pod(&client, &ns, "spark-driver", NODE).await;
+    let op = running_pod(&client, &ns, "op", NODE).await;
+    configmap(&client, &ns, "op-lock", vec![pod_owner(&op)], &[]).await;
     let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
     for (name, data, binary) in [
         (
@@ -1462,7 +1301,7 @@ async fn configmaps_with_data_are_not_lock_candidates() {
         let cm = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.into()),
-                owner_references: Some(vec![owner_of(&driver)]),
+                owner_references: Some(vec![pod_owner(&driver)]),
                 ..Default::default()
             },
             data,
@@ -1516,8 +1355,8 @@ async fn label_never_overwrites_a_concurrent_change() {
     let cp = shared().await;
     let client = cp.client().await.unwrap();
     let ns = fresh_namespace(&client, "label-conflict").await;
-    let pod = running_pod(&client, &ns, "op").await;
-    let read = configmap(&client, &ns, "op-lock", vec![owner_of(&pod)], &[]).await;
+    let pod = running_pod(&client, &ns, "op", NODE).await;
+    let read = configmap(&client, &ns, "op-lock", vec![pod_owner(&pod)], &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     // Someone else changes it after label read it...
     cms.patch(
@@ -1557,7 +1396,7 @@ async fn controller_reclaims_a_newly_labeled_stale_lock() {
     let client = cp.client().await.unwrap();
     let ns = fresh_namespace(&client, "label-reclaim").await;
     let evicted = evicted_pod(&client, &ns, "op-evicted").await;
-    configmap(&client, &ns, "op-lock", vec![owner_of(&evicted)], &[]).await;
+    configmap(&client, &ns, "op-lock", vec![pod_owner(&evicted)], &[]).await;
 
     let port = free_port();
     let log = cp.dir().join(format!("janitor-{ns}.log"));
@@ -1584,7 +1423,7 @@ async fn controller_reclaims_a_newly_labeled_stale_lock() {
 
     // Ready: its watches have synced.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !readyz(port).await {
+    while !matches!(http_get(port, "/readyz").await, Ok((200, _))) {
         if let Ok(Some(st)) = janitor.try_wait() {
             panic!("the janitor exited ({st}):\n{}", logs());
         }
@@ -1648,20 +1487,4 @@ async fn controller_reclaims_a_newly_labeled_stale_lock() {
     assert!(r.stderr.contains("No lock candidates"), "{r}");
 
     janitor.kill().await.expect("kill the janitor");
-}
-
-async fn readyz(port: u16) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-        return false;
-    };
-    if s.write_all(b"GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .await
-        .is_err()
-    {
-        return false;
-    }
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf).await;
-    buf.starts_with("HTTP/1.1 200") || buf.starts_with("HTTP/1.0 200")
 }

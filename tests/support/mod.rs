@@ -16,6 +16,7 @@ use kube::{Api, Client};
 use lock_janitor_testenv::ControlPlane;
 
 pub mod chart;
+pub mod cli;
 pub mod lease;
 
 pub const WATCH_LABEL: (&str, &str) = ("lock-janitor.io/watch", "true");
@@ -100,6 +101,18 @@ pub fn kubeconfig_as(cp: &ControlPlane, user: &str) -> PathBuf {
         std::fs::write(&tmp, text).expect("write kubeconfig");
         std::fs::rename(&tmp, &path).expect("rename kubeconfig");
     }
+    path
+}
+
+/// A copy of the admin kubeconfig pointing at a port where nothing listens.
+pub fn kubeconfig_unreachable(cp: &ControlPlane) -> PathBuf {
+    let admin = std::fs::read_to_string(cp.kubeconfig_path()).expect("admin kubeconfig");
+    let port = free_port();
+    let text = admin.replace(cp.server_url(), &format!("https://127.0.0.1:{port}"));
+    assert_ne!(text, admin, "kubeconfig has no {}", cp.server_url());
+    // Named after the port, which is all that differs between two.
+    let path = cp.dir().join(format!("kubeconfig-unreachable-{port}"));
+    std::fs::write(&path, text).expect("write kubeconfig");
     path
 }
 
