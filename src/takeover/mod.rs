@@ -377,7 +377,15 @@ async fn look_lease(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, cra
             Ok(Look::Done("held again under the same identity"))
         }
         Some(_) => Ok(Look::Taken(Box::new(TakenBy {
-            at: parsed.renewed,
+            // When the new holder took it (every elector sets acquireTime
+            // as it takes a Lease); its latest renewal only when it does
+            // not say: that is when the follower looked, not the takeover.
+            at: lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.acquire_time.as_ref())
+                .map(|t| t.0)
+                .or(parsed.renewed),
             lock: events::ref_of(LockKind::Lease, &lease.metadata),
             holder: crate::observe::lease_lock(&parsed, None),
             cm: None,
