@@ -520,7 +520,13 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         "{}",
         j.logs()
     );
-    let m = j.metrics().await;
+    metrics_reclaimed(
+        &j,
+        &[("kind", "configmap"), ("namespace", ns.as_str())],
+        1.0,
+    )
+    .await;
+    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("namespace", ns.as_str())], 1.0).await;
     for kind in ["configmap", "lease"] {
         assert_eq!(
             sample(

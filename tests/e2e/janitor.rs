@@ -109,12 +109,12 @@ async fn reclaimed_when(prefix: &str, kill: impl AsyncFnOnce(&Scenario, &str), l
     kill(&s, "leader").await;
     s.wait_gone("op-lock").await;
 
-    let m = j.metrics().await;
     let labels = [
         ("namespace", s.ns.as_str()),
         ("lock", "op-lock"),
         ("reason", label),
     ];
+    let m = metrics_reclaimed(&j, &labels, 1.0).await;
     assert_eq!(
         sample(&m, "lock_janitor_reclaims_total", &labels),
         Some(1.0),
@@ -407,7 +407,7 @@ async fn delete_pod_deletes_the_dead_holder_and_never_a_live_one() {
     assert_eq!(pod_deletes[0].name.as_deref(), Some("leader"));
 
     // Every metric of docs/design.md is exposed (stale_locks: see the dry-run test).
-    let m = j.metrics().await;
+    let m = metrics_reclaimed(&j, &[("namespace", s.ns.as_str())], 1.0).await;
     assert_eq!(
         sample(
             &m,
@@ -559,8 +559,8 @@ async fn restarted_janitor_converges() {
         },
     )
     .await;
-    let m = second.metrics().await;
     let ns = s.ns.as_str();
+    let m = metrics_reclaimed(&second, &[("namespace", ns), ("lock", "b-lock")], 1.0).await;
     assert_eq!(
         sample(
             &m,

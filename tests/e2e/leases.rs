@@ -99,7 +99,7 @@ async fn real_candidate_leads_within_seconds_after_its_leaders_eviction() {
         ("update", Some(200)),
         "{writes:#?}"
     );
-    let m = j.metrics().await;
+    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("lock", "op-lease")], 1.0).await;
     let labels = [
         ("kind", "lease"),
         ("namespace", s.ns.as_str()),
@@ -235,7 +235,10 @@ async fn every_lease_verdict_end_to_end() {
         (sweeps(&j) >= before + 2).then_some(())
     })
     .await;
-    let m = j.metrics().await;
+    for reason in ["Evicted", "Shutdown", "Failed"] {
+        metrics_reclaimed(&j, &[("kind", "lease"), ("reason", reason)], 1.0).await;
+    }
+    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("reason", "Succeeded")], 1.0).await;
     let count = |state: &str| {
         sample(
             &m,

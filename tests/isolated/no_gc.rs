@@ -49,12 +49,12 @@ async fn owner_gone_lock_is_reclaimed_after_the_grace() {
         "the janitor waited out the grace first:\n{}",
         j.logs()
     );
-    let m = j.metrics().await;
     let labels = [
         ("namespace", ns.as_str()),
         ("lock", "op-lock"),
         ("reason", "OwnerGone"),
     ];
+    let m = metrics_reclaimed(&j, &labels, 1.0).await;
     assert_eq!(
         sample(&m, "lock_janitor_reclaims_total", &labels),
         Some(1.0),

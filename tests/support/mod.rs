@@ -433,6 +433,21 @@ impl Drop for Janitor {
     }
 }
 
+/// The janitor's metrics once `lock_janitor_reclaims_total{labels}` (the
+/// first series these labels match) reached `n`: a reclaim is counted just after its Event
+/// is written, a moment after the write a test sees.
+pub async fn metrics_reclaimed(j: &Janitor, labels: &[(&str, &str)], n: f64) -> String {
+    wait_for(
+        &format!("lock_janitor_reclaims_total{labels:?} at {n}"),
+        Duration::from_secs(30),
+        || async {
+            let m = j.metrics().await;
+            (sample(&m, "lock_janitor_reclaims_total", labels).is_some_and(|v| v >= n)).then_some(m)
+        },
+    )
+    .await
+}
+
 /// A leader-for-life lock exactly as operator-lib writes it: a ConfigMap whose
 /// only ownerReference is the leader's own pod.
 pub fn lock_for(name: &str, holder: &Pod, labeled: bool) -> ConfigMap {
