@@ -470,7 +470,7 @@ fn where_time_goes(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[M
         "status write -> first request: {}\n    first request -> DELETE:       {}\n    reads before the DELETE:       {}",
         distribution(to_first),
         distribution(to_delete),
-        distribution(reads)
+        counts(reads)
     )
 }
 

@@ -105,19 +105,29 @@ pub fn mib(kib: u64) -> String {
 }
 
 /// min / median / p90 / max of a sample, in seconds.
-pub fn distribution(mut v: Vec<f64>) -> String {
+pub fn distribution(v: Vec<f64>) -> String {
+    distribution_of(v, "s", 3)
+}
+
+/// min / median / p90 / max of a count (requests, say).
+pub fn counts(v: Vec<f64>) -> String {
+    distribution_of(v, "", 0)
+}
+
+fn distribution_of(mut v: Vec<f64>, unit: &str, digits: usize) -> String {
     if v.is_empty() {
         return "no samples".into();
     }
     v.sort_by(f64::total_cmp);
     let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
     format!(
-        "n={}  min {:.3}s  median {:.3}s  p90 {:.3}s  max {:.3}s",
+        "n={}  min {:.d$}{unit}  median {:.d$}{unit}  p90 {:.d$}{unit}  max {:.d$}{unit}",
         v.len(),
         v[0],
         at(0.5),
         at(0.9),
-        v[v.len() - 1]
+        v[v.len() - 1],
+        d = digits
     )
 }
 
