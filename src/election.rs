@@ -78,6 +78,12 @@ impl Gate {
         self.changes.clone()
     }
 
+    /// Whether the election last said this replica leads (its claim may
+    /// have lapsed since, for a moment, while a renewal runs late).
+    pub fn leads(&self) -> bool {
+        self.changes.as_ref().is_none_or(|c| *c.borrow())
+    }
+
     pub fn may_write(&self) -> bool {
         match &self.state {
             None => true,

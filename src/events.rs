@@ -30,6 +30,8 @@ pub const REASON_BLOCKED: &str = "LockDeletionBlocked";
 const MAX_NOTE: usize = 1024;
 /// How often the Event of a write made is tried (1 s, then 2 s apart).
 const RECORD_ATTEMPTS: u32 = 3;
+/// All the attempts of one such Event together.
+const RECORD_WITHIN: Duration = Duration::from_secs(10);
 
 fn truncate(mut note: String) -> String {
     if note.len() > MAX_NOTE {
@@ -125,22 +127,30 @@ impl Events {
     /// Records a write this replica made (a reclaim, a dead pod deleted),
     /// whether it still leads or not: the lead may be lost during the
     /// write, and `takeover::restore` finds what to await from these
-    /// Events alone. Tried `RECORD_ATTEMPTS` times; true if written.
+    /// Events alone. Tried `RECORD_ATTEMPTS` times within `RECORD_WITHIN`;
+    /// true if written.
     pub async fn record(
         &self,
         regarding: &ObjectReference,
         related: Option<ObjectReference>,
         say: Say,
     ) -> bool {
-        for attempt in 1..=RECORD_ATTEMPTS {
-            if self.write(regarding, related.clone(), &say).await {
-                return true;
+        let tries = async {
+            for attempt in 1..=RECORD_ATTEMPTS {
+                if self.write(regarding, related.clone(), &say).await {
+                    return true;
+                }
+                if attempt < RECORD_ATTEMPTS {
+                    tokio::time::sleep(Duration::from_secs(u64::from(attempt))).await;
+                }
             }
-            if attempt < RECORD_ATTEMPTS {
-                tokio::time::sleep(Duration::from_secs(u64::from(attempt))).await;
-            }
-        }
-        false
+            false
+        };
+        // Bounded as a whole: a slow Events API must not hold a reconcile
+        // worker (16 per kind) for three API timeouts.
+        tokio::time::timeout(RECORD_WITHIN, tries)
+            .await
+            .unwrap_or(false)
     }
 
     async fn write(

@@ -34,6 +34,9 @@ use crate::verdict::Policy;
 use crate::verdict::{HeldBecause, Verdict};
 use crate::Error;
 use decide::{Done, Judged, Next, State, Step, REJUDGE_AFTER};
+
+/// How soon a leader whose claim had lapsed during a write judges again.
+const LAPSED_RETRY: Duration = Duration::from_secs(5);
 use memory::Memory;
 
 /// Retry delay after a first error (counted in `error_policy`); it doubles
@@ -341,6 +344,9 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
         // The lead came while this judgement ran: taking it queued the
         // locks that were not settled, which this one may have looked.
         Next::OnLead if ctx.gate.may_write() => Action::requeue(REJUDGE_AFTER),
+        // A leader whose claim lapsed while a renewal ran late: no lead
+        // change will queue it again, so it looks again soon.
+        Next::OnLead if ctx.gate.leads() => Action::requeue(LAPSED_RETRY),
         Next::OnLead => Action::requeue(resync_after(ctx.settings.resync)),
         Next::Forget => {
             ctx.forget(&key);
