@@ -100,8 +100,11 @@ impl Gate {
 /// Returns the gate at once; the task runs in the background.
 ///
 /// A leader whose watches have been failing past the readiness threshold
-/// (`readiness`: not ready for a minute) releases the lease and does not
-/// try to lead again until they work: a healthy standby leads meanwhile.
+/// (`readiness`: not ready for a minute) offers the lease to a ready
+/// replica (releases it); a replica that is not ready takes only a lease
+/// nobody took for a lease duration. So a ready standby leads if there is
+/// one, and otherwise the not-ready one leads its healthy scopes again
+/// (one broken namespace does not stop reclaims in the others).
 pub fn start(
     client: Client,
     election: Election,
@@ -120,40 +123,51 @@ pub fn start(
         tokio::spawn(async move {
             let api: Api<Lease> = Api::namespaced(client, &election.namespace);
             let mut leading = false;
-            let mut handed_over = false;
+            // While not ready: the failing watches when this replica last
+            // offered the lease (or took it back), and when.
+            let mut offered: Option<(Vec<String>, Instant)> = None;
             loop {
                 let started = Instant::now();
                 let failing = readiness.failing_watches();
-                if !failing.is_empty() {
-                    if !handed_over {
-                        handed_over = true;
-                        warn!(lease = %election.lease, failing = ?failing,
-                              "not ready (watches failing for over a minute): handing the leader lease over to a ready replica");
+                let mut offering = false;
+                if failing.is_empty() {
+                    if offered.take().is_some() {
+                        info!(lease = %election.lease, "ready again: leading or standing by as usual");
                     }
-                    if gate.may_write() {
-                        state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
-                        match release(&api, &election).await {
-                            Ok(()) => {
-                                info!(lease = %election.lease, "released the leader lease while not ready")
-                            }
-                            Err(e) => {
-                                metrics.leader_renew_errors.inc();
-                                warn!(lease = %election.lease, error = %e,
-                                      "could not release the leader lease while not ready; writes have stopped and it expires by itself");
-                            }
+                } else if gate.may_write() && should_offer(&failing, offered.as_ref()) {
+                    // Offered: a ready standby takes it at its next retry;
+                    // if none does within a lease duration, this replica
+                    // takes it back (below) and leads its healthy scopes.
+                    offering = true;
+                    warn!(lease = %election.lease, failing = ?failing,
+                          "not ready (watches failing for over a minute): offering the leader lease to a ready replica; taken back if none takes it within a lease duration");
+                    state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
+                    match release(&api, &election).await {
+                        Ok(()) => {
+                            offered = Some((failing.clone(), Instant::now()));
+                            info!(lease = %election.lease, "released the leader lease while not ready")
+                        }
+                        Err(e) => {
+                            metrics.leader_renew_errors.inc();
+                            warn!(lease = %election.lease, error = %e,
+                                  "could not release the leader lease while not ready; writes have stopped, and it is tried again");
                         }
                     }
-                } else if handed_over {
-                    handed_over = false;
-                    info!(lease = %election.lease, "ready again: trying to lead");
                 }
+                // A replica that is not ready takes only a lease that nobody
+                // took for a lease duration: a ready one comes first.
+                let patience = if failing.is_empty() {
+                    Duration::ZERO
+                } else {
+                    election.lease_duration
+                };
                 // A round that takes longer than the renew deadline is a
                 // failed one: the gauge must not say 1 past the deadline.
                 let round = tokio::time::timeout(
                     election.renew_deadline(),
-                    try_acquire_or_renew(&api, &election, &state),
+                    try_acquire_or_renew(&api, &election, &state, patience),
                 );
-                let result = if handed_over {
+                let result = if offering {
                     Ok(false)
                 } else {
                     match round.await {
@@ -183,7 +197,13 @@ pub fn start(
                     leading = now_leading;
                     metrics.leader.set(i64::from(leading));
                     let _ = changed.send(leading);
-                    if leading {
+                    if leading && !failing.is_empty() {
+                        // Taken back: nobody ready took it. Not offered
+                        // again until another watch fails, or REOFFER_EVERY.
+                        offered = Some((failing.clone(), Instant::now()));
+                        warn!(lease = %election.lease, identity = %election.identity, failing = ?failing,
+                              "leading while not ready: no ready replica took the leader lease; reclaims go on in the scopes whose watches work");
+                    } else if leading {
                         info!(lease = %election.lease, identity = %election.identity, "leading: this replica writes");
                     } else {
                         info!(lease = %election.lease, identity = %election.identity, "not leading: standing by (watches stay warm)");
@@ -223,7 +243,7 @@ pub fn start(
             // failed while not ready, a deadline just missed): `release`
             // writes only a Lease this identity holds, guarded by its
             // resourceVersion.
-            if leading || handed_over || gate.may_write() {
+            if leading || offered.is_some() || gate.may_write() {
                 state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
                 metrics.leader.set(0);
                 match release(&api, &election).await {
@@ -239,16 +259,35 @@ pub fn start(
     (gate, task)
 }
 
+/// A leader that is not ready offers its lease again this often while
+/// nothing else changes: a replica that became ready since may take it.
+const REOFFER_EVERY: Duration = Duration::from_secs(300);
+
+/// Whether a leader that is not ready, with these watches failing, offers
+/// its lease now: not yet since it became not ready, another watch failing
+/// since it last did, or REOFFER_EVERY since then.
+fn should_offer(failing: &[String], offered: Option<&(Vec<String>, Instant)>) -> bool {
+    match offered {
+        None => true,
+        Some((was, at)) => {
+            failing.iter().any(|w| !was.contains(w)) || at.elapsed() >= REOFFER_EVERY
+        }
+    }
+}
+
 fn now_micro() -> MicroTime {
     MicroTime(Timestamp::now())
 }
 
 /// One round of client-go's tryAcquireOrRenew. Ok(true): this replica holds
-/// the lease now. Every write is guarded by the resourceVersion read.
+/// the lease now. Every write is guarded by the resourceVersion read. A
+/// lease another identity held is taken only once it has been free (held by
+/// nobody, or expired) for `patience` on this replica's clock.
 async fn try_acquire_or_renew(
     api: &Api<Lease>,
     e: &Election,
     state: &Mutex<State>,
+    patience: Duration,
 ) -> Result<bool, Error> {
     let secs = i32::try_from(e.lease_duration.as_secs()).unwrap_or(i32::MAX);
     let Some(current) = call("reading the leader lease", api.get_opt(&e.lease)).await? else {
@@ -285,19 +324,25 @@ async fn try_acquire_or_renew(
         .lease_duration_seconds
         .map(|s| Duration::from_secs(s.max(0) as u64))
         .unwrap_or(e.lease_duration);
-    let expired = {
+    let seen = {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         let changed = !matches!(&s.observed, Some((h, r, _)) if *h == holder && *r == renewed);
         if changed {
             s.observed = Some((holder.clone(), renewed, Instant::now()));
         }
-        s.observed
-            .as_ref()
-            .is_some_and(|(_, _, seen)| seen.elapsed() > duration)
+        s.observed.as_ref().map_or_else(Instant::now, |(_, _, seen)| *seen)
     };
     let mine = holder == e.identity;
-    if !holder.is_empty() && !mine && !expired {
-        return Ok(false);
+    if !mine {
+        // Free since it was first seen held by nobody, or since it expired.
+        let free_for = if holder.is_empty() {
+            Some(seen.elapsed())
+        } else {
+            seen.elapsed().checked_sub(duration).filter(|d| !d.is_zero())
+        };
+        if free_for.is_none_or(|f| f < patience) {
+            return Ok(false);
+        }
     }
     let transitions = spec.lease_transitions.unwrap_or(0);
     let mut next = current.clone();

@@ -13,9 +13,17 @@ use tokio::net::TcpListener;
 use crate::shared::Shared;
 
 async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
-    // lock_janitor_ready says what /readyz would answer now.
+    // lock_janitor_ready says what /readyz would answer now, and
+    // lock_janitor_scope_ready which scope it would name.
     let ready = shared.readiness.is_ready();
     shared.metrics.ready.set(i64::from(ready));
+    for (scope, ok) in shared.readiness.scope_readiness() {
+        shared
+            .metrics
+            .scope_ready
+            .with_label_values(&[scope.as_str()])
+            .set(i64::from(ok));
+    }
     match shared.metrics.render() {
         Ok(text) => (
             StatusCode::OK,

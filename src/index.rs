@@ -6,9 +6,59 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::core::PartialObjectMeta;
 use kube::ResourceExt;
 
 use crate::lock::LockKey;
+
+/// A ConfigMap lock as its (metadata-only) watch reads it.
+type ConfigMapMeta = PartialObjectMeta<ConfigMap>;
+
+/// What a scope's lock watch keeps for one kind, so that a terminal pod
+/// finds its locks without walking them all.
+pub trait Index<K>: Default + Send + Sync + 'static {
+    /// A lock was listed, created or changed.
+    fn apply(&self, lock: &K);
+    fn delete(&self, key: &LockKey);
+    /// A re-list starts: what it does not list again is gone at its end (a
+    /// lock deleted while the watch was down).
+    fn relist_started(&self);
+    fn relist_done(&self);
+}
+
+/// The locks a re-list has listed so far, while one is under way.
+struct Relist<T>(Option<HashSet<T>>);
+
+impl<T> Default for Relist<T> {
+    fn default() -> Self {
+        Relist(None)
+    }
+}
+
+impl<T: std::hash::Hash + Eq + Clone> Relist<T> {
+    fn start(&mut self) {
+        self.0 = Some(HashSet::new());
+    }
+
+    fn saw(&mut self, key: &T) {
+        if let Some(seen) = self.0.as_mut() {
+            seen.insert(key.clone());
+        }
+    }
+
+    /// The re-list is done: of `indexed`, what it did not list.
+    fn done<'a>(&mut self, indexed: impl Iterator<Item = &'a T>) -> Vec<T>
+    where
+        T: 'a,
+    {
+        match self.0.take() {
+            Some(seen) => indexed.filter(|k| !seen.contains(*k)).cloned().collect(),
+            None => Vec::new(),
+        }
+    }
+}
 
 /// The pods one lock names, as (name, uid): usually one.
 type Holders = Box<[(Box<str>, Box<str>)]>;
@@ -27,8 +77,7 @@ struct Inner {
     by_holder: HashMap<u64, Vec<Arc<LockKey>>>,
     /// hash(namespace, holder name) -> how many (lock, holder) pairs.
     names: HashMap<u64, u32>,
-    /// During a re-list: the locks seen since it started.
-    relisting: Option<HashSet<Arc<LockKey>>>,
+    relisting: Relist<Arc<LockKey>>,
 }
 
 impl Inner {
@@ -48,7 +97,7 @@ impl HolderIndex {
         f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// A lock was listed, created or changed: index every Pod it names.
+    /// Indexes every Pod a lock names.
     pub fn apply<K: kube::Resource>(&self, lock: &K) {
         let key = LockKey::configmap(lock.namespace().unwrap_or_default(), lock.name_any());
         let holders: Holders = lock
@@ -65,9 +114,7 @@ impl HolderIndex {
                 Some((k, _)) => k.clone(),
                 None => Arc::new(key),
             };
-            if let Some(seen) = i.relisting.as_mut() {
-                seen.insert(key.clone());
-            }
+            i.relisting.saw(&key);
             if i.by_lock.get(&key) == Some(&holders) {
                 return;
             }
@@ -82,32 +129,6 @@ impl HolderIndex {
                 *i.names.entry(n).or_default() += 1;
             }
             i.by_lock.insert(key, holders);
-        });
-    }
-
-    pub fn delete(&self, key: &LockKey) {
-        self.with(|i| unindex(i, key));
-    }
-
-    /// A re-list starts: what it does not list again is gone afterwards.
-    pub fn relist_started(&self) {
-        self.with(|i| i.relisting = Some(HashSet::new()));
-    }
-
-    pub fn relist_done(&self) {
-        self.with(|i| {
-            let Some(seen) = i.relisting.take() else {
-                return;
-            };
-            let gone: Vec<Arc<LockKey>> = i
-                .by_lock
-                .keys()
-                .filter(|k| !seen.contains(*k))
-                .cloned()
-                .collect();
-            for k in gone {
-                unindex(i, &k);
-            }
         });
     }
 
@@ -173,6 +194,28 @@ impl HolderIndex {
     }
 }
 
+impl Index<ConfigMapMeta> for HolderIndex {
+    fn apply(&self, lock: &ConfigMapMeta) {
+        HolderIndex::apply(self, lock)
+    }
+
+    fn delete(&self, key: &LockKey) {
+        self.with(|i| unindex(i, key));
+    }
+
+    fn relist_started(&self) {
+        self.with(|i| i.relisting.start());
+    }
+
+    fn relist_done(&self) {
+        self.with(|i| {
+            for k in i.relisting.done(i.by_lock.keys()) {
+                unindex(i, &k);
+            }
+        });
+    }
+}
+
 fn unindex(i: &mut Inner, key: &LockKey) {
     let Some(holders) = i.by_lock.remove(key) else {
         return;
@@ -206,8 +249,7 @@ pub struct LeaseIndex {
 struct LeaseInner {
     by_host: HashMap<(String, String), HashSet<LockKey>>,
     by_lease: HashMap<LockKey, (String, String)>,
-    /// During a re-list: the Leases seen since it started.
-    relisting: Option<HashSet<LockKey>>,
+    relisting: Relist<LockKey>,
 }
 
 impl LeaseIndex {
@@ -215,44 +257,15 @@ impl LeaseIndex {
         f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// A Lease was listed, created or changed: index the host it names.
-    pub fn apply(&self, key: LockKey, host: Option<String>) {
+    /// Indexes the host a Lease's holder identity names.
+    pub fn apply_host(&self, key: LockKey, host: Option<String>) {
         self.with(|i| {
-            if let Some(seen) = i.relisting.as_mut() {
-                seen.insert(key.clone());
-            }
+            i.relisting.saw(&key);
             unindex_lease(i, &key);
             if let Some(h) = host {
                 let id = (key.namespace.clone(), h);
                 i.by_host.entry(id.clone()).or_default().insert(key.clone());
                 i.by_lease.insert(key, id);
-            }
-        })
-    }
-
-    pub fn delete(&self, key: &LockKey) {
-        self.with(|i| unindex_lease(i, key))
-    }
-
-    /// A re-list starts: what it does not list again is gone afterwards
-    /// (a Lease deleted while the watch was down).
-    pub fn relist_started(&self) {
-        self.with(|i| i.relisting = Some(HashSet::new()));
-    }
-
-    pub fn relist_done(&self) {
-        self.with(|i| {
-            let Some(seen) = i.relisting.take() else {
-                return;
-            };
-            let gone: Vec<LockKey> = i
-                .by_lease
-                .keys()
-                .filter(|k| !seen.contains(*k))
-                .cloned()
-                .collect();
-            for k in gone {
-                unindex_lease(i, &k);
             }
         })
     }
@@ -281,6 +294,32 @@ impl LeaseIndex {
             out.sort();
             out.dedup();
             out
+        })
+    }
+}
+
+impl Index<Lease> for LeaseIndex {
+    fn apply(&self, lease: &Lease) {
+        let key = LockKey::lease(lease.namespace().unwrap_or_default(), lease.name_any());
+        self.apply_host(
+            key,
+            crate::lock::lease::parse(lease).ok().and_then(|p| p.host),
+        );
+    }
+
+    fn delete(&self, key: &LockKey) {
+        self.with(|i| unindex_lease(i, key))
+    }
+
+    fn relist_started(&self) {
+        self.with(|i| i.relisting.start());
+    }
+
+    fn relist_done(&self) {
+        self.with(|i| {
+            for k in i.relisting.done(i.by_lease.keys()) {
+                unindex_lease(i, &k);
+            }
         })
     }
 }
@@ -349,10 +388,10 @@ mod tests {
     fn a_lease_relist_forgets_what_it_no_longer_lists() {
         let idx = LeaseIndex::default();
         let (a, b) = (LockKey::lease("ops", "a"), LockKey::lease("ops", "b"));
-        idx.apply(a.clone(), Some("op-0".into()));
-        idx.apply(b.clone(), Some("op-1".into()));
+        idx.apply_host(a.clone(), Some("op-0".into()));
+        idx.apply_host(b.clone(), Some("op-1".into()));
         idx.relist_started();
-        idx.apply(a.clone(), Some("op-0".into()));
+        idx.apply_host(a.clone(), Some("op-0".into()));
         idx.relist_done();
         assert_eq!(idx.leases_of("ops", "op-0"), vec![a]);
         assert!(idx.leases_of("ops", "op-1").is_empty());

@@ -24,6 +24,7 @@ pub struct Metrics {
     pub build_info: IntGaugeVec,
     pub watch_errors: IntCounterVec,
     pub ready: prometheus::IntGauge,
+    pub scope_ready: IntGaugeVec,
     pub leader: prometheus::IntGauge,
     pub takeover: Histogram,
     pub awaiting_takeover: IntGaugeVec,
@@ -157,6 +158,13 @@ impl Metrics {
             "lock_janitor_ready",
             "1 exactly when /readyz answers 200 (watches synced and working, not shutting down).",
         )?;
+        let scope_ready = IntGaugeVec::new(
+            Opts::new(
+                "lock_janitor_scope_ready",
+                "Per scope watched (a namespace, or \"\" for the whole cluster): 1 when its watches have listed and none has been failing for more than a minute.",
+            ),
+            &["scope"],
+        )?;
         let leader_renew_errors = prometheus::IntCounter::new(
             "lock_janitor_leader_renew_errors_total",
             "Rounds of the leader election that failed to read, acquire or renew the janitor's own Lease.",
@@ -199,6 +207,7 @@ impl Metrics {
             Box::new(leader_renew_errors.clone()),
             Box::new(restore_failures.clone()),
             Box::new(ready.clone()),
+            Box::new(scope_ready.clone()),
             Box::new(leader.clone()),
             Box::new(takeover.clone()),
             Box::new(awaiting_takeover.clone()),
@@ -250,6 +259,7 @@ impl Metrics {
             build_info,
             watch_errors,
             ready,
+            scope_ready,
             leader,
             takeover,
             awaiting_takeover,

@@ -17,6 +17,8 @@ const WARN_EVERY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Default)]
 struct Health {
+    /// The scope the watch serves: its namespace, or "" for the cluster.
+    scope: String,
     /// The first error since the watch last worked.
     first_error: Option<Instant>,
     last_error: Option<Instant>,
@@ -54,6 +56,8 @@ pub struct Readiness {
     registered: AtomicBool,
     shutting_down: AtomicBool,
     watches: Mutex<HashMap<String, Health>>,
+    /// Every scope watched (`scopes`), for `lock_janitor_scope_ready`.
+    scopes: Mutex<Vec<String>>,
 }
 
 impl Readiness {
@@ -77,14 +81,21 @@ impl Readiness {
         f(&mut self.watches.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// The watch `name` answered an error.
-    pub fn watch_failed(&self, name: &str) -> Report {
-        self.watch_failed_at(name, Instant::now())
+    /// The scopes watched: each namespace, or "" for the whole cluster.
+    pub fn scopes(&self, scopes: Vec<String>) {
+        *self.scopes.lock().unwrap_or_else(|e| e.into_inner()) = scopes;
     }
 
-    fn watch_failed_at(&self, name: &str, now: Instant) -> Report {
+    /// The watch `name`, of scope `scope` (a namespace, or "" for the
+    /// cluster), answered an error.
+    pub fn watch_failed(&self, scope: &str, name: &str) -> Report {
+        self.watch_failed_at(scope, name, Instant::now())
+    }
+
+    fn watch_failed_at(&self, scope: &str, name: &str, now: Instant) -> Report {
         self.with(|w| {
             let h = w.entry(name.to_owned()).or_default();
+            scope.clone_into(&mut h.scope);
             // A watch quiet for RECOVERED_AFTER had recovered in between.
             if h.last_error
                 .is_some_and(|l| now.duration_since(l) >= RECOVERED_AFTER)
@@ -138,6 +149,27 @@ impl Readiness {
         v
     }
 
+    /// Per scope watched, whether it works: every watch has listed once and
+    /// none of the scope's has been failing for more than a minute.
+    pub fn scope_readiness(&self) -> Vec<(String, bool)> {
+        let now = Instant::now();
+        let failing: std::collections::HashSet<String> = self.with(|w| {
+            w.values()
+                .filter(|h| h.failing(now))
+                .map(|h| h.scope.clone())
+                .collect()
+        });
+        let synced = self.is_synced();
+        let scopes = self.scopes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        scopes
+            .into_iter()
+            .map(|s| {
+                let ok = synced && !failing.contains(&s);
+                (s, ok)
+            })
+            .collect()
+    }
+
     pub fn is_ready(&self) -> bool {
         self.is_synced()
             && !self.shutting_down.load(Ordering::SeqCst)
@@ -158,7 +190,7 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         assert_eq!(
-            r.watch_failed_at("pods in all namespaces", at(0)),
+            r.watch_failed_at("", "pods in all namespaces", at(0)),
             Report::Warn {
                 errors: 1,
                 failing_for: Duration::ZERO
@@ -166,28 +198,28 @@ mod tests {
         );
         // Retries every 20 s: counted, one WARN per 30 s.
         assert_eq!(
-            r.watch_failed_at("pods in all namespaces", at(20)),
+            r.watch_failed_at("", "pods in all namespaces", at(20)),
             Report::Quiet
         );
         assert!(matches!(
-            r.watch_failed_at("pods in all namespaces", at(40)),
+            r.watch_failed_at("", "pods in all namespaces", at(40)),
             Report::Warn { errors: 2, .. }
         ));
         assert!(r.failing_at(at(59)).is_empty(), "not a minute yet");
-        r.watch_failed_at("pods in all namespaces", at(60));
+        r.watch_failed_at("", "pods in all namespaces", at(60));
         assert_eq!(r.failing_at(at(61)), vec!["pods in all namespaces"]);
         // No error for RECOVERED_AFTER: it reconnected.
         assert!(r.failing_at(at(60 + 46)).is_empty());
         // An event proves it at once.
-        r.watch_failed_at("configmaps in ops", at(300));
-        r.watch_failed_at("configmaps in ops", at(330));
-        r.watch_failed_at("configmaps in ops", at(361));
+        r.watch_failed_at("ops", "configmaps in ops", at(300));
+        r.watch_failed_at("ops", "configmaps in ops", at(330));
+        r.watch_failed_at("ops", "configmaps in ops", at(361));
         assert_eq!(r.failing_at(at(362)), vec!["configmaps in ops"]);
         assert!(r.watch_ok("configmaps in ops"));
         assert!(r.failing_at(at(362)).is_empty());
         assert!(!r.watch_ok("configmaps in ops"), "already fine");
         // A new run of errors after a quiet spell starts a new minute.
-        r.watch_failed_at("configmaps in ops", at(500));
+        r.watch_failed_at("ops", "configmaps in ops", at(500));
         assert!(r.failing_at(at(501)).is_empty());
     }
 }

@@ -32,9 +32,11 @@ pub fn watch_health<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     shared: Shared,
     resource: &'static str,
+    namespace: Option<&str>,
     scope: &str,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> {
     let name = format!("{resource} in {scope}");
+    let namespace = namespace.unwrap_or_default().to_owned();
     let mut listed = false;
     stream.inspect(move |ev| match ev {
         Err(e) => {
@@ -46,7 +48,7 @@ pub fn watch_health<K>(
             if let crate::readiness::Report::Warn {
                 errors,
                 failing_for,
-            } = shared.readiness.watch_failed(&name)
+            } = shared.readiness.watch_failed(&namespace, &name)
             {
                 warn!(watch = %name, error = %e, errors, failing_seconds = failing_for.as_secs(),
                       "watch failing; retrying with backoff (not ready after a minute of this)");

@@ -403,6 +403,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     ctx.shared
         .readiness
         .expect((kinds.len() + 2) * scopes.len());
+    ctx.shared.readiness.scopes(
+        scopes
+            .iter()
+            .map(|s| s.clone().unwrap_or_default())
+            .collect(),
+    );
     let mut runs: Vec<future::BoxFuture<'static, ()>> = Vec::new();
     for ns in scopes {
         // How many of the scope's watches have listed once.
@@ -410,14 +416,22 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         let listed_tx = Arc::new(listed_tx);
         let mut sides = pods::Sides::default();
         if kinds.contains(&LockKind::ConfigMap) {
-            let (run, side) =
-                scope::run_scope(ctx.clone(), ns.clone(), listed_tx.clone(), shutdown.clone());
+            let (run, side) = scope::run_scope::<LockMeta>(
+                ctx.clone(),
+                ns.clone(),
+                listed_tx.clone(),
+                shutdown.clone(),
+            );
             runs.push(Box::pin(run));
             sides.configmaps = Some(side);
         }
         if kinds.contains(&LockKind::Lease) {
-            let (run, side) =
-                leases::run_scope(ctx.clone(), ns.clone(), listed_tx.clone(), shutdown.clone());
+            let (run, side) = scope::run_scope::<Lease>(
+                ctx.clone(),
+                ns.clone(),
+                listed_tx.clone(),
+                shutdown.clone(),
+            );
             runs.push(Box::pin(run));
             sides.leases = Some(side);
         }
@@ -436,7 +450,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
 
 pub mod cadence;
 pub mod decide;
-mod leases;
 pub mod memory;
 mod pods;
 mod scope;

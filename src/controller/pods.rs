@@ -5,45 +5,27 @@
 //! standby keeps its watches warm and sweeps once it takes the lead.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::channel::mpsc::UnboundedSender;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::scope::Side;
 use super::wiring::TerminalPod;
 use super::{error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta};
-use crate::index::{HolderIndex, LeaseIndex};
 use crate::lock::{self, LockKey};
 use crate::sweep::{self, Sweep};
-
-/// The ConfigMap side of a scope, as the pod side needs it.
-pub(super) struct ConfigMaps {
-    pub(super) index: Arc<HolderIndex>,
-    pub(super) reader: Store<LockMeta>,
-    pub(super) tx: UnboundedSender<ObjectRef<LockMeta>>,
-    /// Set by the first sweep: from then on the lock watch's events reach
-    /// the Controller.
-    pub(super) swept: Arc<AtomicBool>,
-}
-
-/// The Lease side of a scope.
-pub(super) struct Leases {
-    pub(super) index: Arc<LeaseIndex>,
-    pub(super) tx: UnboundedSender<ObjectRef<Lease>>,
-}
 
 /// The kinds a scope watches.
 #[derive(Default)]
 pub(super) struct Sides {
-    pub(super) configmaps: Option<ConfigMaps>,
-    pub(super) leases: Option<Leases>,
+    pub(super) configmaps: Option<Side<LockMeta>>,
+    pub(super) leases: Option<Side<Lease>>,
 }
 
 impl Sides {
@@ -86,7 +68,7 @@ impl Sides {
     }
 }
 
-impl ConfigMaps {
+impl Side<LockMeta> {
     /// The locks and versions before the first sweep: only these, unchanged
     /// since, may be settled by it.
     fn snapshot(&self) -> HashMap<LockKey, String> {
@@ -119,7 +101,7 @@ impl ConfigMaps {
                     .seed_held(&key, &lock.resource_version, &lock.holder);
             }
         }
-        self.swept.store(true, Ordering::SeqCst);
+        self.accepting.store(true, Ordering::SeqCst);
         super::queue_unsettled(&ctx.memory, &self.reader, &self.tx);
     }
 }
@@ -253,7 +235,7 @@ async fn sweeper(
                 }
                 Err(e) => {
                     failures += 1;
-                    super::sweep_failed(&ctx, &health, &e);
+                    super::sweep_failed(&ctx, ns.as_deref(), &health, &e);
                     // What it found before the error is judged (never
                     // settled: the first sweep settles only when whole).
                     if !first {
@@ -267,6 +249,9 @@ async fn sweeper(
             // reconcile was in flight, and reclaim series past their time.
             if let Some(c) = &sides.configmaps {
                 ctx.forget_missing(ns.as_deref(), &c.reader);
+            }
+            if let Some(l) = &sides.leases {
+                ctx.forget_missing(ns.as_deref(), &l.reader);
             }
             ctx.shared
                 .metrics

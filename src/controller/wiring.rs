@@ -25,7 +25,7 @@ pub(super) fn sweep_ok(ctx: &Context, health: &str) {
 
 /// A sweep failed: counted as a pod watch error, and in readiness as a
 /// watch of its own (not ready after a minute of failures).
-pub(super) fn sweep_failed(ctx: &Context, health: &str, e: &Error) {
+pub(super) fn sweep_failed(ctx: &Context, namespace: Option<&str>, health: &str, e: &Error) {
     ctx.shared
         .metrics
         .watch_errors
@@ -34,7 +34,10 @@ pub(super) fn sweep_failed(ctx: &Context, health: &str, e: &Error) {
     if let crate::readiness::Report::Warn {
         errors,
         failing_for,
-    } = ctx.shared.readiness.watch_failed(health)
+    } = ctx
+        .shared
+        .readiness
+        .watch_failed(namespace.unwrap_or_default(), health)
     {
         warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
               "resync sweep failed; retrying (not ready after a minute of this)");
@@ -138,7 +141,7 @@ pub(super) fn terminal_pods(
             .page_size(TERMINAL_PODS_PAGE),
     )
     .backoff(watch_backoff());
-    let stream = watch_health(stream, ctx.shared.clone(), "pods", scope);
+    let stream = watch_health(stream, ctx.shared.clone(), "pods", namespace, scope);
     objects_only(on_first_sync(stream, on_sync).touched_objects())
 }
 

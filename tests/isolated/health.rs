@@ -140,7 +140,7 @@ async fn a_leader_whose_watches_fail_hands_over_to_the_ready_standby() {
     .await;
     assert!(!leading(&a).await, "{}", a.logs());
     assert!(
-        a.logs().contains("handing the leader lease over"),
+        a.logs().contains("offering the leader lease to a ready replica"),
         "{}",
         a.logs()
     );
