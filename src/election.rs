@@ -330,7 +330,9 @@ async fn try_acquire_or_renew(
         if changed {
             s.observed = Some((holder.clone(), renewed, Instant::now()));
         }
-        s.observed.as_ref().map_or_else(Instant::now, |(_, _, seen)| *seen)
+        s.observed
+            .as_ref()
+            .map_or_else(Instant::now, |(_, _, seen)| *seen)
     };
     let mine = holder == e.identity;
     if !mine {
@@ -338,7 +340,9 @@ async fn try_acquire_or_renew(
         let free_for = if holder.is_empty() {
             Some(seen.elapsed())
         } else {
-            seen.elapsed().checked_sub(duration).filter(|d| !d.is_zero())
+            seen.elapsed()
+                .checked_sub(duration)
+                .filter(|d| !d.is_zero())
         };
         if free_for.is_none_or(|f| f < patience) {
             return Ok(false);

@@ -160,7 +160,11 @@ impl Readiness {
                 .collect()
         });
         let synced = self.is_synced();
-        let scopes = self.scopes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let scopes = self
+            .scopes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         scopes
             .into_iter()
             .map(|s| {

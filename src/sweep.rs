@@ -133,12 +133,16 @@ async fn read_by_name(
             let pod = match pod {
                 Ok(Some(pod)) => pod,
                 Ok(None) => continue,
-                // Refused for this pod alone (403, 422, ...): its locks are
-                // suspects; a server or network error fails the sweep.
+                // Refused for this pod alone (400, 422, ...): its locks are
+                // suspects. Refused for the namespace (401, 403: RBAC is
+                // per namespace), throttled (429), a server or network
+                // error: the sweep fails, and the scope's health says so.
                 Err(Error::Kube {
                     source: kube::Error::Api(s),
                     ..
-                }) if (400..500).contains(&s.code) && s.code != 429 => continue,
+                }) if (400..500).contains(&s.code) && ![401, 403, 429].contains(&s.code) => {
+                    continue
+                }
                 Err(e) => return Err(e),
             };
             out.pods += 1;

@@ -140,7 +140,8 @@ async fn a_leader_whose_watches_fail_hands_over_to_the_ready_standby() {
     .await;
     assert!(!leading(&a).await, "{}", a.logs());
     assert!(
-        a.logs().contains("offering the leader lease to a ready replica"),
+        a.logs()
+            .contains("offering the leader lease to a ready replica"),
         "{}",
         a.logs()
     );
@@ -264,4 +265,170 @@ async fn a_failing_sweep_is_counted_and_said() {
         },
     )
     .await;
+}
+
+/// Binds the janitor's ClusterRole to `user` in namespace `ns` only, as the
+/// chart does for each of `watchNamespaces`.
+async fn bind_in(client: &kube::Client, ns: &str, user: &str) {
+    use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef};
+    let binding = RoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(user.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: JANITOR_USER.into(),
+        },
+        subjects: Some(vec![crate::support::user(user)]),
+    };
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&Default::default(), &binding)
+        .await
+        .unwrap_or_else(|e| panic!("binding {user} in {ns}: {e}"));
+}
+
+fn scope_ready(m: &str, scope: &str) -> Option<f64> {
+    sample(m, "lock_janitor_scope_ready", &[("scope", scope)])
+}
+
+/// One broken namespace must not stop reclaims everywhere: two replicas
+/// with election watch namespaces a and b; b's RoleBindings are deleted
+/// (and the API server restarted, so the open watches must reconnect).
+/// Both replicas turn not ready; the leader offers its lease, nobody ready
+/// takes it, and a replica takes it back: an eviction in a is reclaimed,
+/// and lock_janitor_scope_ready says b is the broken scope. (Before, the
+/// leader released the lease and the standby, equally not ready, never
+/// took it: nobody led.) Own control plane.
+#[tokio::test]
+async fn one_broken_namespace_does_not_stop_reclaims_in_the_others() {
+    let cp = ControlPlane::start(Options::default())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    grant_janitor(&client).await;
+    let a = fresh_namespace(&client, "scope-a").await;
+    let b = fresh_namespace(&client, "scope-b").await;
+    let election = fresh_namespace(&client, "scope-election").await;
+    let users = ["janitor-1", "janitor-2"];
+    for u in users {
+        bind_in(&client, &a, u).await;
+        bind_in(&client, &b, u).await;
+        grant_election(&client, &election, u).await;
+    }
+    let holder_a = running_pod(&client, &a, "leader", "node-a").await;
+    create_lock(&client, &lock_for("op-lock", &holder_a, true)).await;
+    let holder_b = running_pod(&client, &b, "leader", "node-a").await;
+    create_lock(&client, &lock_for("op-lock", &holder_b, true)).await;
+    let args = [
+        "--namespace",
+        a.as_str(),
+        "--namespace",
+        b.as_str(),
+        "--leader-elect",
+        "--leader-elect-namespace",
+        election.as_str(),
+        "--resync",
+        "5s",
+    ];
+    let j1 = Janitor::start(&kubeconfig_as(&cp, users[0]), &args).await;
+    wait_for("janitor-1 leads", Duration::from_secs(40), || async {
+        leading(&j1).await.then_some(())
+    })
+    .await;
+    let j2 = Janitor::start(&kubeconfig_as(&cp, users[1]), &args).await;
+    for j in [&j1, &j2] {
+        let m = j.metrics().await;
+        assert_eq!(scope_ready(&m, &a), Some(1.0), "{m}");
+        assert_eq!(scope_ready(&m, &b), Some(1.0), "{m}");
+    }
+
+    // b breaks for both replicas: its RoleBindings are gone.
+    for u in users {
+        Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), &b)
+            .delete(u, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    cp.restart_apiserver()
+        .await
+        .expect("restart kube-apiserver");
+    // Past the minute: both not ready, and they say which scope is broken.
+    for j in [&j1, &j2] {
+        wait_for(
+            "scope b reported broken",
+            Duration::from_secs(150),
+            || async {
+                let m = j.metrics().await;
+                (scope_ready(&m, &b) == Some(0.0)).then_some(())
+            },
+        )
+        .await;
+        let m = j.metrics().await;
+        assert_eq!(scope_ready(&m, &a), Some(1.0), "a works: {m}");
+        assert_eq!(sample(&m, "lock_janitor_ready", &[]), Some(0.0), "{m}");
+        let (code, body) = http_get(j.port, "/readyz").await.unwrap();
+        assert_eq!(code, 503);
+        assert!(body.contains(&format!("in {b}")), "{body}");
+    }
+    // The leader offers the lease; nobody ready takes it, so one of them
+    // takes it back and leads while b stays broken.
+    let offered = |j: &Janitor| {
+        j.logs()
+            .contains("offering the leader lease to a ready replica")
+    };
+    wait_for(
+        "the leader offers its lease",
+        Duration::from_secs(30),
+        || async { (offered(&j1) || offered(&j2)).then_some(()) },
+    )
+    .await;
+    wait_for(
+        "a replica takes the lease back while b is broken",
+        Duration::from_secs(60),
+        || async {
+            let back = |j: &Janitor| j.logs().contains("leading while not ready");
+            (back(&j1) || back(&j2)).then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        "a replica leads while b is broken",
+        Duration::from_secs(30),
+        || async { (leading(&j1).await || leading(&j2).await).then_some(()) },
+    )
+    .await;
+    let (lead, other) = if leading(&j1).await {
+        (&j1, &j2)
+    } else {
+        (&j2, &j1)
+    };
+    assert!(
+        lead.logs().contains("leading while not ready"),
+        "{}",
+        lead.logs()
+    );
+    // And it reclaims in the healthy scope.
+    lock_janitor_testenv::kubelet::set_failed(&client, &a, "leader", "Evicted", "test")
+        .await
+        .unwrap();
+    wait_for("a's lock reclaimed", Duration::from_secs(30), || async {
+        (!lock_exists(&client, &a, "op-lock").await).then_some(())
+    })
+    .await;
+    assert!(
+        lead.logs().contains("stale lock reclaimed"),
+        "{}",
+        lead.logs()
+    );
+    assert!(
+        !other.logs().contains("stale lock reclaimed"),
+        "{}",
+        other.logs()
+    );
+    assert!(
+        lock_exists(&client, &b, "op-lock").await,
+        "b's live lock kept"
+    );
 }
