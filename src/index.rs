@@ -301,10 +301,15 @@ impl LeaseIndex {
 impl Index<Lease> for LeaseIndex {
     fn apply(&self, lease: &Lease) {
         let key = LockKey::lease(lease.namespace().unwrap_or_default(), lease.name_any());
-        self.apply_host(
-            key,
-            crate::lock::lease::parse(lease).ok().and_then(|p| p.host),
-        );
+        // A Lease held for life names its holder by its owner.
+        let host = if crate::lock::lease::held_for_life(lease) {
+            crate::lock::parse(&lease.metadata)
+                .ok()
+                .map(|l| l.holder.name)
+        } else {
+            crate::lock::lease::parse(lease).ok().and_then(|p| p.host)
+        };
+        self.apply_host(key, host);
     }
 
     fn delete(&self, key: &LockKey) {

@@ -51,12 +51,27 @@ impl Judgement {
         }
     }
 
+    /// Whether this is a Lease held for life: freed by a DELETE, as a
+    /// ConfigMap lock is, not by a release.
+    pub fn held_for_life(&self) -> bool {
+        self.lease.as_ref().is_some_and(lock::lease::held_for_life)
+    }
+
+    /// Whether freeing this lock deletes it (a ConfigMap, a Lease held for
+    /// life) rather than releasing it (any other Lease).
+    pub fn freed_by_delete(&self) -> bool {
+        self.key.kind == LockKind::ConfigMap || self.held_for_life()
+    }
+
     /// A Lease whose one matching pod matched by its hostname, not its
     /// name (a `spec.hostname` of its own, or a name over 63 characters).
     pub fn matched_by_hostname_only(&self) -> bool {
         let (Some(lease), Some(pod)) = (&self.lease, &self.holder) else {
             return false;
         };
+        if self.held_for_life() {
+            return false;
+        }
         let host = lock::lease::parse(lease).ok().and_then(|l| l.host);
         host.is_some_and(|h| pod.metadata.name.as_deref() != Some(h.as_str()))
     }
@@ -322,6 +337,12 @@ impl Observer {
         if !self.selector.matches(lease.metadata.labels.as_ref()) {
             return Ok(None);
         }
+        if lock::lease::held_for_life(lease) {
+            return self
+                .judge_for_life(key.clone(), lease.clone(), None, clock)
+                .await
+                .map(Some);
+        }
         // What was seen of its renewals is taken once the pods are listed:
         // the time the list took counts as watched, and a renewal seen
         // meanwhile counts too.
@@ -343,8 +364,34 @@ impl Observer {
         pods: Option<&[Pod]>,
         renewals: &Renewals,
     ) -> Result<Judgement, Error> {
+        if lock::lease::held_for_life(&live) {
+            // Its owner, from the pods listed (whole) when there are any.
+            let holder = pods.and_then(|pods| {
+                let owner = lock::parse(&live.metadata).ok()?.holder;
+                Some(pods.iter().find(|p| p.name_any() == owner.name).cloned())
+            });
+            return self.judge_for_life(key, live, holder, &LockAge).await;
+        }
         self.judge_lease_reading(key, live, pods, || *renewals)
             .await
+    }
+
+    /// A Lease held for life (`lock::lease::held_for_life`) is judged as a
+    /// ConfigMap lock is, from its metadata: its owner by name and uid, read
+    /// live unless given (`holder`), on the same clock.
+    async fn judge_for_life(
+        &self,
+        key: LockKey,
+        live: Lease,
+        holder: Option<Option<Pod>>,
+        clock: &impl HolderClock,
+    ) -> Result<Judgement, Error> {
+        let meta = live.metadata.clone();
+        let mut j = self
+            .judge(key, meta, false, holder, clock, Purpose::BeforeWrite)
+            .await?;
+        j.lease = Some(live);
+        Ok(j)
     }
 
     /// As `judge_lease`; `renewals` is asked after the pods are listed.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
@@ -220,6 +221,9 @@ impl Reclaimer {
                     LockKind::ConfigMap => {
                         format!("Would delete this lock: {why} (dry run: nothing deleted).")
                     }
+                    LockKind::Lease if j.held_for_life() => {
+                        format!("Would delete this Lease: {why} (dry run: nothing deleted).")
+                    }
                     LockKind::Lease => {
                         format!("Would release this Lease: {why} (dry run: nothing written).")
                     }
@@ -245,6 +249,7 @@ impl Reclaimer {
             Freed::Reclaimed { .. } => {
                 let done = match j.key.kind {
                     LockKind::ConfigMap => "Deleted this lock",
+                    LockKind::Lease if j.held_for_life() => "Deleted this Lease",
                     LockKind::Lease => "Released this Lease",
                 };
                 let say = Say {
@@ -279,32 +284,42 @@ impl Reclaimer {
     }
 
     /// The one write that frees a stale lock, guarded by exactly what was
-    /// judged: a ConfigMap is deleted with uid and resourceVersion
-    /// preconditions; a Lease is released (never deleted) by an update of
-    /// the very object read, which carries its resourceVersion.
+    /// judged: a ConfigMap, or a Lease held for life, is deleted with uid and
+    /// resourceVersion preconditions; any other Lease is released (never
+    /// deleted) by an update of the very object read, which carries its
+    /// resourceVersion.
     async fn free(&self, j: &Judgement, lock: &Lock) -> Result<Freed, Error> {
         let (ns, name) = (lock.namespace.as_str(), lock.name.as_str());
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(lock.uid.clone()),
+                resource_version: Some(lock.resource_version.clone()),
+            }),
+            ..Default::default()
+        };
+        // The API server answers with the object, not a Status, when the
+        // delete only set deletionTimestamp: finalizers keep it.
+        let kept = |meta: ObjectMeta| {
+            meta.deletion_timestamp.as_ref()?;
+            meta.finalizers.filter(|f| !f.is_empty())
+        };
         let answered = match j.key.kind {
             LockKind::ConfigMap => {
-                let dp = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: Some(lock.uid.clone()),
-                        resource_version: Some(lock.resource_version.clone()),
-                    }),
-                    ..Default::default()
-                };
                 let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
                 call(format!("deleting lock {ns}/{name}"), cms.delete(name, &dp))
                     .await
-                    // The API server answers with the object, not a Status,
-                    // when the delete only set deletionTimestamp: finalizers
-                    // keep it.
-                    .map(|answer| {
-                        answer.left().and_then(|cm| {
-                            cm.metadata.deletion_timestamp.as_ref()?;
-                            cm.metadata.finalizers.filter(|f| !f.is_empty())
-                        })
-                    })
+                    .map(|answer| answer.left().and_then(|cm| kept(cm.metadata)))
+            }
+            // Held for life: a release frees nothing (its candidates only
+            // create it), so it is deleted as a ConfigMap lock is.
+            LockKind::Lease if j.held_for_life() => {
+                let leases: Api<Lease> = Api::namespaced(self.client.clone(), ns);
+                call(
+                    format!("deleting lease {ns}/{name}"),
+                    leases.delete(name, &dp),
+                )
+                .await
+                .map(|answer| answer.left().and_then(|l| kept(l.metadata)))
             }
             LockKind::Lease => {
                 // Never a copy the watch dropped annotations from: the

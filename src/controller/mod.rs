@@ -281,6 +281,9 @@ impl Watched for Lease {
         lease_version(self)
     }
     fn cached_holder(&self) -> Option<Holder> {
+        if lock::lease::held_for_life(self) {
+            return lock::parse(&self.metadata).ok().map(|l| l.holder);
+        }
         let host = lock::lease::parse(self).ok()?.host?;
         Some(Holder {
             name: host,

@@ -73,6 +73,14 @@ impl Kind for Lease {
     fn seen(ctx: &Context, key: &LockKey, lease: &Self) {
         ctx.memory.saw_lease(key, lease);
     }
+    fn gone(ctx: &Context, key: &LockKey, last: &Self) {
+        if lock::lease::held_for_life(last) {
+            if let Ok(last) = lock::parse(&last.metadata) {
+                // Whose Lease it was, as it was last seen: its owner.
+                ctx.memory.set_holder(key, &last.holder);
+            }
+        }
+    }
 }
 
 /// Keeps of a watched ConfigMap lock only what the cache is used for

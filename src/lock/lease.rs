@@ -161,6 +161,20 @@ fn not_an_application_lock(lease: &Lease) -> Option<Unmanageable> {
     None
 }
 
+/// Whether a Lease is held for life (nais/elector's shape): exactly one v1
+/// Pod ownerReference, and neither `renewTime` nor `leaseDurationSeconds`.
+/// Its holder never renews it and its candidates only create it (one that
+/// finds it there has lost), so a release frees nothing: it is judged like
+/// a ConfigMap lock (the owner, by name and uid) and freed by a DELETE with
+/// uid and resourceVersion preconditions. A Lease with a `renewTime` is
+/// never one.
+pub fn held_for_life(lease: &Lease) -> bool {
+    let spec = lease.spec.as_ref();
+    super::looks_like_lock(&lease.metadata)
+        && spec.is_none_or(|s| s.renew_time.is_none() && s.lease_duration_seconds.is_none())
+        && not_an_application_lock(lease).is_none()
+}
+
 /// Reads a Lease as a lock.
 pub fn parse(lease: &Lease) -> Result<LeaseLock, Unmanageable> {
     let meta = &lease.metadata;
@@ -278,6 +292,70 @@ mod tests {
     use super::*;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+
+    #[test]
+    fn held_for_life_is_exactly_one_pod_owner_and_never_renewed() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let owner = |kind: &str, api_version: &str| OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "op-a".into(),
+            uid: "u1".into(),
+            ..Default::default()
+        };
+        let lease = |owners: Vec<OwnerReference>, spec: LeaseSpec| Lease {
+            metadata: ObjectMeta {
+                namespace: Some("ops".into()),
+                name: Some("op-lease".into()),
+                owner_references: Some(owners),
+                ..Default::default()
+            },
+            spec: Some(spec),
+        };
+        let nais = LeaseSpec {
+            holder_identity: Some("op-a".into()),
+            acquire_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        };
+        let pod = || vec![owner("Pod", "v1")];
+        assert!(held_for_life(&lease(pod(), nais.clone())));
+        assert!(held_for_life(&lease(pod(), LeaseSpec::default())));
+        let renewed = LeaseSpec {
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..nais.clone()
+        };
+        assert!(
+            !held_for_life(&lease(pod(), renewed)),
+            "renewed: never deleted"
+        );
+        let lasting = LeaseSpec {
+            lease_duration_seconds: Some(15),
+            ..nais.clone()
+        };
+        assert!(!held_for_life(&lease(pod(), lasting)));
+        assert!(!held_for_life(&lease(vec![], nais.clone())), "no owner");
+        let two = vec![owner("Pod", "v1"), owner("Pod", "v1")];
+        assert!(!held_for_life(&lease(two, nais.clone())));
+        assert!(!held_for_life(&lease(
+            vec![owner("ReplicaSet", "apps/v1")],
+            nais.clone()
+        )));
+        assert!(!held_for_life(&lease(
+            vec![owner("Pod", "v2")],
+            nais.clone()
+        )));
+        let mut heartbeat = lease(pod(), nais.clone());
+        heartbeat.metadata.namespace = Some(NODE_LEASE_NAMESPACE.into());
+        assert!(!held_for_life(&heartbeat), "never a node heartbeat");
+        let cle = LeaseSpec {
+            strategy: Some("OldestEmulationVersion".into()),
+            ..nais
+        };
+        assert!(
+            !held_for_life(&lease(pod(), cle)),
+            "never one the API server elects"
+        );
+    }
 
     #[test]
     fn the_watch_keeps_small_annotations_and_marks_a_copy_without_large_ones() {

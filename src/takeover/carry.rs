@@ -22,27 +22,47 @@ const GATE_WAIT: Duration = Duration::from_secs(30);
 const LABEL_FAILURES: u32 = 5;
 const LABEL_ATTEMPTS: u32 = 10;
 
+/// A lock a new holder makes again after a reclaim, and its shape: a
+/// ConfigMap without data, a Lease held for life.
+pub(super) trait Lockish:
+    kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug
+{
+    fn shaped(&self) -> bool;
+}
+
+impl Lockish for ConfigMap {
+    fn shaped(&self) -> bool {
+        lock::lock_shaped(self)
+    }
+}
+
+impl Lockish for k8s_openapi::api::coordination::v1::Lease {
+    fn shaped(&self) -> bool {
+        lock::lease::held_for_life(self)
+    }
+}
+
 /// Adds the opt-in label to the new lock, when there is one to carry and the
 /// lock is lock-shaped and has no value for its key (`false` is an opt-out),
 /// with a resourceVersion-guarded merge patch: it never overwrites a
 /// concurrent change. Only the leader writes, and never before every watch
 /// has synced (safety rule 4).
-pub(super) async fn carry_label_over(
+pub(super) async fn carry_label_over<K: Lockish>(
     s: &Shared,
-    cms: &Api<ConfigMap>,
+    cms: &Api<K>,
     key: &LockKey,
-    mut cm: ConfigMap,
+    mut cm: K,
     holder: &str,
 ) {
     let Some((k, v)) = &s.label else { return };
     let mut failures = 0;
     for _ in 0..LABEL_ATTEMPTS {
-        if !lock::lock_shaped(&cm) {
+        if !cm.shaped() {
             info!(namespace = %key.namespace, lock = %key.name,
-                  "the new lock holds data; not lock-shaped, not labeling it");
+                  "the new lock is not lock-shaped (a ConfigMap with data, a Lease renewed); not labeling it");
             return;
         }
-        match optin::plan_label(&cm.metadata, k, v) {
+        match optin::plan_label(cm.meta(), k, v) {
             Some(Plan::Add) => {}
             Some(Plan::Unchanged) | None => return,
             Some(Plan::Conflicting(other)) => {
@@ -68,8 +88,8 @@ pub(super) async fn carry_label_over(
                 s.limiter.until_ready().await;
                 match call("reading the new lock", cms.get_opt(&key.name)).await {
                     Ok(Some(again)) => {
-                        settled = !lock::lock_shaped(&again)
-                            || optin::plan_label(&again.metadata, k, v) != Some(Plan::Add);
+                        settled = !again.shaped()
+                            || optin::plan_label(again.meta(), k, v) != Some(Plan::Add);
                         cm = again;
                     }
                     Ok(None) => return,
@@ -83,11 +103,11 @@ pub(super) async fn carry_label_over(
             }
             tokio::time::sleep(FIRST_LOOK).await;
         }
-        match optin::write_label(cms, &cm.metadata, k, v).await {
+        match optin::write_label(cms, cm.meta(), k, v).await {
             Written::Labeled => {
                 // The lock read last names its holder (another heir, if the
                 // first one lost it meanwhile).
-                let holder = lock::parse(&cm.metadata).map_or(holder.to_owned(), |l| l.holder.name);
+                let holder = lock::parse(cm.meta()).map_or(holder.to_owned(), |l| l.holder.name);
                 info!(namespace = %key.namespace, lock = %key.name, holder = %holder,
                       "opt-in label carried over to the new lock");
                 return;

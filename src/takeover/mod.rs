@@ -250,13 +250,28 @@ impl Takeovers {
                 })
             }
             // Released and not taken yet (or deleted since). A Lease keeps
-            // its labels through a release: nothing to carry.
+            // its labels through a release: nothing to carry. A Lease held
+            // for life was deleted: one its new holder made without the
+            // opt-in label is labeled, as a ConfigMap lock is.
             LockKind::Lease => {
                 let leases: Api<Lease> = Api::namespaced(client, &key.namespace);
                 let lease = call("reading a released lease", leases.get_opt(&key.name)).await?;
+                let Some(lease) = lease else {
+                    return Ok(Restore::Await);
+                };
+                if lock::lease::held_for_life(&lease) {
+                    let unlabeled = self.shared.label.as_ref().is_some_and(|(k, v)| {
+                        lock::parse(&lease.metadata).is_ok_and(|l| l.holder.uid != old.uid)
+                            && optin::plan_label(&lease.metadata, k, v) == Some(Plan::Add)
+                    });
+                    return Ok(if unlabeled {
+                        Restore::Label
+                    } else {
+                        Restore::Nothing
+                    });
+                }
                 Ok(
-                    if lease.is_none_or(|l| lock::lease::parse(&l).is_ok_and(|p| p.host.is_none()))
-                    {
+                    if lock::lease::parse(&lease).is_ok_and(|p| p.host.is_none()) {
                         Restore::Await
                     } else {
                         Restore::Nothing
@@ -318,8 +333,15 @@ struct TakenBy {
     at: Option<Timestamp>,
     lock: ObjectReference,
     holder: lock::Lock,
-    /// A new ConfigMap lock, to carry the opt-in label over to.
-    cm: Option<ConfigMap>,
+    /// The new lock, to carry the opt-in label over to: a ConfigMap, or a
+    /// Lease held for life (a released Lease keeps its labels).
+    new: Option<New>,
+}
+
+/// A lock made again by a new holder, as read.
+enum New {
+    ConfigMap(ConfigMap),
+    Lease(Lease),
 }
 
 /// One look at a gone ConfigMap lock's name.
@@ -350,7 +372,7 @@ async fn look_configmap(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look,
         at: cm.metadata.creation_timestamp.as_ref().map(|t| t.0),
         lock: events::lock_ref(&cm.metadata),
         holder: new,
-        cm: Some(cm),
+        new: Some(New::ConfigMap(cm)),
     })))
 }
 
@@ -365,6 +387,25 @@ async fn look_lease(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, cra
     let Some(lease) = read.await? else {
         return Ok(Look::Waiting);
     };
+    if lock::lease::held_for_life(&lease) {
+        // Made again by a candidate (a Lease held for life is deleted, not
+        // released): its owner is the new holder.
+        return Ok(match lock::parse(&lease.metadata) {
+            Ok(l) if l.holder.uid == old.uid => Look::Done("held again by the same pod"),
+            Ok(l) => Look::Taken(Box::new(TakenBy {
+                at: lease
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.acquire_time.as_ref())
+                    .map(|t| t.0)
+                    .or(lease.metadata.creation_timestamp.as_ref().map(|t| t.0)),
+                lock: events::ref_of(LockKind::Lease, &lease.metadata),
+                holder: l,
+                new: Some(New::Lease(lease)),
+            })),
+            Err(_) => Look::Done("not a lock"),
+        });
+    }
     let parsed = match lock::lease::parse(&lease) {
         Ok(l) => l,
         Err(_) => return Ok(Look::Done("not a lock")),
@@ -388,7 +429,7 @@ async fn look_lease(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, cra
                 .or(parsed.renewed),
             lock: events::ref_of(LockKind::Lease, &lease.metadata),
             holder: crate::observe::lease_lock(&parsed, None),
-            cm: None,
+            new: None,
         }))),
     }
 }
@@ -424,7 +465,7 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
             LockKind::ConfigMap => look_configmap(&s, &key, &old).await,
             LockKind::Lease => look_lease(&s, &key, &old).await,
         };
-        let (at, lock_ref, new, cm) = match look {
+        let (at, lock_ref, new, made) = match look {
             Ok(Look::Waiting) => {
                 // Still nobody: past the timeout, nobody took over.
                 if !said && seconds_since(since) >= s.timeout.as_secs_f64() {
@@ -441,7 +482,7 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
             Ok(Look::Done(why)) => break why,
             Ok(Look::Taken(t)) => {
                 let t = *t;
-                (t.at, t.lock, t.holder, t.cm)
+                (t.at, t.lock, t.holder, t.new)
             }
             Err(e) => {
                 debug!(namespace = %key.namespace, lock = %key.name, error = %e, "waiting for the takeover");
@@ -459,9 +500,10 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
         let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
         info!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, holder = %new.holder.name,
               after_seconds = after, "takeover: a new holder leads");
-        let freed = match key.kind {
-            LockKind::ConfigMap => "deleted",
-            LockKind::Lease => "released",
+        let freed = match (key.kind, &made) {
+            // A Lease held for life was deleted, not released.
+            (LockKind::ConfigMap, _) | (LockKind::Lease, Some(New::Lease(_))) => "deleted",
+            (LockKind::Lease, _) => "released",
         };
         let say = Say {
             type_: EventType::Normal,
@@ -475,9 +517,16 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
         s.events
             .publish(&lock_ref, Some(events::holder_ref(&new)), say)
             .await;
-        if let Some(cm) = cm {
-            let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
-            carry::carry_label_over(&s, &cms, &key, cm, &new.holder.name).await;
+        match made {
+            Some(New::ConfigMap(cm)) => {
+                let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
+                carry::carry_label_over(&s, &cms, &key, cm, &new.holder.name).await;
+            }
+            Some(New::Lease(lease)) => {
+                let leases: Api<Lease> = Api::namespaced(s.client.clone(), &key.namespace);
+                carry::carry_label_over(&s, &leases, &key, lease, &new.holder.name).await;
+            }
+            None => {}
         }
         break "taken over";
     };

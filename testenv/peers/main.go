@@ -11,6 +11,11 @@
 //	                    it, retry period 2s, as a manager would run it; or
 //	                    with the given renew deadline and retry period
 //	                    (OpenShift's library-go: 137s 107s 26s)
+//	peers forlife LEASE a Lease held for life, as nais/elector's candidate
+//	                    holds one: it only ever creates the Lease, owned by
+//	                    its pod ($POD_NAME), holder identity the pod name,
+//	                    acquireTime set, never renewed; finding it there
+//	                    means it lost, and it tries again every second
 //
 // It prints "LEADING <pod>" once it leads and then holds the lead until it
 // is killed. Logs go to stderr.
@@ -26,7 +31,11 @@ import (
 	"time"
 
 	"github.com/operator-framework/operator-lib/leader"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -56,7 +65,7 @@ func die(format string, a ...any) {
 func main() {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.WriteTo(os.Stderr)))
 	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: peers become LOCK | peers elect LEASE DURATION")
+		fmt.Fprintln(os.Stderr, "usage: peers become LOCK | peers elect LEASE DURATION | peers forlife LEASE")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -74,6 +83,8 @@ func main() {
 			die("elect needs LEASE DURATION")
 		}
 		elect(ctx, pod, os.Args[2], os.Args[3], os.Args[4:])
+	case "forlife":
+		forLife(ctx, pod, os.Args[2])
 	default:
 		fmt.Fprintf(os.Stderr, "peers: unknown command %q\n", os.Args[1])
 		os.Exit(2)
@@ -103,15 +114,11 @@ func elect(ctx context.Context, pod, lease, duration string, timings []string) {
 	if err := syscall.Sethostname([]byte(pod)); err != nil {
 		die("setting the hostname to %s (run under unshare --uts): %v", pod, err)
 	}
-	ns, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-	if err != nil {
-		die("reading the namespace: %v", err)
-	}
 	cfg := ctrl.GetConfigOrDie()
 	lock, err := crleader.NewResourceLock(cfg, noEvents{}, crleader.Options{
 		LeaderElection:          true,
 		LeaderElectionID:        lease,
-		LeaderElectionNamespace: strings.TrimSpace(string(ns)),
+		LeaderElectionNamespace: namespace(),
 		RenewDeadline:           renew,
 	})
 	if err != nil {
@@ -128,4 +135,64 @@ func elect(ctx context.Context, pod, lease, duration string, timings []string) {
 			OnStoppedLeading: func() { fmt.Fprintln(os.Stderr, "peers: stopped leading") },
 		},
 	})
+}
+
+// namespace is the pod's namespace, as the kubelet mounts it.
+func namespace() string {
+	ns, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	if err != nil {
+		die("reading the namespace: %v", err)
+	}
+	return strings.TrimSpace(string(ns))
+}
+
+// forLife is a candidate for a Lease held for life (the behaviour of
+// nais/elector's candidate, written anew): it reads its own pod, then creates
+// the Lease owned by it, holder identity the pod name, acquireTime now, no
+// renewTime and no leaseDurationSeconds. AlreadyExists (or a conflict) means
+// another pod holds it: it tries again a second later (nais/elector wakes on
+// a watch of the Lease; a second stands in for that). Once it has created
+// the Lease it leads until it is killed and never writes the Lease again.
+func forLife(ctx context.Context, pod, lease string) {
+	ns := namespace()
+	cs := kubernetes.NewForConfigOrDie(ctrl.GetConfigOrDie())
+	me, err := cs.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		die("reading its own pod %s/%s: %v", ns, pod, err)
+	}
+	lost := false
+	for {
+		l := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{
+				Name:      lease,
+				Namespace: ns,
+				OwnerReferences: []metav1.OwnerReference{
+					{APIVersion: "v1", Kind: "Pod", Name: me.Name, UID: me.UID},
+				},
+			},
+			Spec: coordinationv1.LeaseSpec{
+				HolderIdentity: &pod,
+				AcquireTime:    &metav1.MicroTime{Time: time.Now()},
+			},
+		}
+		_, err := cs.CoordinationV1().Leases(ns).Create(ctx, l, metav1.CreateOptions{})
+		switch {
+		case err == nil:
+			fmt.Printf("LEADING %s\n", pod)
+			<-ctx.Done()
+			return
+		case apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err):
+			if !lost {
+				lost = true
+				fmt.Fprintf(os.Stderr, "peers: lost the election for lease %s/%s; trying again every second\n", ns, lease)
+			}
+		default:
+			fmt.Fprintf(os.Stderr, "peers: creating lease %s/%s: %v\n", ns, lease, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 }

@@ -104,9 +104,10 @@ rules:
         resources: ["leases"]
       - group: "events.k8s.io"
         resources: ["events"]
-  # Lease updates with their body: what a release writes is checked.
+  # Lease updates and deletes with their body: what a release writes, and
+  # the preconditions a delete carries, are checked.
   - level: Request
-    verbs: ["update"]
+    verbs: ["update", "delete"]
     resources:
       - group: "coordination.k8s.io"
         resources: ["leases"]

@@ -1,6 +1,7 @@
 //! Real leader-election peers, built from `testenv/peers` (Go) by
-//! `testenv/build.sh`: operator-lib's `leader.Become`, and controller-runtime's
-//! Lease lock driven by client-go's elector, run as a pod would run them.
+//! `testenv/build.sh`: operator-lib's `leader.Become`, controller-runtime's
+//! Lease lock driven by client-go's elector, and a candidate for a Lease held
+//! for life (nais/elector's behaviour), run as a pod would run them.
 //!
 //! A pod's operator finds its name in `$POD_NAME` (downward API), its
 //! namespace in the service-account file the kubelet mounts,
@@ -59,6 +60,20 @@ impl Peer {
     ) -> Result<Peer, Error> {
         let d = format!("{}s", duration.as_secs());
         Self::start(kubeconfig, dir, namespace, pod, &["elect", lease, &d])
+    }
+
+    /// Starts a candidate that holds `lease` for life, as nais/elector's
+    /// does: it only creates the Lease (owned by pod `pod`, holder identity
+    /// the pod name, never renewed) and tries again every second while it
+    /// finds it there.
+    pub fn for_life(
+        kubeconfig: &Path,
+        dir: &Path,
+        namespace: &str,
+        pod: &str,
+        lease: &str,
+    ) -> Result<Peer, Error> {
+        Self::start(kubeconfig, dir, namespace, pod, &["forlife", lease])
     }
 
     /// A candidate with client-go timings of its own: lease duration, renew

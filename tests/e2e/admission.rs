@@ -327,7 +327,7 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         }
     })
     .await;
-    assert!(m.contains("never deletes a Lease"), "{m}");
+    assert!(m.contains("held for life"), "{m}");
     // The release itself, whole, passes.
     as_janitor_leases
         .replace("held-lease", &PostParams::default(), &release(held.clone()))
@@ -399,6 +399,99 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
     )
     .expect("the release of a Lease without a renewTime is refused");
     assert!(m.contains("renewed one"), "{m}");
+    // A Lease held for life (one Pod owner, no renewTime, no duration):
+    // deleted only opted in and with both preconditions; its new copy may
+    // get the opt-in label and nothing else. A Lease with a renewTime is
+    // never deleted, preconditions or not.
+    let owner = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: "holder".into(),
+        uid: holder.metadata.uid.clone().unwrap(),
+        ..Default::default()
+    };
+    let for_life = |name: &str, labeled: bool| Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            owner_references: Some(vec![owner.clone()]),
+            labels: labeled.then(|| BTreeMap::from([(opt_in.0.into(), opt_in.1.into())])),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("holder".into()),
+            acquire_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    let both = |l: &Lease| with(l.metadata.uid.clone(), l.metadata.resource_version.clone());
+    let life = leases
+        .create(&PostParams::default(), &for_life("for-life", true))
+        .await
+        .unwrap();
+    for (what, dp) in [
+        ("no preconditions", DeleteParams::default()),
+        ("a uid alone", with(life.metadata.uid.clone(), None)),
+    ] {
+        let m = denied(as_janitor_leases.delete("for-life", &dp).await)
+            .unwrap_or_else(|| panic!("a for-life Lease DELETE with {what} was let through"));
+        assert!(
+            m.contains("uid and resourceVersion preconditions"),
+            "{what}: {m}"
+        );
+    }
+    let renewed = leases.get("held-lease").await.unwrap();
+    let m = denied(
+        as_janitor_leases
+            .delete("held-lease", &both(&renewed))
+            .await,
+    )
+    .expect("a renewed Lease's DELETE is refused, preconditions or not");
+    assert!(m.contains("held for life"), "{m}");
+    let unlabeled = leases
+        .create(
+            &PostParams::default(),
+            &for_life("for-life-unlabeled", false),
+        )
+        .await
+        .unwrap();
+    let m = denied(
+        as_janitor_leases
+            .delete("for-life-unlabeled", &both(&unlabeled))
+            .await,
+    )
+    .expect("a for-life Lease that is not opted in is never deleted");
+    assert!(m.contains("held for life"), "{m}");
+    let relabel = |extra: Value| {
+        let mut p = json!({"metadata": {"labels": {opt_in.0: opt_in.1},
+                                        "resourceVersion": unlabeled.metadata.resource_version}});
+        if let (Some(p), Some(extra)) = (p.as_object_mut(), extra.as_object()) {
+            p.extend(extra.clone());
+        }
+        p
+    };
+    let m = denied(
+        as_janitor_leases
+            .patch(
+                "for-life-unlabeled",
+                &PatchParams::default(),
+                &Patch::Merge(relabel(json!({"spec": {"holderIdentity": "someone-else"}}))),
+            )
+            .await,
+    )
+    .expect("a change of a for-life Lease beyond the label is refused");
+    assert!(m.contains(&policy_name), "{m}");
+    as_janitor_leases
+        .patch(
+            "for-life-unlabeled",
+            &PatchParams::default(),
+            &Patch::Merge(relabel(json!({}))),
+        )
+        .await
+        .expect("the opt-in label carried over to a for-life Lease passes");
+    as_janitor_leases
+        .delete("for-life", &both(&life))
+        .await
+        .expect("a for-life Lease's DELETE with both preconditions passes");
     // deletePod: a pod whose phase says Failed while its status still says
     // a container runs is refused; so is a dead pod's DELETE without a uid
     // precondition; the janitor's own (uid precondition) passes.

@@ -371,7 +371,7 @@ fn granted(delete_pod: bool) -> BTreeSet<(String, String, String)> {
     add(
         "coordination.k8s.io",
         "leases",
-        &["get", "list", "watch", "update"],
+        &["get", "list", "watch", "update", "delete", "patch"],
     );
     add("events.k8s.io", "events", &["create", "patch", "list"]);
     g

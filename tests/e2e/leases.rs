@@ -683,3 +683,148 @@ async fn a_lease_takeover_is_timed_from_the_new_holders_acquire_time() {
         "the takeover took {secs:.2}s by the metric; the candidate acquired it at once"
     );
 }
+
+/// A Lease held for life (nais/elector's shape: one Pod owner, no renewTime,
+/// no leaseDurationSeconds, never renewed; its candidates only create it)
+/// whose owner is evicted is deleted, with uid and resourceVersion
+/// preconditions, as a ConfigMap lock is: a release would free nothing. The
+/// waiting candidate's next create succeeds, the takeover is tracked, and
+/// the opt-in label is carried over to the Lease it made. (Before, the
+/// janitor said NoRenewTime and left it.)
+#[tokio::test]
+async fn a_lease_held_for_life_is_deleted_and_its_candidate_takes_it() {
+    let s = scenario("lease-for-life").await;
+    s.pod("op-a").await;
+    s.pod("op-b").await;
+    let kc = s.cp.kubeconfig_path();
+    let mut a = Peer::for_life(kc, s.cp.dir(), &s.ns, "op-a", "op-lease").expect("peer a");
+    a.wait_leading(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let held = s.leases().get("op-lease").await.unwrap();
+    let spec = held.spec.clone().unwrap_or_default();
+    assert_eq!(spec.holder_identity.as_deref(), Some("op-a"));
+    assert!(
+        spec.renew_time.is_none() && spec.lease_duration_seconds.is_none(),
+        "{held:?}"
+    );
+    assert!(spec.acquire_time.is_some(), "{held:?}");
+    let owners = held.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(
+        (owners[0].kind.as_str(), owners[0].name.as_str()),
+        ("Pod", "op-a")
+    );
+    s.label("op-lease").await;
+    let j = s.janitor().await;
+    let mut b = Peer::for_life(kc, s.cp.dir(), &s.ns, "op-b", "op-lease").expect("peer b");
+    wait_for(
+        "op-b lost the first election",
+        Duration::from_secs(30),
+        || async { b.logs().contains("lost the election").then_some(()) },
+    )
+    .await;
+    // A live holder: nothing written, nothing said but that it is held.
+    assert!(!b.is_leading(), "{}", b.logs());
+    assert!(s.lease_writes().is_empty(), "{:#?}", s.lease_writes());
+
+    // The kubelet evicts op-a: its process is gone, its status Failed.
+    a.kill();
+    kubelet::set_failed(
+        &s.client,
+        &s.ns,
+        "op-a",
+        "Evicted",
+        "The node was low on resource: memory.",
+    )
+    .await
+    .unwrap();
+    let evicted = Instant::now();
+    b.wait_leading(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\njanitor:\n{}", j.logs()));
+    eprintln!(
+        "op-b leads {:.1}s after op-a's eviction (a Lease held for life)",
+        evicted.elapsed().as_secs_f64()
+    );
+    let now = s.leases().get("op-lease").await.unwrap();
+    assert_eq!(
+        now.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("op-b")
+    );
+
+    // The one write freeing it: a DELETE with both preconditions of the
+    // Lease judged.
+    let deletes: Vec<_> = s
+        .lease_writes()
+        .into_iter()
+        .filter(|e| e.verb == "delete")
+        .collect();
+    assert_eq!(deletes.len(), 1, "{deletes:#?}");
+    assert_eq!(deletes[0].code, Some(200), "{deletes:#?}");
+    let pre = deletes[0]
+        .request_object
+        .as_ref()
+        .and_then(|o| o.get("preconditions"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        pre.get("uid").and_then(|v| v.as_str()),
+        held.metadata.uid.as_deref(),
+        "{deletes:#?}"
+    );
+    assert!(
+        pre.get("resourceVersion")
+            .and_then(|v| v.as_str())
+            .is_some(),
+        "{deletes:#?}"
+    );
+    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("lock", "op-lease")], 1.0).await;
+    let labels = [
+        ("kind", "lease"),
+        ("namespace", s.ns.as_str()),
+        ("lock", "op-lease"),
+        ("reason", "Evicted"),
+    ];
+    assert_eq!(
+        sample(&m, "lock_janitor_reclaims_total", &labels),
+        Some(1.0),
+        "{m}"
+    );
+    let ev = wait_event(&s.client, &s.ns, "StaleLockReclaimed", "op-lease").await;
+    assert_eq!(
+        ev.regarding.as_ref().and_then(|r| r.kind.as_deref()),
+        Some("Lease")
+    );
+    assert!(
+        ev.note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("Deleted this Lease"),
+        "{ev:?}"
+    );
+    let taken = wait_event(&s.client, &s.ns, "LockTakenOver", "op-lease").await;
+    assert!(
+        taken.note.as_deref().unwrap_or_default().contains("op-b"),
+        "{taken:?}"
+    );
+    // op-b made the Lease without the opt-in label; it is carried over,
+    // so op-b's own death is seen too.
+    wait_for(
+        "the opt-in label carried over",
+        Duration::from_secs(30),
+        || async {
+            let l = s.leases().get("op-lease").await.ok()?;
+            l.metadata
+                .labels
+                .is_some_and(|l| l.get(WATCH_LABEL.0).map(String::as_str) == Some(WATCH_LABEL.1))
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        j.logs().contains("opt-in label carried over"),
+        "{}",
+        j.logs()
+    );
+}

@@ -202,7 +202,7 @@ pub async fn grant_janitor(client: &Client) {
             rule(
                 &["coordination.k8s.io"],
                 &["leases"],
-                &["get", "list", "watch", "update"],
+                &["get", "list", "watch", "update", "delete", "patch"],
             ),
             rule(
                 &["events.k8s.io"],

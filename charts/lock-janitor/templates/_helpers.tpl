@@ -119,10 +119,13 @@ Rules shared by the ClusterRole and the per-namespace Roles: exactly what
 {{- end }}
 {{- if has "lease" .Values.lockKinds }}
 # Watch the opted-in Lease locks; release a stale one with an update guarded
-# by its resourceVersion (as client-go releases its own). Never deleted.
+# by its resourceVersion (as client-go releases its own). A Lease held for
+# life (one Pod owner, never renewed) is deleted instead, with uid and
+# resourceVersion preconditions, and the opt-in label patched onto the one
+# its new holder creates, as for ConfigMaps.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "list", "watch", "update"]
+  verbs: ["get", "list", "watch", "update", "delete", "patch"]
 {{- end }}
 # Read the holder pods; delete a dead holder only when deletePod is set.
 - apiGroups: [""]
