@@ -15,6 +15,7 @@ pub struct Metrics {
     /// Every metric family registered (an empty one is not rendered).
     names: std::sync::Arc<Vec<String>>,
     pub reclaims: IntCounterVec,
+    pub reclaims_by_reason: IntCounterVec,
     pub stale_locks: IntGaugeVec,
     pub locks: IntGaugeVec,
     pub reclaim_latency: Histogram,
@@ -154,6 +155,13 @@ impl Metrics {
             ),
             &["kind", "namespace", "lock", "reason"],
         )?;
+        let reclaims_by_reason = IntCounterVec::new(
+            Opts::new(
+                "lock_janitor_reclaims_by_reason_total",
+                "Stale locks reclaimed, by kind and reason; every series starts at 0, so increase() counts a first reclaim.",
+            ),
+            &["kind", "reason"],
+        )?;
         let ready = prometheus::IntGauge::new(
             "lock_janitor_ready",
             "1 exactly when /readyz answers 200 (watches synced and working, not shutting down).",
@@ -214,6 +222,7 @@ impl Metrics {
             Box::new(takeover_timeouts.clone()),
             Box::new(last_reclaim.clone()),
             Box::new(reclaims.clone()),
+            Box::new(reclaims_by_reason.clone()),
             Box::new(stale_locks.clone()),
             Box::new(locks.clone()),
             Box::new(reclaim_latency.clone()),
@@ -235,6 +244,11 @@ impl Metrics {
                 locks.with_label_values(&[k.as_str(), s.as_str()]).set(0);
             }
         }
+        for k in LockKind::ALL {
+            for r in StaleReason::ALL {
+                reclaims_by_reason.with_label_values(&[k.as_str(), r.as_str()]);
+            }
+        }
         for k in ErrorKind::ALL {
             reconcile_errors.with_label_values(&[k.as_str()]);
         }
@@ -246,6 +260,7 @@ impl Metrics {
             registry,
             names: std::sync::Arc::new(names),
             reclaims,
+            reclaims_by_reason,
             stale_locks,
             locks,
             reclaim_latency,
@@ -282,6 +297,9 @@ impl Metrics {
             reason.as_str(),
         ];
         self.reclaims.with_label_values(&labels).inc();
+        self.reclaims_by_reason
+            .with_label_values(&[key.kind.as_str(), reason.as_str()])
+            .inc();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)

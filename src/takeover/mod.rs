@@ -443,6 +443,9 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
         .awaiting_takeover
         .with_label_values(&labels)
         .set(1);
+    // Born at 0 while awaited, so that increase() counts a first timeout;
+    // removed at the end unless one was counted.
+    let timeouts = s.metrics.takeover_timeouts.with_label_values(&labels);
     let started = Instant::now();
     let (mut counted, mut said) = (false, false);
     let mut wait = FIRST_LOOK;
@@ -471,7 +474,7 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
                 if !said && seconds_since(since) >= s.timeout.as_secs_f64() {
                     if !counted {
                         counted = true;
-                        s.metrics.takeover_timeouts.with_label_values(&labels).inc();
+                        timeouts.inc();
                     }
                     // A standby writes no Event: it tries again at its next
                     // look, and says it once it leads.
@@ -531,6 +534,9 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
         break "taken over";
     };
     let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
+    if timeouts.get() == 0 {
+        let _ = s.metrics.takeover_timeouts.remove_label_values(&labels);
+    }
     debug!(namespace = %key.namespace, lock = %key.name, outcome, "no longer awaiting a takeover");
 }
 

@@ -570,10 +570,12 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
             "events",
             &["get", "watch", "update", "delete"],
         ),
+        // delete and patch of Leases are granted where locks are watched:
+        // a Lease held for life is deleted, its successor labeled.
         (
             "coordination.k8s.io",
             "leases",
-            &["create", "patch", "delete", "deletecollection"],
+            &["create", "deletecollection"],
         ),
         ("apps", "deployments", &["get", "update"]),
     ];
@@ -585,12 +587,13 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
     if !opts.delete_pod {
         cases.push((here, "", "pods", "delete", false));
     }
-    // Leases in the release namespace: create for its own; get, update and
-    // list of Lease locks only where it watches (everywhere with a
-    // ClusterRole); never delete (SubjectAccessReview without a name).
+    // Leases in the release namespace: create for its own; get, update,
+    // list, delete and patch of Lease locks only where it watches
+    // (everywhere with a ClusterRole); the guard narrows delete and patch
+    // to Leases held for life.
     let release = Some(r.ns.as_str());
     cases.push((release, "coordination.k8s.io", "leases", "create", true));
-    for v in ["get", "update", "list"] {
+    for v in ["get", "update", "list", "delete", "patch"] {
         cases.push((
             release,
             "coordination.k8s.io",
@@ -599,7 +602,6 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
             !opts.namespaced,
         ));
     }
-    cases.push((release, "coordination.k8s.io", "leases", "delete", false));
     // Cluster scope: list/watch of every namespace only for a ClusterRole;
     // never anything cluster-scoped.
     for (g, res) in [

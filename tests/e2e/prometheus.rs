@@ -174,10 +174,25 @@ async fn reclaim_alert_fires_in_prometheus() {
 
     let j = Janitor::start(
         &kubeconfig_as(cp, JANITOR_USER),
-        &["--namespace", &ns, "--resync", "2s"],
+        &[
+            "--namespace",
+            &ns,
+            "--resync",
+            "2s",
+            "--takeover-timeout",
+            "4s",
+        ],
     )
     .await;
     let prom = Prometheus::start(j.port).await;
+    // The count by kind and reason is there at 0 before any reclaim, so a
+    // first one is counted.
+    let by_reason = "lock_janitor_reclaims_by_reason_total{kind=\"configmap\",reason=\"Evicted\"}";
+    wait_for("Prometheus scraped the reclaims at 0", WAIT, || async {
+        let r = prom.query(by_reason).await;
+        (r.len() == 1 && value_of(&r[0]) == Some(0.0)).then_some(())
+    })
+    .await;
 
     // Prometheus scrapes the janitor, which judged the lock held. No reclaim
     // series exists for a lock that was never reclaimed (no series per lock
@@ -240,6 +255,34 @@ async fn reclaim_alert_fires_in_prometheus() {
     let r = prom.query(&counter).await;
     assert_eq!(r.len(), 1, "{r:?}");
     assert_eq!(value_of(&r[0]), Some(1.0));
+    // The documented "how many" queries count that first reclaim, and the
+    // first takeover timeout (nobody made the lock again within 4 s).
+    // increase() extrapolates from its samples to the window's end, by as
+    // much as a scrape interval: a series a few scrapes old reads high for
+    // a few seconds, then settles, hence round() and the wait.
+    for (what, q) in [
+        (
+            "reclaims a day",
+            "round(sum by (kind, reason) (increase(lock_janitor_reclaims_by_reason_total{kind=\"configmap\",reason=\"Evicted\"}[1d])))".to_owned(),
+        ),
+        (
+            "takeover timeouts a day",
+            format!("round(sum by (namespace, lock) (increase(lock_janitor_takeover_timeouts_total{{namespace=\"{ns}\"}}[1d])))"),
+        ),
+    ] {
+        let v = wait_for(what, WAIT, || async {
+            let r = prom.query(&q).await;
+            r.first().and_then(value_of).filter(|v| *v == 1.0)
+        })
+        .await;
+        assert_eq!(v, 1.0, "{what}: {q}");
+    }
+    let last = format!(
+        "max by (kind, namespace, lock) (max_over_time(lock_janitor_last_reclaim_timestamp_seconds{{namespace=\"{ns}\"}}[1d]))"
+    );
+    let r = prom.query(&last).await;
+    assert_eq!(r.len(), 1, "which locks were reclaimed: {r:?}");
+    assert_eq!(r[0]["metric"]["lock"], "op-lock", "{r:?}");
     // Only the reason that happened fires.
     let all = prom
         .query(&format!(
