@@ -5,13 +5,32 @@
 #
 #   testenv/build.sh          build when missing, print the bin dir
 #   testenv/build.sh --print  only print the bin dir
+#   K8S_VERSION=v1.31.14 testenv/build.sh [--print]
+#                             the same for another Kubernetes version of
+#                             versions.env K8S_VERSIONS (its own cache dir)
 #   testenv/build.sh helm     build only the named binaries (of etcd kube-apiserver
 #                             kube-controller-manager kubectl helm peers), e.g. the
 #                             helm that `make release` packages the chart with
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+asked="${K8S_VERSION:-}"
 # shellcheck source=versions.env
 . "$here/versions.env"
+# kube-apiserver, kube-controller-manager and kubectl come from k8s/ (the default
+# K8S_VERSION) or k8s-1.<minor>/ (another of K8S_VERSIONS); etcd always from k8s/.
+kmod="$here/k8s"
+if [ -n "$asked" ] && [ "$asked" != "$K8S_VERSION" ]; then
+  case " $K8S_VERSIONS " in
+    *" $asked "*) ;;
+    *) echo "testenv: K8S_VERSION=$asked is not served; one of: $K8S_VERSIONS (testenv/versions.env K8S_VERSIONS)" >&2; exit 2 ;;
+  esac
+  K8S_VERSION="$asked"
+  kminor="${K8S_VERSION#v1.}"; kminor="${kminor%%.*}"
+  kmod="$here/k8s-1.$kminor"
+  # A Go toolchain of its own, if versions.env names one for this minor.
+  gt_var="GO_TOOLCHAIN_1_$kminor"
+  if [ -n "${!gt_var:-}" ]; then export GOTOOLCHAIN="${!gt_var}"; fi
+fi
 
 key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
 cache="${LOCK_JANITOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lock-janitor}/testenv/$key"
@@ -43,7 +62,7 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 
 # The versions in versions.env and the go.mod files must agree.
-grep -q "k8s.io/kubernetes ${K8S_VERSION}\( //.*\)\?$" "$here/k8s/go.mod" || { echo "testenv: k8s/go.mod does not require k8s.io/kubernetes ${K8S_VERSION} (versions.env)" >&2; exit 1; }
+grep -q "k8s.io/kubernetes ${K8S_VERSION}\( //.*\)\?$" "$kmod/go.mod" || { echo "testenv: ${kmod#"$here"/}/go.mod does not require k8s.io/kubernetes ${K8S_VERSION} (versions.env; testenv/k8s-mod.sh writes k8s-1.<minor>/)" >&2; exit 1; }
 grep -q "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}\( //.*\)\?$" "$here/k8s/go.mod" || { echo "testenv: k8s/go.mod does not require etcd server ${ETCD_VERSION} (versions.env)" >&2; exit 1; }
 grep -q "helm.sh/helm/v3 ${HELM_VERSION}\( //.*\)\?$" "$here/helm/go.mod" || { echo "testenv: helm/go.mod does not require helm ${HELM_VERSION} (versions.env)" >&2; exit 1; }
 
@@ -79,7 +98,7 @@ if wanted etcd && [ ! -x "$bin/etcd" ]; then
 fi
 for c in kube-apiserver kube-controller-manager kubectl; do
   if wanted "$c" && [ ! -x "$bin/$c" ]; then
-    run "$c" "$here/k8s" "$cache/log/$c.log" -ldflags "$ld" -o "$tmp/$c" "k8s.io/kubernetes/cmd/$c"
+    run "$c" "$kmod" "$cache/log/$c.log" -ldflags "$ld" -o "$tmp/$c" "k8s.io/kubernetes/cmd/$c"
     mv "$tmp/$c" "$bin/$c"
   fi
 done

@@ -382,8 +382,13 @@ impl ControlPlane {
             // Leases with spec.strategy and spec.preferredHolder (Coordinated
             // Leader Election) exist only with this gate on; the janitor must
             // see them as such and never write them.
+            // The gate's controller watches LeaseCandidates, whose API
+            // version depends on the minor (readyz waits for its informer).
             .arg("--feature-gates=CoordinatedLeaderElection=true")
-            .arg("--runtime-config=coordination.k8s.io/v1beta1=true")
+            .arg(format!(
+                "--runtime-config={}=true",
+                lease_candidate_api(server_minor(apiserver))
+            ))
             .args(&opts.extra_apiserver_args);
         self.remember("kube-apiserver", &cmd, mode);
         self.spawn("kube-apiserver", cmd, mode)?;
@@ -757,6 +762,42 @@ impl Drop for ControlPlane {
     }
 }
 
+/// The minor of a kube-apiserver binary (`--version` prints `Kubernetes
+/// v1.31.14`), asked once per path; `None` if it does not say.
+fn server_minor(apiserver: &Path) -> Option<u32> {
+    static MINORS: Mutex<Vec<(PathBuf, Option<u32>)>> = Mutex::new(Vec::new());
+    let mut minors = MINORS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, m)) = minors.iter().find(|(p, _)| p == apiserver) {
+        return *m;
+    }
+    let out = Command::new(apiserver)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output();
+    let minor = out
+        .ok()
+        .and_then(|o| parse_minor(&String::from_utf8_lossy(&o.stdout)));
+    minors.push((apiserver.to_path_buf(), minor));
+    minor
+}
+
+/// `Kubernetes v1.31.14` -> 31.
+fn parse_minor(version: &str) -> Option<u32> {
+    let v = version.split_whitespace().last()?.strip_prefix("v1.")?;
+    v.split(['.', '-', '+']).next()?.parse().ok()
+}
+
+/// The group version of the LeaseCandidates the CoordinatedLeaderElection
+/// controller watches: v1alpha1 in 1.31, v1alpha2 in 1.32, v1beta1 since 1.33
+/// (k8s.io/kubernetes pkg/controlplane/apiserver/server.go at each tag).
+fn lease_candidate_api(minor: Option<u32>) -> &'static str {
+    match minor {
+        Some(31) => "coordination.k8s.io/v1alpha1",
+        Some(32) => "coordination.k8s.io/v1alpha2",
+        _ => "coordination.k8s.io/v1beta1",
+    }
+}
+
 fn component_timeout() -> Duration {
     let secs = std::env::var("LOCK_JANITOR_TESTENV_TIMEOUT")
         .ok()
@@ -1100,6 +1141,23 @@ mod tests {
         let log = "x\nE0101 listen tcp 127.0.0.1:4242: bind: address already in use\n";
         assert_eq!(port_in_use(log, &[1, 4242]), Some(4242));
         assert_eq!(port_in_use("all good", &[1]), None);
+    }
+
+    #[test]
+    fn lease_candidate_api_by_minor() {
+        assert_eq!(parse_minor("Kubernetes v1.31.14\n"), Some(31));
+        assert_eq!(parse_minor("Kubernetes v1.37.2"), Some(37));
+        assert_eq!(parse_minor("Kubernetes v0.0.0-master+$Format"), None);
+        assert_eq!(
+            lease_candidate_api(Some(31)),
+            "coordination.k8s.io/v1alpha1"
+        );
+        assert_eq!(
+            lease_candidate_api(Some(32)),
+            "coordination.k8s.io/v1alpha2"
+        );
+        assert_eq!(lease_candidate_api(Some(33)), "coordination.k8s.io/v1beta1");
+        assert_eq!(lease_candidate_api(None), "coordination.k8s.io/v1beta1");
     }
 
     #[test]
