@@ -56,6 +56,8 @@ pub enum Error {
     Timeout { action: String, after: Duration },
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("the API server runs Kubernetes {found}; lock-janitor supports Kubernetes 1.{} and later (docs/compatibility.md)", crate::preflight::OLDEST_MINOR)]
+    Unsupported { found: String },
 }
 
 /// The bounded values of `lock_janitor_reconcile_errors_total{error}`.
@@ -100,7 +102,7 @@ impl Error {
                 source: kube::Error::Api(status),
                 ..
             } if status.code == 403 => ErrorKind::Forbidden,
-            Error::Kube { .. } | Error::Metrics(_) => ErrorKind::Api,
+            Error::Kube { .. } | Error::Metrics(_) | Error::Unsupported { .. } => ErrorKind::Api,
             Error::Timeout { .. } => ErrorKind::Timeout,
         }
     }

@@ -147,9 +147,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     ));
 
     tokio::select! {
-        checked = lock_janitor::preflight::preflight(&control, &settings.selector, &settings.namespaces, &settings.kinds) => checked.context(
-            "start-up check failed (is the selector valid, and does RBAC grant list and watch on configmaps and pods?)",
-        )?,
+        checked = lock_janitor::preflight::preflight(&control, &settings.selector, &settings.namespaces, &settings.kinds) => checked.map_err(|e| {
+            let hint = match e {
+                lock_janitor::Error::Unsupported { .. } => "start-up check failed",
+                _ => "start-up check failed (is the selector valid, and does RBAC grant list and watch on configmaps and pods?)",
+            };
+            anyhow::Error::new(e).context(hint)
+        })?,
         _ = shutdown.cancelled() => {
             info!("stopped before start-up finished");
             return Ok(());

@@ -16,14 +16,54 @@ use crate::{call, scoped, Error, TERMINAL_PODS};
 /// Scopes checked at once: each check waits up to a second on its watch.
 const CONCURRENCY: usize = 32;
 
-/// Checks every scope (`namespaces` empty: the whole cluster), 32 at a
-/// time, with the control client (outside the API budget: it runs once).
+/// The oldest Kubernetes minor (1.x) the janitor supports: the oldest one
+/// its compatibility suite passes on (docs/compatibility.md).
+pub const OLDEST_MINOR: u32 = 31;
+
+/// The minor of a server's `/version` (`minor` may carry a `+`, as managed
+/// services write it); `None` when it does not say one of 1.x.
+pub fn minor_of(info: &k8s_openapi::apimachinery::pkg::version::Info) -> Option<u32> {
+    if info.major.trim_end_matches('+') != "1" {
+        return None;
+    }
+    let digits: String = info
+        .minor
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// Checks the API server's version first: one older than `OLDEST_MINOR`
+/// is refused with a clear error (what the janitor relies on, the Table
+/// of ConfigMaps, ValidatingAdmissionPolicy v1 and the rest, is proven from
+/// 1.31 on); one that does not say which minor it is gets a WARN line and
+/// the start goes on. Then every scope (`namespaces` empty: the whole
+/// cluster), 32 at a time, with the control client (outside the API budget:
+/// it runs once).
 pub async fn preflight(
     client: &Client,
     selector: &Selector,
     namespaces: &[String],
     kinds: &[LockKind],
 ) -> Result<(), Error> {
+    let info = call(
+        "reading the API server's version",
+        client.apiserver_version(),
+    )
+    .await?;
+    match minor_of(&info) {
+        Some(minor) if minor < OLDEST_MINOR => {
+            return Err(Error::Unsupported {
+                found: info.git_version,
+            })
+        }
+        Some(_) => {}
+        None => {
+            tracing::warn!(version = %info.git_version, major = %info.major, minor = %info.minor,
+            "the API server does not say which Kubernetes 1.x minor it runs; going on")
+        }
+    }
     let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
         vec![None]
     } else {
@@ -106,5 +146,25 @@ where
             source: kube::Error::Api(status),
         }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::version::Info;
+
+    #[test]
+    fn the_minor_is_read_as_managed_services_write_it() {
+        let info = |major: &str, minor: &str| Info {
+            major: major.into(),
+            minor: minor.into(),
+            ..Default::default()
+        };
+        assert_eq!(minor_of(&info("1", "31")), Some(31));
+        assert_eq!(minor_of(&info("1", "32+")), Some(32), "EKS, GKE");
+        assert_eq!(minor_of(&info("1+", "30")), Some(30));
+        assert_eq!(minor_of(&info("1", "")), None);
+        assert_eq!(minor_of(&info("2", "0")), None);
     }
 }

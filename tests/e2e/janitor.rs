@@ -711,6 +711,50 @@ async fn bad_flags_exit_2_with_a_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no Kubernetes cluster found"));
 }
 
+/// A janitor started against an API server older than the oldest supported
+/// minor says so and exits non-zero before it watches anything. The server
+/// here is a stand-in that answers `/version` as v1.30.14 does (no 1.30
+/// control plane is built); every supported minor runs the real one
+/// (`make test-compat`).
+#[tokio::test]
+async fn an_api_server_older_than_supported_is_refused_at_start() {
+    use axum::http::header;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let version = r#"{"major":"1","minor":"30","gitVersion":"v1.30.14","gitCommit":"","gitTreeState":"clean","buildDate":"1970-01-01T00:00:00Z","goVersion":"go1.23","compiler":"gc","platform":"linux/amd64"}"#;
+    let app = axum::Router::new().route(
+        "/version",
+        axum::routing::get(move || async move {
+            ([(header::CONTENT_TYPE, "application/json")], version)
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: old\n  cluster:\n    server: http://127.0.0.1:{port}\n\
+             contexts:\n- name: old\n  context:\n    cluster: old\n    user: old\ncurrent-context: old\n\
+             users:\n- name: old\n  user: {{}}\n"
+        ),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(janitor_bin())
+        .args(["run", "--metrics-bind-address", "127.0.0.1:0"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the API server runs Kubernetes v1.30.14; lock-janitor supports Kubernetes 1.31 and later"),
+        "{err}"
+    );
+}
+
 /// Every write follows a live read of the lock and of its holder: a holder
 /// that died and was recreated under its name (a StatefulSet pod, which
 /// operator-lib takes for the leader by name) is seen by that read even
