@@ -15,6 +15,9 @@ use crate::metrics::Metrics;
 use crate::ErrorKind;
 
 pub const REASON_RECLAIMED: &str = "StaleLockReclaimed";
+/// Written just before the freeing write: what restore reads if the janitor
+/// dies between that write and its StaleLockReclaimed Event.
+pub const REASON_RECLAIMING: &str = "StaleLockReclaiming";
 pub const REASON_DETECTED: &str = "StaleLockDetected";
 pub const REASON_POD_DELETED: &str = "DeadHolderDeleted";
 pub const REASON_UNMANAGEABLE: &str = "UnmanageableLock";

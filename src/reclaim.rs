@@ -24,6 +24,9 @@ use crate::observe::Judgement;
 use crate::verdict::{self, StaleReason, Verdict};
 use crate::{api_code, call, words, Error};
 
+/// How long a reclaim waits for its intent Event before the freeing write.
+const INTENT_WITHIN: Duration = Duration::from_secs(2);
+
 /// What the janitor may write.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Mode {
@@ -124,7 +127,7 @@ impl Reclaimer {
             };
             return (done, None);
         };
-        let (freed, error) = match self.write(j, lock).await {
+        let (freed, error) = match self.write(j, lock, *reason).await {
             Ok(f) => (f, None),
             Err(e) => (Freed::Failed, Some(e)),
         };
@@ -142,7 +145,7 @@ impl Reclaimer {
     /// being deleted, or on a replica that does not lead (checked at the
     /// moment of the write: a lease lost a moment ago stops it); else the
     /// guarded DELETE or release.
-    async fn write(&self, j: &Judgement, lock: &Lock) -> Result<Freed, Error> {
+    async fn write(&self, j: &Judgement, lock: &Lock, reason: StaleReason) -> Result<Freed, Error> {
         if self.mode.dry_run {
             return Ok(Freed::DryRun);
         }
@@ -153,7 +156,38 @@ impl Reclaimer {
         if !self.gate.may_write() {
             return Ok(Freed::NotLeader);
         }
+        self.intent(j, lock, reason).await;
         self.free(j, lock).await
+    }
+
+    /// The record restore reads, written no later than the freeing write:
+    /// a `StaleLockReclaiming` Event just before it (one try, bounded), so
+    /// that a janitor killed between the write and its `StaleLockReclaimed`
+    /// Event leaves a record all the same. Restore checks it against the
+    /// lock as it is then (a lock still held by the same pod was not freed:
+    /// nothing is done). Not written, the reclaim goes on (a lock is never
+    /// kept stale for want of an Event), and it says so.
+    async fn intent(&self, j: &Judgement, lock: &Lock, reason: StaleReason) {
+        let doing = if j.freed_by_delete() {
+            match j.key.kind {
+                LockKind::ConfigMap => "Deleting this lock",
+                LockKind::Lease => "Deleting this Lease",
+            }
+        } else {
+            "Releasing this Lease"
+        };
+        let why = words::why_stale(reason, &lock.holder.name, j.holder.as_ref());
+        let say = Say {
+            type_: EventType::Normal,
+            reason: events::REASON_RECLAIMING,
+            action: "Reclaim",
+            note: format!("{doing}: {why}. {}", self.marker),
+        };
+        let written = tokio::time::timeout(INTENT_WITHIN, self.publish(j, say)).await;
+        if !matches!(written, Ok(true)) {
+            warn!(namespace = %j.key.namespace, lock = %j.key.name,
+                  "the reclaim's intent Event could not be written: a crash before its StaleLockReclaimed Event would leave nothing for restore to follow");
+        }
     }
 
     /// What a reclaim did, in metrics and in the log.

@@ -144,13 +144,21 @@ impl Takeovers {
     /// now, and under which holder uid.
     pub async fn restore(&self, namespace: Option<&str>) -> Result<usize, crate::Error> {
         let api: Api<k8s_openapi::api::events::v1::Event> = scoped(&self.shared.client, namespace);
-        let lp = ListParams::default().fields(&format!("reason={}", events::REASON_RECLAIMED));
-        let list = call("listing the janitor's reclaim Events", api.list(&lp))
-            .await
-            .inspect_err(|_| self.shared.metrics.restore_failures.inc())?;
+        // The reclaims, and the intents written just before each freeing
+        // write (what is left of a reclaim whose janitor died before its
+        // StaleLockReclaimed Event; still_awaited tells from the lock as it
+        // is now whether it was freed).
+        let mut items = Vec::new();
+        for reason in [events::REASON_RECLAIMED, events::REASON_RECLAIMING] {
+            let lp = ListParams::default().fields(&format!("reason={reason}"));
+            let list = call("listing the janitor's reclaim Events", api.list(&lp))
+                .await
+                .inspect_err(|_| self.shared.metrics.restore_failures.inc())?;
+            items.extend(list.items);
+        }
         // The latest reclaim per lock.
         let mut latest: HashMap<LockKey, (Timestamp, Holder)> = HashMap::new();
-        for ev in list.items {
+        for ev in items {
             // Only this janitor's (its selector is in the note): another
             // release's reclaims are not ours to follow or label.
             if ev.reporting_controller.as_deref() != Some(crate::NAME)
