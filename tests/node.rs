@@ -170,24 +170,55 @@ async fn api_eviction_of_the_leader_frees_the_lock_once_after_its_pod_stopped() 
                 && e.name.as_deref() == Some(leader.as_str())
         })
         .expect("the eviction in the audit log");
-    let last_status = audit
+    // The safety property: the janitor's DELETE comes after the kubelet's
+    // first status write of a terminal phase, and that write says no
+    // container runs. (The kubelet may write the pod's status again after
+    // that, e.g. its conditions, while the lock is already gone: those
+    // later writes say nothing about the holder's process.)
+    let terminal = audit
         .iter()
         .filter(|e| {
             e.user == KUBELET_USER
                 && e.name.as_deref() == Some(leader.as_str())
                 && e.subresource.as_deref() == Some("status")
         })
-        .filter_map(|e| e.received.clone())
-        .max()
-        .expect("the kubelet's status writes of the leader");
+        .filter(|e| {
+            let phase = e
+                .request_object
+                .as_ref()
+                .and_then(|o| o.pointer("/status/phase"))
+                .and_then(|p| p.as_str());
+            matches!(phase, Some("Failed" | "Succeeded"))
+        })
+        .min_by_key(|e| e.received.clone())
+        .expect("the kubelet's status write of a terminal phase for the leader");
+    for kind in [
+        "initContainerStatuses",
+        "containerStatuses",
+        "ephemeralContainerStatuses",
+    ] {
+        let statuses = terminal
+            .request_object
+            .as_ref()
+            .and_then(|o| o.pointer(&format!("/status/{kind}")))
+            .and_then(|s| s.as_array().cloned())
+            .unwrap_or_default();
+        assert!(
+            statuses
+                .iter()
+                .all(|c| c.pointer("/state/running").is_none()),
+            "the kubelet's terminal write says a container runs: {terminal:#?}"
+        );
+    }
+    let terminal_at = terminal.received.clone().unwrap_or_default();
     if by == JANITOR_USER {
         assert!(
-            deletes[0].received.as_deref() > Some(last_status.as_str()),
-            "the janitor deleted the lock before the kubelet's terminal status write"
+            deletes[0].received.as_deref() > Some(terminal_at.as_str()),
+            "the janitor deleted the lock before the kubelet's first terminal status write: {terminal:#?}"
         );
     }
     eprintln!(
-        "API eviction at {:?}; kubelet's last status write {last_status}; lock deleted by {by} at {:?}",
+        "API eviction at {:?}; kubelet's first terminal status write {terminal_at}; lock deleted by {by} at {:?}",
         eviction.received, deletes[0].received
     );
     let jw = n.writes(JANITOR_USER, &ns);

@@ -111,6 +111,13 @@ rules:
     resources:
       - group: "coordination.k8s.io"
         resources: ["leases"]
+  # Pod status writes with their body: when the kubelet first wrote a
+  # terminal phase, and what its containers said then, is checked.
+  - level: Request
+    verbs: ["update", "patch"]
+    resources:
+      - group: ""
+        resources: ["pods/status"]
   # Other reads: dropped to keep the log small.
   - level: None
     verbs: ["get", "list", "watch"]
