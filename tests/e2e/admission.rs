@@ -648,11 +648,42 @@ async fn create_dynamic(client: &Client, doc: &Value) {
         .unwrap_or_else(|e| panic!("creating {}: {e}", kind_of(doc)));
 }
 
+/// The MutatingAdmissionPolicy group versions this API server serves: v1
+/// from 1.36, v1beta1 on 1.34-1.35 where enabled (testenv enables it there),
+/// neither before.
+async fn served_mutating_admission_policy(client: &Client) -> Vec<&'static str> {
+    let mut served = Vec::new();
+    for gv in [
+        "admissionregistration.k8s.io/v1",
+        "admissionregistration.k8s.io/v1beta1",
+    ] {
+        match client.list_api_group_resources(gv).await {
+            Ok(list) => {
+                if list
+                    .resources
+                    .iter()
+                    .any(|r| r.name == "mutatingadmissionpolicies")
+                {
+                    served.push(gv);
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => panic!("discovery of {gv}: {e}"),
+        }
+    }
+    served
+}
+
 /// Auto opt-in: the real operator-lib creates its lock in a selected
 /// namespace and it carries the label; in another namespace it does not; a
 /// ConfigMap with data or two owners is never labeled. Then an eviction is
 /// reclaimed and the next leader's lock is labeled with no `label` step
 /// and no carry-over patch by the janitor.
+///
+/// The chart is rendered with the MutatingAdmissionPolicy versions this API
+/// server serves and `allowV1beta1`: v1 where served, else v1beta1 (and
+/// nothing without `allowV1beta1`); where neither is served (before 1.34)
+/// the test asserts that the chart renders no policy, and ends there.
 #[tokio::test]
 async fn auto_opt_in_labels_operator_lib_locks_at_creation() {
     use lock_janitor_testenv::peers::Peer;
@@ -671,24 +702,72 @@ async fn auto_opt_in_labels_operator_lib_locks_at_creation() {
         .await
         .unwrap();
     let opt_in = ("lock-janitor.io/watch", picked.as_str());
-    let docs = render(
-        &rel,
-        &rel,
-        &[
-            "--api-versions".into(),
-            "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy".into(),
+    let served = served_mutating_admission_policy(&admin).await;
+    let mut values: Vec<String> = served
+        .iter()
+        .flat_map(|gv| {
+            [
+                "--api-versions".into(),
+                format!("{gv}/MutatingAdmissionPolicy"),
+            ]
+        })
+        .collect();
+    values.extend([
+        "--set".into(),
+        format!("selector={}={}", opt_in.0, opt_in.1),
+        "--set".into(),
+        "replicas=1".into(),
+        "--set".into(),
+        "admissionPolicies.autoOptIn.enabled=true".into(),
+        "--set-json".into(),
+        format!(
+            "admissionPolicies.autoOptIn.namespaceSelector={{\"matchLabels\":{{\"{selector_key}\":\"{picked}\"}}}}"
+        ),
+    ]);
+    let policies = |docs: &[Value]| -> Vec<(String, String)> {
+        docs.iter()
+            .filter(|d| kind_of(d).starts_with("MutatingAdmissionPolicy"))
+            .map(|d| {
+                let api = d["apiVersion"].as_str().unwrap_or_default();
+                (kind_of(d).to_owned(), api.to_owned())
+            })
+            .collect()
+    };
+    let strict = render(&rel, &rel, &values);
+    let Some(api) = served.first() else {
+        assert_eq!(
+            policies(&strict),
+            vec![],
+            "no MutatingAdmissionPolicy is served, so the chart renders none"
+        );
+        values.extend([
             "--set".into(),
-            format!("selector={}={}", opt_in.0, opt_in.1),
-            "--set".into(),
-            "replicas=1".into(),
-            "--set".into(),
-            "admissionPolicies.autoOptIn.enabled=true".into(),
-            "--set-json".into(),
-            format!(
-                "admissionPolicies.autoOptIn.namespaceSelector={{\"matchLabels\":{{\"{selector_key}\":\"{picked}\"}}}}"
-            ),
-        ],
-    );
+            "admissionPolicies.autoOptIn.allowV1beta1=true".into(),
+        ]);
+        assert_eq!(policies(&render(&rel, &rel, &values)), vec![]);
+        println!("compat: auto-opt-in not served: this API server serves no MutatingAdmissionPolicy (v1 or v1beta1) and the chart rendered none");
+        return;
+    };
+    let want = vec![
+        ("MutatingAdmissionPolicy".to_owned(), api.to_string()),
+        ("MutatingAdmissionPolicyBinding".to_owned(), api.to_string()),
+    ];
+    if api.ends_with("/v1beta1") {
+        assert_eq!(
+            policies(&strict),
+            vec![],
+            "v1beta1 only: nothing without autoOptIn.allowV1beta1"
+        );
+    } else {
+        assert_eq!(policies(&strict), want, "rendered as the served {api}");
+    }
+    values.extend([
+        "--set".into(),
+        "admissionPolicies.autoOptIn.allowV1beta1=true".into(),
+    ]);
+    let docs = render(&rel, &rel, &values);
+    assert_eq!(policies(&docs), want, "rendered as the served {api}");
+    println!("compat: auto-opt-in served as {api}");
     apply_rbac(&admin, &docs).await;
     for kind in ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"] {
         let doc = docs

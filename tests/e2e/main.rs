@@ -35,3 +35,4 @@ mod restore;
 mod scan;
 mod sweeps;
 mod two_writers;
+mod upgrade;

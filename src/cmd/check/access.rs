@@ -49,7 +49,7 @@ pub fn needs(i: &Install) -> Vec<Need> {
         rules.push((
             "coordination.k8s.io",
             "leases",
-            &["get", "list", "watch", "update"],
+            &["get", "list", "watch", "update", "delete", "patch"],
         ));
     }
     rules.push((
