@@ -93,9 +93,14 @@ def restricted_v2(pod):
 def main():
     case, release_ns = sys.argv[1], sys.argv[2]
     docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
+    # The `helm test` hook's objects (templates/tests/) are checked apart:
+    # helm creates them only when the test runs.
+    is_hook = lambda d: "helm.sh/hook" in (d["metadata"].get("annotations") or {})
+    hooks = [d for d in docs if is_hook(d)]
     by_kind = {}
     for d in docs:
-        by_kind.setdefault(d["kind"], []).append(d)
+        if not is_hook(d):
+            by_kind.setdefault(d["kind"], []).append(d)
 
     def one(kind):
         objs = by_kind.get(kind, [])
@@ -179,6 +184,17 @@ def main():
         check(sa.get("automountServiceAccountToken") is False, "ServiceAccount automounts its token")
         check(sa.get("metadata", {}).get("name") == sa_name, "pod does not use the chart's ServiceAccount")
 
+    # The test hook: one Pod that runs `lock-janitor check` on this release,
+    # as hardened as the janitor's own, as a ServiceAccount of its own.
+    test_pods = [d for d in hooks if d["kind"] == "Pod"]
+    check(len(test_pods) == 1, f"want exactly one helm test Pod, got {len(test_pods)}")
+    for tp in test_pods:
+        tspec = tp.get("spec", {})
+        check(tp["metadata"]["annotations"].get("helm.sh/hook") == "test", "the test Pod is not a test hook")
+        check(tspec.get("containers", [{}])[0].get("args", [])[:1] == ["check"], "the test Pod does not run check")
+        check(tspec.get("serviceAccountName") != sa_name, "the test Pod runs as the janitor's ServiceAccount")
+        check(tspec.get("restartPolicy") == "Never", "the test Pod restarts")
+
     # Service.
     svc = one("Service")
     check([p.get("name") for p in svc.get("spec", {}).get("ports", [])] == ["metrics"], "Service port is not named metrics")
@@ -187,7 +203,7 @@ def main():
     delete_pod = case in ("all-on", "namespaced")
     want_rules = [
         ("", "configmaps", ["get", "list", "watch", "delete", "patch"]),
-        ("coordination.k8s.io", "leases", ["get", "list", "watch", "update"]),
+        ("coordination.k8s.io", "leases", ["get", "list", "watch", "update", "delete", "patch"]),
         ("", "pods", ["get", "list", "watch"] + (["delete"] if delete_pod else [])),
         ("events.k8s.io", "events", ["create", "patch", "list"]),
     ]

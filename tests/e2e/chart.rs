@@ -38,7 +38,11 @@ const WAIT: Duration = Duration::from_secs(30);
 const LABEL_KEY: &str = "lock-janitor.io/watch";
 
 fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-    let found: Vec<&Value> = docs.iter().filter(|d| kind_of(d) == kind).collect();
+    // The `helm test` hook's objects are not the install's.
+    let found: Vec<&Value> = docs
+        .iter()
+        .filter(|d| kind_of(d) == kind && d["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .collect();
     assert_eq!(found.len(), 1, "want one {kind} in the rendered chart");
     found[0]
 }
@@ -1067,10 +1071,31 @@ async fn rendered_manifests_pass_server_side_dry_run() {
         ),
     ];
     let mut all_kinds = BTreeSet::new();
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    let mut hook_sas: Vec<String> = Vec::new();
     for (case, args) in &cases {
         let docs = render(&format!("{ns}-{case}"), &ns, args);
         assert!(!docs.is_empty(), "{case}: nothing rendered");
         for d in &docs {
+            // The `helm test` Pod is admitted only if its ServiceAccount
+            // exists: that one is created for real (the API server
+            // validates it as a dry run would), and removed below.
+            let hook = !d["metadata"]["annotations"]["helm.sh/hook"].is_null();
+            if hook && kind_of(d) == "ServiceAccount" {
+                let sa: k8s_openapi::api::core::v1::ServiceAccount =
+                    serde_json::from_value(d.clone()).unwrap();
+                sas.create(&PostParams::default(), &sa)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "{case}: the API server refused ServiceAccount {}: {e}",
+                            name_of(d)
+                        )
+                    });
+                hook_sas.push(name_of(d).to_owned());
+                all_kinds.insert(kind_of(d).to_owned());
+                continue;
+            }
             if let Err(e) = dry_run_create(&client, d).await {
                 panic!(
                     "{case}: the API server refused {} {}: {e}\n{d:#}",
@@ -1080,6 +1105,23 @@ async fn rendered_manifests_pass_server_side_dry_run() {
             }
             all_kinds.insert(kind_of(d).to_owned());
         }
+        for name in hook_sas.drain(..) {
+            sas.delete(&name, &Default::default()).await.unwrap();
+        }
+        wait_for("the hook's ServiceAccounts gone", WAIT, || async {
+            let left = sas.list(&Default::default()).await.ok()?;
+            left.items
+                .iter()
+                .all(|sa| {
+                    !sa.metadata
+                        .name
+                        .as_deref()
+                        .unwrap_or_default()
+                        .ends_with("-test")
+                })
+                .then_some(())
+        })
+        .await;
         // A dry run stores nothing.
         for d in &docs {
             assert!(
@@ -1096,6 +1138,8 @@ async fn rendered_manifests_pass_server_side_dry_run() {
         "ConfigMap",
         "Deployment",
         "NetworkPolicy",
+        // the `helm test` hook's
+        "Pod",
         "PodDisruptionBudget",
         "PrometheusRule",
         "Role",

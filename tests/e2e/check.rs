@@ -779,3 +779,92 @@ async fn monitoring_needs_the_release_label() {
     assert_eq!(out.status("monitoring"), "ok", "{out}");
     assert!(out.detail("monitoring").contains("release=kps"), "{out}");
 }
+
+/// `helm test`: the chart's test hook runs `lock-janitor check` against the
+/// install as a ServiceAccount of its own. There is no kubelet here to run
+/// its Pod, so the test applies the hook's own RBAC as helm would, runs the
+/// Pod's command with that ServiceAccount's token, and sees every check
+/// pass, the guard's impersonated dry run included: the hook's grants are
+/// enough, and the Pod says what it runs.
+#[tokio::test]
+async fn the_helm_test_hook_checks_the_install_with_its_own_grants() {
+    use crate::support::chart::{apply_rbac, render};
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let i = install("hook", &[]).await;
+    i.lock("memcached-operator-lock", "memcached-operator-1", true)
+        .await;
+    let docs = render(
+        RELEASE,
+        &i.ns,
+        &["--set".into(), format!("watchNamespaces={{{}}}", i.locks)],
+    );
+    let hooks: Vec<Value> = docs
+        .into_iter()
+        .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"] == "test")
+        .collect();
+    let pod = hooks
+        .iter()
+        .find(|d| d["kind"] == "Pod")
+        .expect("a test Pod");
+    let sa = pod["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let container = &pod["spec"]["containers"][0];
+    assert_eq!(container["command"], json!(["/lock-janitor"]));
+    let args: Vec<String> = serde_json::from_value(container["args"].clone()).unwrap();
+    assert_eq!(args, ["check", "--namespace", &i.ns, "--release", RELEASE]);
+    apply_rbac(&i.client, &hooks).await;
+
+    // That ServiceAccount's own token, as the Pod would have it mounted.
+    let token = Api::<ServiceAccount>::namespaced(i.client.clone(), &i.ns)
+        .create_token_request(
+            &sa,
+            &PostParams::default(),
+            &TokenRequest {
+                spec: TokenRequestSpec {
+                    audiences: vec![],
+                    expiration_seconds: Some(600),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a token for the test's ServiceAccount")
+        .status
+        .expect("token status")
+        .token;
+    let mut kc = kube::config::Kubeconfig::read_from(i.cp.kubeconfig_path()).unwrap();
+    for a in &mut kc.auth_infos {
+        if let Some(info) = a.auth_info.as_mut() {
+            *info = kube::config::AuthInfo {
+                token: Some(token.clone().into()),
+                ..Default::default()
+            };
+        }
+    }
+    let path = i.cp.dir().join(format!("kubeconfig-helm-test-{}", i.ns));
+    std::fs::write(&path, serde_json::to_string(&kc).unwrap()).unwrap();
+    // RBAC takes a moment; then every check passes as the Pod would see it.
+    let out = wait_for(
+        "the hook's grants in effect",
+        Duration::from_secs(30),
+        || {
+            let out = i.check_as(&path, &["--release", RELEASE]);
+            async move { (out.code == 0).then_some(out) }
+        },
+    )
+    .await;
+    for name in [
+        "install-found",
+        "leader",
+        "rbac",
+        "delete-guard",
+        "locks",
+        "stale-now",
+    ] {
+        assert_eq!(out.status(name), "ok", "{name}\n{out}");
+    }
+}
