@@ -55,6 +55,8 @@ struct State {
     /// seen so: another holder's lease expires `lease_duration` after that,
     /// on this replica's own clock (as in client-go).
     observed: Option<(String, Option<Timestamp>, Instant)>,
+    /// The last round took the lease from nobody (not a renewal of its own).
+    took: bool,
 }
 
 /// Whether this replica may write now. Cheap to clone; checked at the
@@ -197,7 +199,9 @@ pub fn start(
                     leading = now_leading;
                     metrics.leader.set(i64::from(leading));
                     let _ = changed.send(leading);
-                    if leading && !failing.is_empty() {
+                    let took =
+                        std::mem::take(&mut state.lock().unwrap_or_else(|e| e.into_inner()).took);
+                    if leading && took && !failing.is_empty() {
                         // Taken back: nobody ready took it. Not offered
                         // again until another watch fails, or REOFFER_EVERY.
                         offered = Some((failing.clone(), Instant::now()));
@@ -217,8 +221,12 @@ pub fn start(
                     let s = state.lock().unwrap_or_else(|e| e.into_inner());
                     match &s.observed {
                         Some((holder, _, seen)) if !holder.is_empty() => {
-                            let expires =
-                                *seen + election.lease_duration + Duration::from_millis(50);
+                            // Not ready: it may take it only a lease
+                            // duration later (`patience`).
+                            let expires = *seen
+                                + election.lease_duration
+                                + patience
+                                + Duration::from_millis(50);
                             election
                                 .retry_period()
                                 .min(expires.saturating_duration_since(Instant::now()))
@@ -312,7 +320,10 @@ async fn try_acquire_or_renew(
         )
         .await
         {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                state.lock().unwrap_or_else(|e| e.into_inner()).took = true;
+                Ok(true)
+            }
             Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => Ok(false),
             Err(err) => Err(err),
         };
@@ -369,7 +380,10 @@ async fn try_acquire_or_renew(
     )
     .await
     {
-        Ok(_) => Ok(true),
+        Ok(_) => {
+            state.lock().unwrap_or_else(|e| e.into_inner()).took = !mine;
+            Ok(true)
+        }
         Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => Ok(false),
         Err(err) => Err(err),
     }

@@ -26,6 +26,9 @@ pub trait Index<K>: Default + Send + Sync + 'static {
     /// lock deleted while the watch was down).
     fn relist_started(&self);
     fn relist_done(&self);
+    /// Whether a re-list is under way (the watch's store still holds the
+    /// copy from before it).
+    fn relisting(&self) -> bool;
 }
 
 /// The locks a re-list has listed so far, while one is under way.
@@ -214,6 +217,10 @@ impl Index<ConfigMapMeta> for HolderIndex {
             }
         });
     }
+
+    fn relisting(&self) -> bool {
+        self.with(|i| i.relisting.0.is_some())
+    }
 }
 
 fn unindex(i: &mut Inner, key: &LockKey) {
@@ -326,6 +333,10 @@ impl Index<Lease> for LeaseIndex {
                 unindex_lease(i, &k);
             }
         })
+    }
+
+    fn relisting(&self) -> bool {
+        self.with(|i| i.relisting.0.is_some())
     }
 }
 

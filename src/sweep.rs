@@ -101,7 +101,16 @@ pub async fn sweep(
             list(client, ns, watched, wanted, !by_name, out, &mut found).await?;
         }
         if by_name {
-            read_by_name(client, ns, watched, wanted, out, &mut found).await?;
+            read_by_name(
+                client,
+                ns,
+                scope.is_some(),
+                watched,
+                wanted,
+                out,
+                &mut found,
+            )
+            .await?;
         }
     }
     finish(watched, &found, &named, out);
@@ -112,6 +121,8 @@ pub async fn sweep(
 async fn read_by_name(
     client: &Client,
     ns: &str,
+    // The scope is this namespace: a refusal of it fails the sweep.
+    namespace_scope: bool,
     watched: Watched<'_>,
     wanted: &Named,
     out: &mut Sweep,
@@ -133,14 +144,20 @@ async fn read_by_name(
             let pod = match pod {
                 Ok(Some(pod)) => pod,
                 Ok(None) => continue,
-                // Refused for this pod alone (400, 422, ...): its locks are
-                // suspects. Refused for the namespace (401, 403: RBAC is
-                // per namespace), throttled (429), a server or network
-                // error: the sweep fails, and the scope's health says so.
+                // Refused for this pod alone (400, 422, ...; and 401/403 in
+                // a cluster-wide scope, where one namespace refused must
+                // not stop the sweep of all the others): its locks are
+                // suspects, judged from live reads. Refused for the
+                // namespace that is the scope (401, 403: RBAC is per
+                // namespace), throttled (429), a server or network error:
+                // the sweep fails, and the scope's health says so.
                 Err(Error::Kube {
                     source: kube::Error::Api(s),
                     ..
-                }) if (400..500).contains(&s.code) && ![401, 403, 429].contains(&s.code) => {
+                }) if (400..500).contains(&s.code)
+                    && s.code != 429
+                    && !(namespace_scope && [401, 403].contains(&s.code)) =>
+                {
                     continue
                 }
                 Err(e) => return Err(e),

@@ -178,6 +178,7 @@ impl Context {
         let clock = self.memory.clock(key, state);
         let now = k8s_openapi::jiff::Timestamp::now();
         if let Some(lease) = watched
+            .filter(|l| !lock::lease::held_for_life(l))
             .filter(|l| lock::lease::parse(l).is_ok_and(|p| p.host.is_none() || p.expired(now)))
         {
             let j = self

@@ -18,6 +18,7 @@ use tracing::{debug, info, warn};
 use super::scope::Side;
 use super::wiring::TerminalPod;
 use super::{error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta};
+use crate::index::Index;
 use crate::lock::{self, LockKey};
 use crate::sweep::{self, Sweep};
 
@@ -247,10 +248,13 @@ async fn sweeper(
         if !first {
             // Local, on every replica: ghosts of locks deleted while their
             // reconcile was in flight, and reclaim series past their time.
-            if let Some(c) = &sides.configmaps {
+            // Not while a re-list is under way: the store still holds the
+            // copy from before it, and a lock listed again would be
+            // forgotten (its clocks and renewal history with it).
+            if let Some(c) = sides.configmaps.as_ref().filter(|c| !c.index.relisting()) {
                 ctx.forget_missing(ns.as_deref(), &c.reader);
             }
-            if let Some(l) = &sides.leases {
+            if let Some(l) = sides.leases.as_ref().filter(|l| !l.index.relisting()) {
                 ctx.forget_missing(ns.as_deref(), &l.reader);
             }
             ctx.shared

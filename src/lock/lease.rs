@@ -168,9 +168,22 @@ fn not_an_application_lock(lease: &Lease) -> Option<Unmanageable> {
 /// a ConfigMap lock (the owner, by name and uid) and freed by a DELETE with
 /// uid and resourceVersion preconditions. A Lease with a `renewTime` is
 /// never one.
+///
+/// Its holder identity must be empty or the owner's own name (nais/elector
+/// writes the pod's hostname, its name): a Lease owned by one pod that names
+/// another as holder is not judged by its owner (that other pod may run),
+/// and stays `NoRenewTime`. The delete guard asks the same.
 pub fn held_for_life(lease: &Lease) -> bool {
     let spec = lease.spec.as_ref();
+    let owner = match lease.metadata.owner_references.as_deref() {
+        Some([one]) => one.name.as_str(),
+        _ => return false,
+    };
+    let identity = spec
+        .and_then(|s| s.holder_identity.as_deref())
+        .unwrap_or_default();
     super::looks_like_lock(&lease.metadata)
+        && (identity.is_empty() || identity == owner)
         && spec.is_none_or(|s| s.renew_time.is_none() && s.lease_duration_seconds.is_none())
         && not_an_application_lock(lease).is_none()
 }
@@ -221,6 +234,15 @@ pub fn parse(lease: &Lease) -> Result<LeaseLock, Unmanageable> {
 /// and holder identity, not its resourceVersion (a holder renews every few
 /// seconds, and a renewal changes neither).
 pub fn version(l: &Lease) -> String {
+    if held_for_life(l) {
+        // Never renewed: its resourceVersion moves only when it changes
+        // (an owner, a label), and a judgement depends on its owner.
+        return format!(
+            "{}/{}",
+            l.metadata.uid.as_deref().unwrap_or_default(),
+            l.metadata.resource_version.as_deref().unwrap_or_default()
+        );
+    }
     let identity = l
         .spec
         .as_ref()
@@ -354,6 +376,15 @@ mod tests {
         assert!(
             !held_for_life(&lease(pod(), cle)),
             "never one the API server elects"
+        );
+        let other = LeaseSpec {
+            holder_identity: Some("op-b".into()),
+            acquire_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        };
+        assert!(
+            !held_for_life(&lease(pod(), other)),
+            "owned by op-a, held by op-b: op-b may run"
         );
     }
 

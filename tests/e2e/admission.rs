@@ -447,6 +447,17 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
     )
     .expect("a renewed Lease's DELETE is refused, preconditions or not");
     assert!(m.contains("held for life"), "{m}");
+    // Owned by one pod, held by another: that one may run; never deleted.
+    let mut other = for_life("for-life-other", true);
+    other.spec.as_mut().unwrap().holder_identity = Some("someone-else".into());
+    let other = leases.create(&PostParams::default(), &other).await.unwrap();
+    let m = denied(
+        as_janitor_leases
+            .delete("for-life-other", &both(&other))
+            .await,
+    )
+    .expect("a Lease owned by one pod and held by another is never deleted");
+    assert!(m.contains("held for life"), "{m}");
     let unlabeled = leases
         .create(
             &PostParams::default(),
