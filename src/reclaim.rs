@@ -24,8 +24,10 @@ use crate::observe::Judgement;
 use crate::verdict::{self, StaleReason, Verdict};
 use crate::{api_code, call, words, Error};
 
-/// How long a reclaim waits for its intent Event before the freeing write.
-const INTENT_WITHIN: Duration = Duration::from_secs(2);
+/// How long a reclaim waits for its intent Event before the freeing write
+/// (it takes a few ms): the holder's live read stays this close to the
+/// write, for no precondition sees a pod made again under its name.
+const INTENT_WITHIN: Duration = Duration::from_millis(500);
 
 /// What the janitor may write.
 #[derive(Clone, Copy, Debug, Default)]
@@ -157,11 +159,15 @@ impl Reclaimer {
             return Ok(Freed::NotLeader);
         }
         self.intent(j, lock, reason).await;
+        // Checked again at the moment of the write.
+        if !self.gate.may_write() {
+            return Ok(Freed::NotLeader);
+        }
         self.free(j, lock).await
     }
 
     /// The record restore reads, written no later than the freeing write:
-    /// a `StaleLockReclaiming` Event just before it (one try, bounded), so
+    /// a `StaleLockReclaiming` Event just before it (one try, 500 ms at most), so
     /// that a janitor killed between the write and its `StaleLockReclaimed`
     /// Event leaves a record all the same. Restore checks it against the
     /// lock as it is then (a lock still held by the same pod was not freed:

@@ -94,11 +94,25 @@ pub async fn sweep(
         named.retain(|n, _| n == ns);
     }
     let mut found = Found::new();
+    let mut refused = Vec::new();
     for (ns, wanted) in &named {
         out.namespaces += 1;
         let by_name = wanted.holders.len() <= BY_NAME_UP_TO;
         if !wanted.hosts.is_empty() || !by_name {
-            list(client, ns, watched, wanted, !by_name, out, &mut found).await?;
+            match list(client, ns, watched, wanted, !by_name, out, &mut found).await {
+                Ok(()) => {}
+                // A cluster-wide scope goes on past one namespace that
+                // refuses it: the others must still be swept (and the
+                // janitor become ready); that namespace's locks are judged
+                // at their next event. A namespace scope fails.
+                Err(e) if scope.is_none() && e.kind() == crate::ErrorKind::Forbidden => {
+                    tracing::warn!(namespace = %ns, error = %e,
+                        "the resync sweep may not list pods in this namespace; sweeping the others");
+                    refused.push(ns.clone());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
         }
         if by_name {
             read_by_name(
@@ -112,6 +126,10 @@ pub async fn sweep(
             )
             .await?;
         }
+    }
+    // Nothing read there: none of its holders is taken for missing.
+    for ns in refused {
+        named.remove(&ns);
     }
     finish(watched, &found, &named, out);
     Ok(())
