@@ -235,6 +235,12 @@ pub struct LabelArgs {
     /// Skip locks whose name matches this glob (repeatable).
     #[arg(long, value_parser = parse_glob)]
     pub exclude: Vec<glob::Pattern>,
+    /// Only locks that this other selector opts in: after a change of the
+    /// selector (the chart's `selector`), moves the opt-in of every lock
+    /// the old one named to the new one (`--selector`). The old label is
+    /// kept.
+    #[arg(long, value_parser = Selector::parse)]
+    pub from_selector: Option<Selector>,
     /// Output format: `name` prints only the locks labeled (or that would
     /// be); `json` and `yaml` a `LockList` of what label did or would do.
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]

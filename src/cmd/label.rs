@@ -110,7 +110,11 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     });
     for p in configmaps.chain(leases) {
         let name = p.meta.name.as_deref().unwrap_or_default();
-        if name_selected(name, &args.include, &args.exclude) {
+        let from = args
+            .from_selector
+            .as_ref()
+            .is_none_or(|old| old.matches(p.meta.labels.as_ref()));
+        if from && name_selected(name, &args.include, &args.exclude) {
             planned.push(p);
         } else {
             excluded += 1;
@@ -299,7 +303,11 @@ fn summary_line(
         scope_text(scope)
     );
     if s.excluded > 0 {
-        let _ = write!(line, ", {} left out by --include/--exclude", s.excluded);
+        let _ = write!(
+            line,
+            ", {} left out by --include/--exclude/--from-selector",
+            s.excluded
+        );
     }
     if s.skipped_with_data > 0 {
         let _ = write!(

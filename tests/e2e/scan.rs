@@ -969,7 +969,8 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
     assert_label_row(&r, &ns, "b-lock", "b-op", "labeled");
     assert!(!r.stdout.contains("skip-lock"), "{r}");
     assert!(
-        r.stderr.contains("1 left out by --include/--exclude"),
+        r.stderr
+            .contains("1 left out by --include/--exclude/--from-selector"),
         "{r}"
     );
     let writes = configmap_writes_since(cp, &client, &ns, mark).await;
@@ -1015,6 +1016,39 @@ async fn label_is_a_dry_run_by_default_and_labels_exactly_the_candidates() {
             "{name}"
         );
     }
+
+    // --from-selector: after a change of the selector, only the locks the
+    // old one opts in get the new label (b-lock carries team=x); the old
+    // label stays.
+    let mark = audit_mark(cp);
+    let r = run(
+        kc,
+        &[
+            "label",
+            "-n",
+            &ns,
+            "--apply",
+            "--selector",
+            "moved=yes",
+            "--from-selector",
+            "team=x",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r}");
+    assert_label_row(&r, &ns, "b-lock", "b-op", "labeled");
+    assert!(!r.stdout.contains("a-lock"), "{r}");
+    let writes = configmap_writes_since(cp, &client, &ns, mark).await;
+    assert_eq!(
+        names(&writes),
+        BTreeSet::from(["b-lock".to_string()]),
+        "{writes:?}"
+    );
+    let b_labels = labels_of(&client, &ns, "b-lock").await;
+    assert_eq!(b_labels.get("moved").map(String::as_str), Some("yes"));
+    assert_eq!(b_labels.get("team").map(String::as_str), Some("x"));
+    let bad = run(kc, &["label", "-n", &ns, "--from-selector", "no value"]).await;
+    assert_eq!(bad.code, 2, "{bad}");
 
     // --include: only the matching lock.
     let mark = audit_mark(cp);
