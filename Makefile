@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle release release-check push
+.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker test-compat lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle release release-check push
 
 all: build
 
@@ -60,6 +60,13 @@ test-chart: testenv-build
 
 test-docker: setup
 	hack/docker-build-check.sh
+
+## A compat subset of the end-to-end tests on each Kubernetes minor (builds each one's
+## control plane once, about 7 minutes): make test-compat VERSIONS="v1.31.14 v1.37.2"
+## (default: every versions.env K8S_VERSIONS). Not part of make test. docs/compatibility.md.
+VERSIONS ?=
+test-compat: setup
+	VERSIONS="$(VERSIONS)" CARGO=$(CARGO) hack/test-compat.sh
 
 ## Release artifacts in dist/ for the version in Cargo.toml: archives for linux|darwin x
 ## amd64|arm64, checksums.txt, sbom.cdx.json, image/ (OCI layout, linux/amd64+arm64),

@@ -74,7 +74,7 @@ refuse "a misspelt serviceMonitor key" "enable" --set serviceMonitor.enable=true
 refuse "an unknown alert in prometheusRule.disabled" "LockJanitorTypo" --set prometheusRule.disabled.LockJanitorTypo=true
 refuse "logLevel: loud" "logLevel" --set logLevel=loud
 refuse "a takeoverTimeout Prometheus cannot wait" "takeoverTimeout" --set prometheusRule.enabled=true --set takeoverTimeout=5min
-refuse "Kubernetes 1.24" "requires kubeVersion: >=1.25.0-0" --kube-version 1.24.0
+refuse "Kubernetes 1.30" "requires kubeVersion: >=1.31.0-0" --kube-version 1.30.0
 # The delete guard, the auto opt-in policy and the carry-over enforce one
 # key=value label: any other selector would be half-enforced.
 sel_values="$(mktemp)"; printf 'selector: "team=a,lock-janitor.io/watch=true"\n' >"$sel_values"

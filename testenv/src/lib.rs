@@ -384,11 +384,10 @@ impl ControlPlane {
             // see them as such and never write them.
             // The gate's controller watches LeaseCandidates, whose API
             // version depends on the minor (readyz waits for its informer).
-            .arg("--feature-gates=CoordinatedLeaderElection=true")
-            .arg(format!(
-                "--runtime-config={}=true",
-                lease_candidate_api(server_minor(apiserver))
-            ))
+            // On 1.34-1.35 MutatingAdmissionPolicy is a beta that is off by
+            // default (its gate and its API version both), as the chart's
+            // autoOptIn.allowV1beta1 expects a cluster to enable it.
+            .args(minor_flags(server_minor(apiserver)))
             .args(&opts.extra_apiserver_args);
         self.remember("kube-apiserver", &cmd, mode);
         self.spawn("kube-apiserver", cmd, mode)?;
@@ -798,6 +797,33 @@ fn lease_candidate_api(minor: Option<u32>) -> &'static str {
     }
 }
 
+/// Whether this minor serves MutatingAdmissionPolicy only as a beta that is
+/// off by default: 1.34 and 1.35 (gate `MutatingAdmissionPolicy` beta,
+/// default false; `admissionregistration.k8s.io/v1beta1` in
+/// betaAPIGroupVersionsDisabledByDefault: k8s.io/kubernetes
+/// pkg/features/kube_features.go and pkg/controlplane/instance.go at
+/// v1.34.4 and v1.35.4). 1.31-1.33 have it alpha at most; 1.36 made it GA (v1,
+/// on by default).
+fn mutating_admission_policy_beta(minor: Option<u32>) -> bool {
+    matches!(minor, Some(34 | 35))
+}
+
+/// The kube-apiserver's minor-dependent flags: `--feature-gates` and
+/// `--runtime-config`, one of each.
+fn minor_flags(minor: Option<u32>) -> [String; 2] {
+    let mut gates = vec!["CoordinatedLeaderElection=true"];
+    let mut apis = vec![lease_candidate_api(minor)];
+    if mutating_admission_policy_beta(minor) {
+        gates.push("MutatingAdmissionPolicy=true");
+        apis.push("admissionregistration.k8s.io/v1beta1");
+    }
+    let apis: Vec<String> = apis.iter().map(|a| format!("{a}=true")).collect();
+    [
+        format!("--feature-gates={}", gates.join(",")),
+        format!("--runtime-config={}", apis.join(",")),
+    ]
+}
+
 fn component_timeout() -> Duration {
     let secs = std::env::var("LOCK_JANITOR_TESTENV_TIMEOUT")
         .ok()
@@ -1158,6 +1184,31 @@ mod tests {
         );
         assert_eq!(lease_candidate_api(Some(33)), "coordination.k8s.io/v1beta1");
         assert_eq!(lease_candidate_api(None), "coordination.k8s.io/v1beta1");
+    }
+
+    #[test]
+    fn mutating_admission_policy_beta_on_1_34_and_1_35_only() {
+        assert_eq!(
+            minor_flags(Some(31)),
+            [
+                "--feature-gates=CoordinatedLeaderElection=true".to_string(),
+                "--runtime-config=coordination.k8s.io/v1alpha1=true".to_string(),
+            ]
+        );
+        for m in [34, 35] {
+            assert_eq!(
+                minor_flags(Some(m)),
+                [
+                    "--feature-gates=CoordinatedLeaderElection=true,MutatingAdmissionPolicy=true"
+                        .to_string(),
+                    "--runtime-config=coordination.k8s.io/v1beta1=true,admissionregistration.k8s.io/v1beta1=true"
+                        .to_string(),
+                ]
+            );
+        }
+        for m in [Some(33), Some(36), Some(37), None] {
+            assert!(!mutating_admission_policy_beta(m), "{m:?}");
+        }
     }
 
     #[test]
