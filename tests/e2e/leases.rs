@@ -99,35 +99,7 @@ async fn real_candidate_leads_within_seconds_after_its_leaders_eviction() {
         ("update", Some(200)),
         "{writes:#?}"
     );
-    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("lock", "op-lease")], 1.0).await;
-    let labels = [
-        ("kind", "lease"),
-        ("namespace", s.ns.as_str()),
-        ("lock", "op-lease"),
-        ("reason", "Evicted"),
-    ];
-    assert_eq!(
-        sample(&m, "lock_janitor_reclaims_total", &labels),
-        Some(1.0),
-        "{m}"
-    );
-    let ev = wait_event(&s.client, &s.ns, "StaleLockReclaimed", "op-lease").await;
-    assert_eq!(
-        ev.regarding.as_ref().and_then(|r| r.kind.as_deref()),
-        Some("Lease")
-    );
-    assert!(
-        ev.note
-            .as_deref()
-            .unwrap_or_default()
-            .contains("Released this Lease"),
-        "{ev:?}"
-    );
-    let taken = wait_event(&s.client, &s.ns, "LockTakenOver", "op-lease").await;
-    assert!(
-        taken.note.as_deref().unwrap_or_default().contains("op-b"),
-        "{taken:?}"
-    );
+    reclaimed_and_taken_over(&s, &j, "Released this Lease").await;
     wait_for("the takeover measured", Duration::from_secs(30), || async {
         let m = j.metrics().await;
         (sample(&m, "lock_janitor_takeover_seconds_count", &[]) == Some(1.0)).then_some(())
@@ -779,35 +751,7 @@ async fn a_lease_held_for_life_is_deleted_and_its_candidate_takes_it() {
             .is_some(),
         "{deletes:#?}"
     );
-    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("lock", "op-lease")], 1.0).await;
-    let labels = [
-        ("kind", "lease"),
-        ("namespace", s.ns.as_str()),
-        ("lock", "op-lease"),
-        ("reason", "Evicted"),
-    ];
-    assert_eq!(
-        sample(&m, "lock_janitor_reclaims_total", &labels),
-        Some(1.0),
-        "{m}"
-    );
-    let ev = wait_event(&s.client, &s.ns, "StaleLockReclaimed", "op-lease").await;
-    assert_eq!(
-        ev.regarding.as_ref().and_then(|r| r.kind.as_deref()),
-        Some("Lease")
-    );
-    assert!(
-        ev.note
-            .as_deref()
-            .unwrap_or_default()
-            .contains("Deleted this Lease"),
-        "{ev:?}"
-    );
-    let taken = wait_event(&s.client, &s.ns, "LockTakenOver", "op-lease").await;
-    assert!(
-        taken.note.as_deref().unwrap_or_default().contains("op-b"),
-        "{taken:?}"
-    );
+    reclaimed_and_taken_over(&s, &j, "Deleted this Lease").await;
     // op-b made the Lease without the opt-in label; it is carried over,
     // so op-b's own death is seen too.
     wait_for(
@@ -826,5 +770,36 @@ async fn a_lease_held_for_life_is_deleted_and_its_candidate_takes_it() {
         j.logs().contains("opt-in label carried over"),
         "{}",
         j.logs()
+    );
+}
+
+/// op-lease was reclaimed once (reason Evicted, the counter, its Event on
+/// the Lease saying `done`), and op-b's takeover said.
+async fn reclaimed_and_taken_over(s: &Scenario, j: &Janitor, done: &str) {
+    let m = metrics_reclaimed(j, &[("kind", "lease"), ("lock", "op-lease")], 1.0).await;
+    let labels = [
+        ("kind", "lease"),
+        ("namespace", s.ns.as_str()),
+        ("lock", "op-lease"),
+        ("reason", "Evicted"),
+    ];
+    assert_eq!(
+        sample(&m, "lock_janitor_reclaims_total", &labels),
+        Some(1.0),
+        "{m}"
+    );
+    let ev = wait_event(&s.client, &s.ns, "StaleLockReclaimed", "op-lease").await;
+    assert_eq!(
+        ev.regarding.as_ref().and_then(|r| r.kind.as_deref()),
+        Some("Lease")
+    );
+    assert!(
+        ev.note.as_deref().unwrap_or_default().contains(done),
+        "{ev:?}"
+    );
+    let taken = wait_event(&s.client, &s.ns, "LockTakenOver", "op-lease").await;
+    assert!(
+        taken.note.as_deref().unwrap_or_default().contains("op-b"),
+        "{taken:?}"
     );
 }
