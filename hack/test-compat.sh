@@ -38,7 +38,7 @@ done
 # feature -> the tests (tests/e2e, module::name) that must all pass for it.
 features=(reclaim lease guard auto-opt-in chart check scan-label)
 declare -A tests_of=(
-  [reclaim]="janitor::evicted_holder_lock_is_reclaimed janitor::preempted_holder_lock_is_reclaimed janitor::shutdown_holder_lock_is_reclaimed janitor::otherwise_failed_holder_lock_is_reclaimed janitor::succeeded_holder_lock_is_reclaimed janitor::live_ambiguous_and_unmanageable_locks_survive_resyncs"
+  [reclaim]="janitor::evicted_holder_lock_is_reclaimed janitor::preempted_holder_lock_is_reclaimed janitor::shutdown_holder_lock_is_reclaimed janitor::otherwise_failed_holder_lock_is_reclaimed janitor::succeeded_holder_lock_is_reclaimed janitor::live_ambiguous_and_unmanageable_locks_survive_resyncs restore::a_lock_recreated_while_no_janitor_ran_is_labeled_after_the_restart"
   [lease]="leases::real_candidate_leads_within_seconds_after_its_leaders_eviction leases::a_lease_held_for_life_is_deleted_and_its_candidate_takes_it"
   [guard]="admission::the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work"
   [auto-opt-in]="admission::auto_opt_in_labels_operator_lib_locks_at_creation"

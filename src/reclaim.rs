@@ -172,7 +172,9 @@ impl Reclaimer {
     /// Event leaves a record all the same. Restore checks it against the
     /// lock as it is then (a lock still held by the same pod was not freed:
     /// nothing is done). Not written, the reclaim goes on (a lock is never
-    /// kept stale for want of an Event), and it says so.
+    /// kept stale for want of an Event), and it says so: a WARN and
+    /// `lock_janitor_reconcile_errors_total{error="event"}`, whether the
+    /// Events API refused it or it was cut short.
     async fn intent(&self, j: &Judgement, lock: &Lock, reason: StaleReason) {
         let doing = if j.freed_by_delete() {
             match j.key.kind {
@@ -189,8 +191,21 @@ impl Reclaimer {
             action: "Reclaim",
             note: format!("{doing}: {why}. {}", self.marker),
         };
-        let written = tokio::time::timeout(INTENT_WITHIN, self.publish(j, say)).await;
-        if !matches!(written, Ok(true)) {
+        let written = match tokio::time::timeout(INTENT_WITHIN, self.publish(j, say)).await {
+            Ok(written) => written,
+            Err(_) => {
+                // Cut short, the write counted nothing: count it here as a
+                // failed Event, as a refused one is counted.
+                self.metrics
+                    .reconcile_errors
+                    .with_label_values(&[crate::ErrorKind::Event.as_str()])
+                    .inc();
+                false
+            }
+        };
+        // Not leading any more, nothing was tried and nothing follows (the
+        // gate is checked again before the write).
+        if !written && self.gate.may_write() {
             warn!(namespace = %j.key.namespace, lock = %j.key.name,
                   "the reclaim's intent Event could not be written: a crash before its StaleLockReclaimed Event would leave nothing for restore to follow");
         }

@@ -171,20 +171,23 @@ async fn api_eviction_of_the_leader_frees_the_lock_once_after_its_pod_stopped() 
         })
         .expect("the eviction in the audit log");
     // The safety property: the janitor's DELETE comes after the kubelet's
-    // first status write of a terminal phase, and that write says no
-    // container runs. (The kubelet may write the pod's status again after
-    // that, e.g. its conditions, while the lock is already gone: those
-    // later writes say nothing about the holder's process.)
+    // first status write of a terminal phase, and the pod that write left
+    // says no container runs. (The kubelet may write the pod's status again
+    // after that, e.g. its conditions, while the lock is already gone: those
+    // later writes say nothing about the holder's process.) The kubelet
+    // writes a strategic merge patch of what changed, so the pod is read
+    // from the write's response, not its body.
     let terminal = audit
         .iter()
         .filter(|e| {
             e.user == KUBELET_USER
                 && e.name.as_deref() == Some(leader.as_str())
                 && e.subresource.as_deref() == Some("status")
+                && e.code == Some(200)
         })
         .filter(|e| {
             let phase = e
-                .request_object
+                .response_object
                 .as_ref()
                 .and_then(|o| o.pointer("/status/phase"))
                 .and_then(|p| p.as_str());
@@ -192,22 +195,28 @@ async fn api_eviction_of_the_leader_frees_the_lock_once_after_its_pod_stopped() 
         })
         .min_by_key(|e| e.received.clone())
         .expect("the kubelet's status write of a terminal phase for the leader");
-    for kind in [
+    let pod = terminal
+        .response_object
+        .as_ref()
+        .expect("a pod status write is logged with its response");
+    let statuses: Vec<&serde_json::Value> = [
         "initContainerStatuses",
         "containerStatuses",
         "ephemeralContainerStatuses",
-    ] {
-        let statuses = terminal
-            .request_object
-            .as_ref()
-            .and_then(|o| o.pointer(&format!("/status/{kind}")))
-            .and_then(|s| s.as_array().cloned())
-            .unwrap_or_default();
+    ]
+    .iter()
+    .filter_map(|kind| pod.pointer(&format!("/status/{kind}")))
+    .filter_map(|s| s.as_array())
+    .flatten()
+    .collect();
+    assert!(
+        !statuses.is_empty(),
+        "the kubelet's terminal write left no container status: {pod:#}"
+    );
+    for c in &statuses {
         assert!(
-            statuses
-                .iter()
-                .all(|c| c.pointer("/state/running").is_none()),
-            "the kubelet's terminal write says a container runs: {terminal:#?}"
+            c.pointer("/state/running").is_none(),
+            "the kubelet's terminal write left a container running: {c:#}"
         );
     }
     let terminal_at = terminal.received.clone().unwrap_or_default();

@@ -32,9 +32,15 @@ pub struct AuditEvent {
     pub user_agent: Option<String>,
     /// `requestReceivedTimestamp` (RFC 3339, microseconds).
     pub received: Option<String>,
-    /// `requestObject`: the body, logged for Lease updates only (a
-    /// release's fields are checked against it).
+    /// `requestObject`: the body, logged for Lease updates and deletes and
+    /// for pod status writes (a release's fields and a delete's
+    /// preconditions are checked against it).
     pub request_object: Option<Value>,
+    /// `responseObject`: the object as the write left it, logged for pod
+    /// status writes only. The kubelet writes status as a strategic merge
+    /// patch (only what changed), so what a pod's status said after a write
+    /// is read here, not in the request.
+    pub response_object: Option<Value>,
 }
 
 impl AuditEvent {
@@ -71,6 +77,7 @@ impl AuditEvent {
             user_agent: s("/userAgent"),
             received: s("/requestReceivedTimestamp"),
             request_object: v.pointer("/requestObject").cloned(),
+            response_object: v.pointer("/responseObject").cloned(),
         })
     }
 }
@@ -111,9 +118,10 @@ rules:
     resources:
       - group: "coordination.k8s.io"
         resources: ["leases"]
-  # Pod status writes with their body: when the kubelet first wrote a
-  # terminal phase, and what its containers said then, is checked.
-  - level: Request
+  # Pod status writes with their body and the pod they left: when the
+  # kubelet first wrote a terminal phase, and what its containers said
+  # then, is checked (the body is a patch; the response is the whole pod).
+  - level: RequestResponse
     verbs: ["update", "patch"]
     resources:
       - group: ""

@@ -21,6 +21,18 @@ impl Versions {
         parse_versions(VERSIONS_ENV)
     }
 
+    /// The versions in use: the pinned ones, with `$K8S_VERSION` (when set)
+    /// as the Kubernetes version, as `testenv/build.sh` reads it, so that
+    /// `K8S_VERSION=v1.31.14 make testenv-up` starts the minor that
+    /// `K8S_VERSION=v1.31.14 make testenv-build` built.
+    pub fn current() -> Versions {
+        let mut v = Versions::pinned();
+        if let Some(k8s) = env_nonempty("K8S_VERSION") {
+            v.k8s = k8s;
+        }
+        v
+    }
+
     /// The cache key used by `build.sh`: `k8s-<v>_etcd-<v>_helm-<v>`.
     pub fn key(&self) -> String {
         format!("k8s-{}_etcd-{}_helm-{}", self.k8s, self.etcd, self.helm)
@@ -73,14 +85,15 @@ pub fn cache_root() -> PathBuf {
 
 /// The directory holding etcd, kube-apiserver, kube-controller-manager and helm:
 /// `$LOCK_JANITOR_TESTENV_BIN` if set, else `<cache_root>/testenv/<key>/bin`
-/// (what `testenv/build.sh --print` prints).
+/// for [`Versions::current`] (what `testenv/build.sh --print` prints, with
+/// the same `$K8S_VERSION`).
 pub fn bin_dir() -> PathBuf {
     if let Some(d) = env_nonempty("LOCK_JANITOR_TESTENV_BIN") {
         return PathBuf::from(d);
     }
     cache_root()
         .join("testenv")
-        .join(Versions::pinned().key())
+        .join(Versions::current().key())
         .join("bin")
 }
 

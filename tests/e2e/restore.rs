@@ -141,9 +141,6 @@ async fn a_restore_that_cannot_read_the_events_is_counted() {
 #[tokio::test]
 async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
     use futures::future::join_all;
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
     const LOCKS: usize = 200;
     let cp = shared().await;
     let client = cp.client().await.unwrap();
@@ -153,63 +150,7 @@ async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
     kubelet::create_node(&client, &node).await.unwrap();
 
     // Lose every StaleLockReclaimed Event of this namespace.
-    let policy = format!("lose-reclaimed-{ns}");
-    let vap: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": policy},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [{"apiGroups": ["events.k8s.io"], "apiVersions": ["v1"],
-                                   "resources": ["events"], "operations": ["CREATE"]}],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}
-            },
-            "validations": [{"expression": "object.reason != 'StaleLockReclaimed'",
-                             "message": "lost, as a SIGKILL would lose it"}]
-        }
-    }))
-    .unwrap();
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": policy},
-        "spec": {"policyName": policy, "validationActions": ["Deny"]}
-    }))
-    .unwrap();
-    Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .create(&PostParams::default(), &vap)
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    // In effect once an Event of that reason is refused.
-    let evs: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
-    let probe = |i: u32| k8s_openapi::api::events::v1::Event {
-        metadata: ObjectMeta {
-            name: Some(format!("probe-{i}")),
-            ..Default::default()
-        },
-        event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-            k8s_openapi::jiff::Timestamp::now(),
-        )),
-        reason: Some("StaleLockReclaimed".into()),
-        action: Some("Probe".into()),
-        reporting_controller: Some("probe".into()),
-        reporting_instance: Some("probe".into()),
-        type_: Some("Normal".into()),
-        ..Default::default()
-    };
-    let mut i = 0;
-    wait_for("the policy refuses", Duration::from_secs(30), || {
-        i += 1;
-        let (evs, ev) = (evs.clone(), probe(i));
-        async move {
-            evs.create(&PostParams::default(), &ev)
-                .await
-                .err()
-                .map(|_| ())
-        }
-    })
-    .await;
+    let policy = refuse_events(&client, &ns, "StaleLockReclaimed").await;
 
     let names: Vec<String> = (0..LOCKS).map(|i| format!("op-{i}")).collect();
     join_all(names.iter().map(|n| {
@@ -296,12 +237,128 @@ async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
         Some(0.0),
         "{m}"
     );
+    unrefuse_events(&client, &policy).await;
+}
+
+/// An intent Event the API refuses does not stop the reclaim: the lock is
+/// deleted all the same, and the janitor says so (a WARN and
+/// `lock_janitor_reconcile_errors_total{error="event"}`), so a reclaim
+/// without its restore record is never silent.
+#[tokio::test]
+async fn a_refused_intent_event_is_counted_and_the_reclaim_goes_on() {
+    let cp = shared().await;
+    let client = cp.client().await.unwrap();
+    grant_janitor(&client).await;
+    let ns = fresh_namespace(&client, "no-intent").await;
+    let node = format!("node-{ns}");
+    kubelet::create_node(&client, &node).await.unwrap();
+    let policy = refuse_events(&client, &ns, "StaleLockReclaiming").await;
+    let kc = kubeconfig_as(cp, JANITOR_USER);
+    let j = Janitor::start(&kc, &["--namespace", ns.as_str(), "--resync", "30s"]).await;
+    let dead = running_pod(&client, &ns, "op-a", &node).await;
+    create_lock(&client, &lock_for("op-lock", &dead, true)).await;
+    kubelet::set_failed(&client, &ns, "op-a", "Evicted", "test")
+        .await
+        .unwrap();
+    wait_event(&client, &ns, "StaleLockReclaimed", "op-lock").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    assert!(cms.get_opt("op-lock").await.unwrap().is_none());
+    let m = j.metrics().await;
+    assert!(
+        sample(
+            &m,
+            "lock_janitor_reconcile_errors_total",
+            &[("error", "event")]
+        )
+        .is_some_and(|v| v >= 1.0),
+        "{m}"
+    );
+    assert!(
+        j.logs()
+            .contains("the reclaim's intent Event could not be written"),
+        "{}",
+        j.logs()
+    );
+    unrefuse_events(&client, &policy).await;
+}
+
+/// A ValidatingAdmissionPolicy of the test that refuses every Event of
+/// `reason` created in `ns`, as a SIGKILL or a broken Events API would lose
+/// it; returns once it is in effect (an Event of that reason is refused).
+async fn refuse_events(client: &kube::Client, ns: &str, reason: &str) -> String {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let policy = format!("lose-{}-{ns}", reason.to_lowercase());
+    let vap: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": policy},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": ["events.k8s.io"], "apiVersions": ["v1"],
+                                   "resources": ["events"], "operations": ["CREATE"]}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+            },
+            "validations": [{"expression": format!("object.reason != '{reason}'"),
+                             "message": "lost, as a SIGKILL would lose it"}]
+        }
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": policy},
+        "spec": {"policyName": policy, "validationActions": ["Deny"]}
+    }))
+    .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .create(&PostParams::default(), &vap)
+        .await
+        .unwrap();
     Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .delete(&policy, &Default::default())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    // In effect once an Event of that reason is refused.
+    let evs: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    let probe = |i: u32| k8s_openapi::api::events::v1::Event {
+        metadata: ObjectMeta {
+            name: Some(format!("probe-{i}")),
+            ..Default::default()
+        },
+        event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            k8s_openapi::jiff::Timestamp::now(),
+        )),
+        reason: Some(reason.into()),
+        action: Some("Probe".into()),
+        reporting_controller: Some("probe".into()),
+        reporting_instance: Some("probe".into()),
+        type_: Some("Normal".into()),
+        ..Default::default()
+    };
+    let mut i = 0;
+    wait_for("the policy refuses", Duration::from_secs(30), || {
+        i += 1;
+        let (evs, ev) = (evs.clone(), probe(i));
+        async move {
+            evs.create(&PostParams::default(), &ev)
+                .await
+                .err()
+                .map(|_| ())
+        }
+    })
+    .await;
+    policy
+}
+
+async fn unrefuse_events(client: &kube::Client, policy: &str) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .delete(policy, &Default::default())
         .await
         .unwrap();
     Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .delete(&policy, &Default::default())
+        .delete(policy, &Default::default())
         .await
         .unwrap();
 }
