@@ -191,7 +191,7 @@ between. Fails on anything else. Argument: (list <value name> <value>).
 {{- fail (printf "%s %q: %q is not a unit the janitor knows (ns, us, ms, s, m, h, d, w)" $name $s $u) }}
 {{- end }}
 {{- if and (contains "." $n) (eq (int (get $units $u)) 1) }}
-{{- fail (printf "%s %q: a fraction of a nanosecond" $name $s) }}
+{{- fail (printf "%s %q is not a duration the janitor reads: a fraction of a nanosecond" $name $s) }}
 {{- end }}
 {{- $ns = addf $ns (mulf (float64 $n) (float64 (get $units $u))) }}
 {{- end }}
