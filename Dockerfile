@@ -49,7 +49,7 @@ FROM scratch
 
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="lock-janitor" \
-      org.opencontainers.image.description="Deletes leader-for-life locks whose holder pod can no longer run, so a waiting replica takes over." \
+      org.opencontainers.image.description="Frees leader-election locks (operator-lib ConfigMaps and Leases) whose holder pod can no longer run, so a waiting replica takes over." \
       org.opencontainers.image.source="https://github.com/lock-janitor/lock-janitor" \
       org.opencontainers.image.url="https://github.com/lock-janitor/lock-janitor" \
       org.opencontainers.image.version="${VERSION}" \

@@ -13,7 +13,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 rules=charts/lock-janitor/files/prometheus-rules.yaml
 tests=tests/alerts/alerts_test.yaml
 runbooks=docs/runbooks.md
-runbook_base=https://github.com/lock-janitor/lock-janitor/blob/main/docs/runbooks.md
+# The runbooks of the version the rules ship with: its tag, v<appVersion>.
+app_version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/lock-janitor/Chart.yaml)"
+runbook_base="https://github.com/lock-janitor/lock-janitor/blob/v$app_version/docs/runbooks.md"
 
 fail() { echo "test-alerts: FAIL: $*" >&2; exit 1; }
 
@@ -28,6 +30,10 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 echo "test-alerts: $(promtool --version 2>&1 | head -n1)"
 
+[ -n "$app_version" ] || fail "no appVersion in charts/lock-janitor/Chart.yaml"
+if grep -n 'runbook_url:' "$rules" | grep -vF "$runbook_base#"; then
+  fail "every runbook_url of $rules must point at $runbook_base (the tag of appVersion $app_version)"
+fi
 promtool check rules "$rules" || fail "promtool check rules $rules"
 promtool test rules "$tests" || fail "promtool test rules $tests"
 

@@ -70,6 +70,13 @@ refuse "an unknown top-level key" "replica" --set replica=1
 refuse "a string for dryRun" "dryRun" --set-string dryRun=yes
 refuse "a number for ownerGoneGrace" "ownerGoneGrace" --set ownerGoneGrace=30
 refuse "logFormat: xml" "logFormat" --set logFormat=xml
+# The janitor's own bounds (src/cli.rs), at render time rather than in a
+# crash-looping pod; tests/e2e/chart.rs asks the binary about each bound.
+refuse "a 1s leader lease" 'leaderElection.leaseDuration "1s" is out of range' --set leaderElection.leaseDuration=1s
+refuse "a 48h resync" 'resync "48h" is out of range' --set resync=48h
+refuse "an ownerGoneGrace over 24h" 'ownerGoneGrace "24h 1s" is out of range' --set "ownerGoneGrace=24h 1s"
+refuse "a takeoverTimeout of 0" 'takeoverTimeout "0s" is out of range' --set takeoverTimeout=0s
+refuse "a unit the janitor does not know" '"x" is not a unit' --set ownerGoneGrace=30x
 refuse "a misspelt serviceMonitor key" "enable" --set serviceMonitor.enable=true
 refuse "an unknown alert in prometheusRule.disabled" "LockJanitorTypo" --set prometheusRule.disabled.LockJanitorTypo=true
 refuse "logLevel: loud" "logLevel" --set logLevel=loud

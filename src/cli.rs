@@ -13,11 +13,13 @@ use crate::DEFAULT_SELECTOR;
 #[command(
     name = "lock-janitor",
     version,
-    about = "Deletes leader-for-life locks whose holder pod can no longer run, so a waiting replica takes over.",
-    long_about = "Deletes leader-for-life locks (operator-sdk / operator-lib ConfigMaps owned by the leader Pod) \
-                  whose holder pod is Failed, Succeeded or gone, so a waiting replica takes over.\n\n\
-                  Only ConfigMaps carrying the opt-in label (default lock-janitor.io/watch=true) are watched. \
-                  A lock whose holder might still run is never deleted.\n\n\
+    about = "Frees leader-election locks (operator-lib ConfigMaps and Leases) whose holder pod can no longer run, so a waiting replica takes over.",
+    long_about = "Frees leader-election locks whose holder pod is Failed, Succeeded or gone, so a waiting \
+                  replica takes over: it deletes operator-sdk / operator-lib ConfigMaps owned by the leader Pod \
+                  (and Leases held for life the same way), and releases client-go / controller-runtime Leases.\n\n\
+                  Only locks carrying the opt-in label (default lock-janitor.io/watch=true) are watched: \
+                  ConfigMaps and Leases by default (--lock-kinds). \
+                  A lock whose holder might still run is never freed.\n\n\
                   The cluster is found as kubectl finds it: $KUBECONFIG, ~/.kube/config, then the in-cluster service account."
 )]
 pub struct Cli {

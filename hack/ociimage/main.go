@@ -89,7 +89,7 @@ func run(out, version, source, revision, licenses string, platforms []string) er
 	}
 	labels := map[string]string{
 		"org.opencontainers.image.title":       "lock-janitor",
-		"org.opencontainers.image.description": "Deletes leader-for-life locks whose holder pod can no longer run, so a waiting replica takes over.",
+		"org.opencontainers.image.description": "Frees leader-election locks (operator-lib ConfigMaps and Leases) whose holder pod can no longer run, so a waiting replica takes over.",
 		"org.opencontainers.image.source":      source,
 		"org.opencontainers.image.url":         source,
 		"org.opencontainers.image.version":     version,

@@ -1278,3 +1278,326 @@ fn chart_app_version_is_the_crate_version() {
         )
     );
 }
+
+/// `rbac.create=false` says what to grant: every resource and verb of the
+/// ClusterRole the chart renders with the default `lockKinds` (Leases
+/// included), in values.yaml's comment (so the chart README) and in the
+/// runbooks' list of what the janitor needs.
+#[test]
+fn rbac_guidance_lists_every_verb_the_chart_grants() {
+    let collapse = |s: &str| {
+        s.replace('#', " ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let values = collapse(&std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap());
+    let runbooks =
+        collapse(&std::fs::read_to_string(chart_dir().join("../../docs/runbooks.md")).unwrap());
+    let docs = render("lj", "lj", &[]);
+    let role = one(&docs, "ClusterRole");
+    let mut said = 0;
+    for rule in role["rules"].as_array().expect("rules") {
+        let verbs: Vec<&str> = rule["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        for resource in rule["resources"].as_array().unwrap() {
+            let want = format!("{} {}", resource.as_str().unwrap(), verbs.join("/"));
+            assert!(
+                values.contains(&want),
+                "values.yaml's rbac.create comment does not say {want:?}"
+            );
+            assert!(
+                runbooks.contains(&want),
+                "docs/runbooks.md does not say {want:?}"
+            );
+            said += 1;
+        }
+    }
+    assert_eq!(said, 4, "configmaps, leases, pods, events: {role:#}");
+}
+
+/// `helm template` with `args`: the rendered documents, or helm's error.
+fn try_render(args: &[String]) -> Result<Vec<Value>, String> {
+    let out = std::process::Command::new(helm())
+        .args(["template", "lj"])
+        .arg(chart_dir())
+        .args(["--namespace", "lj"])
+        .args(args)
+        .output()
+        .expect("running helm");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(render("lj", "lj", args))
+}
+
+/// The chart refuses exactly the durations the janitor refuses, at render
+/// time: each bound of src/cli.rs (`parse_duration`, at most 24h;
+/// `parse_positive_duration`, above 0; `parse_lease_duration`, 3s to 10m)
+/// and its neighbours, asked of `helm template` and of the binary's own
+/// parser. A bound changed in src/cli.rs and not in the chart (or the other
+/// way round) fails here.
+#[test]
+fn chart_duration_bounds_are_the_binarys() {
+    let day: &[&str] = &[
+        "0s", "0ns", "1ns", "30s", "1.5m", "2m", "1h 30m", "1hour", "24h", "1d", "1440m",
+        "24h 1ns", "86401s", "25h", "2d", "48h", "1w", "30x", "1.5ns", "5",
+    ];
+    let lease: &[&str] = &[
+        "0s", "1s", "2s", "2999ms", "3s", "3000ms", "15s", "1.5m", "10m", "600s", "10m 1ns",
+        "601s", "11m", "1h", "15 s",
+    ];
+    let cases: [(&str, &str, &[&str]); 4] = [
+        (
+            "leaderElection.leaseDuration",
+            "--leader-elect-lease-duration",
+            lease,
+        ),
+        ("ownerGoneGrace", "--owner-gone-grace", day),
+        ("resync", "--resync", day),
+        ("takeoverTimeout", "--takeover-timeout", day),
+    ];
+    let mut accepted = 0;
+    let mut refused = 0;
+    for (value, flag, samples) in cases {
+        for v in samples {
+            let arg = format!("{flag}={v}");
+            let binary = lock_janitor::cli::Cli::try_parse_checked(["lock-janitor", "run", &arg]);
+            let chart = try_render(&["--set-string".into(), format!("{value}={v}")]);
+            match (&chart, &binary) {
+                (Ok(docs), Ok(_)) => {
+                    let args = container(docs)["args"].as_array().expect("args");
+                    assert!(
+                        args.iter().any(|a| a == &json!(arg)),
+                        "{value}={v:?}: the Deployment does not pass {arg}"
+                    );
+                    accepted += 1;
+                }
+                (Err(e), Err(_)) => {
+                    assert!(
+                        e.contains(value)
+                            && (e.contains("out of range")
+                                || e.contains("is not")
+                                || e.contains("pattern")),
+                        "{value}={v:?}: refused without saying why: {e}"
+                    );
+                    refused += 1;
+                }
+                (Ok(_), Err(b)) => {
+                    panic!("{value}={v:?}: the chart renders what the janitor refuses: {b}")
+                }
+                (Err(e), Ok(_)) => {
+                    panic!("{value}={v:?}: the chart refuses what the janitor takes: {e}")
+                }
+            }
+        }
+    }
+    assert!(
+        accepted >= 20 && refused >= 20,
+        "{accepted} accepted, {refused} refused"
+    );
+}
+
+/// Two installs with one release name, in two namespaces, share no name of
+/// a cluster-scoped object (RBAC, the admission policies and their
+/// bindings, the `helm test` hook's RBAC): each carries its namespace. Both
+/// installs' RBAC is created on the real API server, and each
+/// ServiceAccount gets the cluster-wide rights of its own install.
+#[tokio::test]
+async fn two_installs_of_one_release_name_share_no_cluster_scoped_name() {
+    const CLUSTER_SCOPED: [&str; 6] = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+    ];
+    let cp = shared().await;
+    let client = cp.client().await.expect("admin client");
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    let mut installs = Vec::new();
+    for team in ["twin-a", "twin-b"] {
+        let ns = fresh_namespace(&client, team).await;
+        let docs = render(
+            "twin",
+            &ns,
+            &[
+                "--api-versions=admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy".into(),
+                "--api-versions=admissionregistration.k8s.io/v1/MutatingAdmissionPolicy".into(),
+                "--set".into(),
+                "admissionPolicies.autoOptIn.enabled=true".into(),
+                "--set-json".into(),
+                r#"admissionPolicies.autoOptIn.namespaceSelector={"matchLabels":{"team":"a"}}"#
+                    .into(),
+                "--set".into(),
+                format!("selector={LABEL_KEY}={ns}"),
+            ],
+        );
+        let mut kinds = BTreeSet::new();
+        for d in docs.iter().filter(|d| CLUSTER_SCOPED.contains(&kind_of(d))) {
+            let name = format!("{}/{}", kind_of(d), name_of(d));
+            assert!(
+                name_of(d).contains(&ns),
+                "{name} does not name its namespace {ns}"
+            );
+            if let Some(other) = seen.insert(name.clone(), ns.clone()) {
+                panic!("{name} is rendered by the installs in {other} and {ns}");
+            }
+            kinds.insert(kind_of(d).to_owned());
+        }
+        assert_eq!(kinds.len(), CLUSTER_SCOPED.len(), "{kinds:?}");
+        let role = name_of(one(&docs, "ClusterRole")).to_owned();
+        assert_eq!(
+            one(&docs, "ClusterRoleBinding")["roleRef"]["name"],
+            json!(role)
+        );
+        apply_rbac(&client, &docs).await;
+        let sa = one(&docs, "ServiceAccount")["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        installs.push((ns, sa));
+    }
+    for (ns, sa) in &installs {
+        let sar = SubjectAccessReview {
+            metadata: ObjectMeta::default(),
+            spec: SubjectAccessReviewSpec {
+                user: Some(sa_user(ns, sa)),
+                groups: Some(sa_groups(ns)),
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some("default".into()),
+                    resource: Some("configmaps".into()),
+                    verb: Some("delete".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            status: None,
+        };
+        let allowed = Api::<SubjectAccessReview>::all(client.clone())
+            .create(&PostParams::default(), &sar)
+            .await
+            .expect("SubjectAccessReview")
+            .status
+            .expect("status")
+            .allowed;
+        assert!(
+            allowed,
+            "{ns}/{sa}: the install's ClusterRole is not bound to it"
+        );
+    }
+}
+
+/// Artifact Hub's metadata names this version: the image of appVersion for
+/// both platforms, the links at its tag; and every change is one of Artifact
+/// Hub's kinds. The runbook links of the NOTES and of the rendered
+/// PrometheusRule point at that tag too, not at main.
+#[test]
+fn artifact_hub_metadata_and_runbook_links_name_this_version() {
+    let chart: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
+            .expect("Chart.yaml");
+    let version = chart["appVersion"].as_str().expect("appVersion");
+    let tag = format!("/blob/v{version}/");
+    let annotation = |key: &str| -> Value {
+        let text = chart["annotations"][key]
+            .as_str()
+            .unwrap_or_else(|| panic!("Chart.yaml: no annotation {key}"));
+        serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("{key}: {e}"))
+    };
+    let images = annotation("artifacthub.io/images");
+    assert_eq!(
+        images[0]["image"],
+        json!(format!("ghcr.io/lock-janitor/lock-janitor:{version}"))
+    );
+    assert_eq!(
+        images[0]["platforms"],
+        json!(["linux/amd64", "linux/arm64"])
+    );
+    for link in annotation("artifacthub.io/links").as_array().unwrap() {
+        let url = link["url"].as_str().unwrap();
+        assert!(url.contains(&tag), "link {url} is not at v{version}");
+    }
+    let changes = annotation("artifacthub.io/changes");
+    assert!(!changes.as_array().unwrap().is_empty());
+    for c in changes.as_array().unwrap() {
+        let kind = c["kind"].as_str().unwrap_or_default();
+        assert!(
+            [
+                "added",
+                "changed",
+                "deprecated",
+                "removed",
+                "fixed",
+                "security"
+            ]
+            .contains(&kind),
+            "{c}"
+        );
+        assert!(c["description"].as_str().is_some_and(|d| !d.is_empty()));
+    }
+    assert!(chart["maintainers"][0]["name"].is_string());
+    assert!(chart.get("icon").is_none_or(|i| {
+        // An icon, if ever set, is a file of the repository.
+        let path = i.as_str().unwrap_or_default();
+        path.contains("/blob/") || path.contains("raw.githubusercontent.com")
+    }));
+    // The PrometheusRule's and the NOTES' runbook links.
+    let docs = render(
+        "lj",
+        "lj",
+        &["--set".into(), "prometheusRule.enabled=true".into()],
+    );
+    let rule = one(&docs, "PrometheusRule");
+    let mut urls = 0;
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for r in group["rules"].as_array().unwrap() {
+            if let Some(url) = r["annotations"]["runbook_url"].as_str() {
+                assert!(
+                    url.starts_with(&format!(
+                        "https://github.com/lock-janitor/lock-janitor{tag}docs/runbooks.md#"
+                    )),
+                    "{url}"
+                );
+                urls += 1;
+            }
+        }
+    }
+    assert_eq!(urls, 8);
+    let notes = std::fs::read_to_string(chart_dir().join("templates/NOTES.txt")).unwrap();
+    assert!(!notes.contains("/blob/main/"), "NOTES.txt links main");
+    assert!(notes.contains("/blob/v{{ .Chart.AppVersion }}/docs/runbooks.md"));
+}
+
+/// The runbooks' shared preamble selects the pods of a release of any name:
+/// its `SEL`, with `$RELEASE` set to a release not named lock-janitor
+/// ("prod", whose full name is "prod-lock-janitor"), matches the labels of
+/// the pods that release's Deployment makes.
+#[test]
+fn the_runbooks_selector_selects_the_pods_of_any_release_name() {
+    let runbooks = std::fs::read_to_string(chart_dir().join("../../docs/runbooks.md")).unwrap();
+    let sel = runbooks
+        .lines()
+        .find_map(|l| l.strip_prefix("SEL=\""))
+        .and_then(|l| l.split('"').next())
+        .expect("docs/runbooks.md sets SEL=\"...\"");
+    let sel = sel.replace("$RELEASE", "prod");
+    assert!(!sel.contains('$'), "SEL uses another variable: {sel}");
+    let docs = render("prod", "ops", &[]);
+    let deployment = one(&docs, "Deployment");
+    assert_eq!(name_of(deployment), "prod-lock-janitor");
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    for term in sel.split(',') {
+        let (k, v) = term.split_once('=').expect("key=value");
+        assert_eq!(
+            labels[k],
+            json!(v),
+            "the runbooks' SEL term {term} does not match the pods of release prod: {labels}"
+        );
+    }
+}

@@ -662,3 +662,98 @@ fn the_layout_in_development_md_is_the_tree() {
         "the entries of src/ and the layout's"
     );
 }
+
+/// One description of what lock-janitor frees, wherever it is said: the
+/// crate, `lock-janitor --help`, the image's labels (the Dockerfile and the
+/// release's image writer) and the chart. Leases are watched by default,
+/// so none of them may say ConfigMaps only.
+#[test]
+fn the_description_names_both_lock_kinds_everywhere() {
+    let desc = env!("CARGO_PKG_DESCRIPTION");
+    assert!(
+        desc.contains("ConfigMaps") && desc.contains("Leases"),
+        "Cargo.toml's description names one kind of lock only: {desc}"
+    );
+    for f in ["Dockerfile", "hack/ociimage/main.go", "src/cli.rs"] {
+        assert!(read(f).contains(desc), "{f} does not say {desc:?}");
+    }
+    let out = std::process::Command::new(janitor_bin())
+        .arg("--help")
+        .output()
+        .expect("lock-janitor --help");
+    assert!(out.status.success());
+    let help = collapse(&String::from_utf8_lossy(&out.stdout));
+    assert!(
+        help.contains("ConfigMaps and Leases by default") && !help.contains("Only ConfigMaps"),
+        "lock-janitor --help: {help}"
+    );
+    let chart: serde_json::Value =
+        serde_saphyr::from_str(&read("charts/lock-janitor/Chart.yaml")).expect("Chart.yaml");
+    let chart_desc = chart["description"].as_str().unwrap_or_default();
+    assert!(
+        chart_desc.contains("ConfigMaps and Leases"),
+        "Chart.yaml: {chart_desc}"
+    );
+    let readme = read("charts/lock-janitor/README.md");
+    assert!(
+        readme.contains(chart_desc),
+        "the chart README's description"
+    );
+}
+
+/// values.yaml sizes memory from the figures docs/performance.md measured
+/// at 10,000 locks, not from the goal.
+#[test]
+fn the_memory_comment_quotes_the_measured_figures() {
+    let perf = read("docs/performance.md");
+    let row: Vec<&str> = perf
+        .lines()
+        .find(|l| l.starts_with("| 10,000 | "))
+        .expect("docs/performance.md: the 10,000-lock row of Footprint and speed")
+        .split(" | ")
+        .collect();
+    let values = collapse(&read("charts/lock-janitor/values.yaml").replace('#', " "));
+    for (what, cell) in [("VmRSS steady", row[1]), ("VmHWM", row[2])] {
+        assert!(
+            values.contains(cell),
+            "values.yaml's memory comment does not quote the measured {what} ({cell})"
+        );
+    }
+    let after_relist = row[3].split(" (").next().unwrap();
+    assert!(
+        values.contains(after_relist),
+        "peak after a re-list {after_relist}"
+    );
+    assert!(
+        !values.contains("2.3 KiB"),
+        "2.3 KiB per lock is the goal, not a measure"
+    );
+}
+
+/// What the chart README says of the chart is what the chart does: the
+/// delete guard admits a Lease DELETE (held for life), `{}` is refused as
+/// an auto opt-in namespaceSelector, and no values row is cut by a comment
+/// line that helm-docs reads as the start of another description (a line
+/// starting `# --` followed by anything but a space, as a wrapped
+/// `--runtime-config` once was).
+#[test]
+fn the_chart_readme_says_what_the_chart_does() {
+    let text = collapse(&read("charts/lock-janitor/README.md"));
+    assert!(
+        !text.contains("and no Lease"),
+        "the guard admits the DELETE of a Lease held for life"
+    );
+    assert!(
+        !text.contains("`{}` is every namespace"),
+        "the chart refuses an empty namespaceSelector"
+    );
+    assert!(text.contains("refuses the default `{}`"));
+    for (n, line) in read("charts/lock-janitor/values.yaml").lines().enumerate() {
+        let t = line.trim_start();
+        assert!(
+            !t.starts_with("# --") || t.starts_with("# -- "),
+            "values.yaml:{}: helm-docs reads this comment line as a new description: {t}",
+            n + 1
+        );
+    }
+}

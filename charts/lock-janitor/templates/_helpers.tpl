@@ -159,3 +159,66 @@ set; empty when neither.
 {{- "admissionregistration.k8s.io/v1beta1" }}
 {{- end }}
 {{- end }}
+
+{{/*
+A duration value in nanoseconds (a float), parsed as the janitor parses its
+flags (humantime): numbers, a fraction allowed, each followed by a unit
+(ns, us, ms, s, m, h, d, w, M, y and their long forms), an optional space
+between. Fails on anything else. Argument: (list <value name> <value>).
+*/}}
+{{- define "lock-janitor.durationNs" -}}
+{{- $name := index . 0 }}
+{{- $s := index . 1 | toString }}
+{{- $units := dict
+  "nanos" 1 "nsec" 1 "ns" 1
+  "usec" 1000 "us" 1000 "µs" 1000
+  "millis" 1000000 "msec" 1000000 "ms" 1000000
+  "seconds" 1000000000 "second" 1000000000 "secs" 1000000000 "sec" 1000000000 "s" 1000000000
+  "minutes" 60000000000 "minute" 60000000000 "min" 60000000000 "mins" 60000000000 "m" 60000000000
+  "hours" 3600000000000 "hour" 3600000000000 "hr" 3600000000000 "hrs" 3600000000000 "h" 3600000000000
+  "days" 86400000000000 "day" 86400000000000 "d" 86400000000000
+  "weeks" 604800000000000 "week" 604800000000000 "wk" 604800000000000 "wks" 604800000000000 "w" 604800000000000
+  "months" 2630016000000000 "month" 2630016000000000 "M" 2630016000000000
+  "years" 31557600000000000 "year" 31557600000000000 "yr" 31557600000000000 "yrs" 31557600000000000 "y" 31557600000000000 }}
+{{- if not (regexMatch "^([0-9]+(\\.[0-9]+)? ?[a-zA-Zµ]+ ?)+$" $s) }}
+{{- fail (printf "%s %q is not a duration: write it as the janitor reads it, a number and a unit (30s, 2m, 1h 30m)" $name $s) }}
+{{- end }}
+{{- $ns := 0.0 }}
+{{- range $t := regexFindAll "[0-9]+(\\.[0-9]+)? ?[a-zA-Zµ]+" $s -1 }}
+{{- $n := regexFind "^[0-9]+(\\.[0-9]+)?" $t }}
+{{- $u := regexFind "[a-zA-Zµ]+$" $t }}
+{{- if not (hasKey $units $u) }}
+{{- fail (printf "%s %q: %q is not a unit the janitor knows (ns, us, ms, s, m, h, d, w)" $name $s $u) }}
+{{- end }}
+{{- if and (contains "." $n) (eq (int (get $units $u)) 1) }}
+{{- fail (printf "%s %q is not a duration the janitor reads: a fraction of a nanosecond" $name $s) }}
+{{- end }}
+{{- $ns = addf $ns (mulf (float64 $n) (float64 (get $units $u))) }}
+{{- end }}
+{{- $ns }}
+{{- end }}
+
+{{/*
+The bounds the janitor's flags have (src/cli.rs: parse_duration at most
+24h, parse_positive_duration above 0, parse_lease_duration 3s to 10m),
+checked at render time, so that an out-of-range value fails `helm install`
+with its name instead of a pod that crash-loops on the flag.
+tests/e2e/chart.rs renders each bound and its neighbours and asks the
+binary's own parser the same question.
+*/}}
+{{- define "lock-janitor.checkDurations" -}}
+{{- $day := 86400000000000.0 }}
+{{- $checks := list
+  (list "leaderElection.leaseDuration" .Values.leaderElection.leaseDuration "--leader-elect-lease-duration" 3000000000.0 true 600000000000.0 "at least 3s and at most 10m")
+  (list "ownerGoneGrace" .Values.ownerGoneGrace "--owner-gone-grace" 0.0 true $day "at most 24h")
+  (list "resync" .Values.resync "--resync" 0.0 false $day "more than 0 and at most 24h")
+  (list "takeoverTimeout" .Values.takeoverTimeout "--takeover-timeout" 0.0 false $day "more than 0 and at most 24h") }}
+{{- range $c := $checks }}
+{{- $name := index $c 0 }}{{- $v := index $c 1 }}{{- $min := index $c 3 }}{{- $max := index $c 5 }}
+{{- $d := include "lock-janitor.durationNs" (list $name $v) | float64 }}
+{{- $low := ternary (lt $d $min) (le $d $min) (index $c 4) }}
+{{- if or $low (gt $d $max) }}
+{{- fail (printf "%s %q is out of range: the janitor's %s takes %s (it would refuse to start)" $name (toString $v) (index $c 2) (index $c 6)) }}
+{{- end }}
+{{- end }}
+{{- end }}
