@@ -26,7 +26,7 @@ use kube::{Api, Client};
 use serde::Serialize;
 
 use super::report::API_VERSION;
-use super::{print_stdout, Cluster};
+use super::{print_stdout, Cluster, EXIT_USAGE};
 use crate::call;
 use crate::cli::{CheckArgs, CheckOutput, Cli, Command, RunArgs};
 
@@ -34,8 +34,6 @@ use crate::cli::{CheckArgs, CheckOutput, Cli, Command, RunArgs};
 pub const NAME_LABEL: &str = "app.kubernetes.io/name=lock-janitor";
 /// The Helm release label.
 pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
-/// Exit code for usage errors, as clap's.
-pub const EXIT_USAGE: u8 = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -327,7 +325,11 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let url = config.cluster_url.to_string();
     let client = Client::try_from(config.clone())
         .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
-    let cluster = Cluster { client, url };
+    let cluster = Cluster {
+        client,
+        url,
+        takes_namespaces: false,
+    };
     let found = find_installs(&cluster.client, &args)
         .await
         .map_err(|e| anyhow::anyhow!("{e}. check needs list on deployments"))?;
