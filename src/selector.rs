@@ -11,7 +11,8 @@ use kube::core::{Expression, SelectorExt as _};
 /// An equality-based label selector (`key=value`, `key==value`,
 /// `key!=value`, `key`, `!key`, comma-separated). The API server has the
 /// last word; parsing catches typos before any watch starts. Set-based
-/// terms (`in`, `notin`) are refused: the opt-in is a single value.
+/// terms (`in`, `notin`, `>`, `<`) are refused, and said to be: the opt-in
+/// is a single value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Selector {
     text: String,
@@ -24,10 +25,22 @@ impl Selector {
         if s.trim().is_empty() {
             return bad("it is empty, which would select every ConfigMap");
         }
+        if set_based(s) {
+            return bad(
+                "set-based selectors (`key in (a,b)`, `key notin (a,b)`, `key>1`) are not supported: \
+                 give one key=value term, such as lock-janitor.io/watch=true \
+                 (other comma-separated terms may narrow it: key=value, key!=value, key, !key)",
+            );
+        }
         let mut terms = Vec::new();
         for term in s.split(',') {
             let term = term.trim();
             let (key, t) = if let Some(k) = term.strip_prefix('!') {
+                if k.contains('=') {
+                    return bad(&format!(
+                        "{term:?}: `!key` takes no value; write key!=value to exclude one value"
+                    ));
+                }
                 (k.trim(), Expression::DoesNotExist(k.trim().to_owned()))
             } else if let Some((k, v, eq)) = term
                 .split_once("!=")
@@ -109,6 +122,17 @@ impl fmt::Display for Selector {
     }
 }
 
+/// Does `s` use the set-based grammar (`in`, `notin`, `(...)`, `>`, `<`),
+/// which the equality-based parser would misread as an odd label key?
+fn set_based(s: &str) -> bool {
+    s.contains(['(', ')', '<', '>'])
+        || s.split(',').any(|term| {
+            term.split_whitespace()
+                .nth(1)
+                .is_some_and(|op| op == "in" || op == "notin")
+        })
+}
+
 fn valid_name_part(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
@@ -175,6 +199,29 @@ mod tests {
         ] {
             assert!(Selector::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn set_based_selectors_are_named_as_such() {
+        for set in [
+            "lock-janitor.io/watch in (true,yes)",
+            "lock-janitor.io/watch notin (false)",
+            "env in (prod)",
+            "lock-janitor.io/watch=true,tier notin (dev)",
+            "a in b",
+            "replicas>1",
+        ] {
+            let err = Selector::parse(set).unwrap_err();
+            assert!(
+                err.contains("set-based selectors") && err.contains("one key=value term"),
+                "{set}: {err}"
+            );
+            assert!(!err.contains("not a label key"), "{set}: {err}");
+        }
+        let err = Selector::parse("!lock-janitor.io/watch=true").unwrap_err();
+        assert!(err.contains("`!key` takes no value"), "{err}");
+        // Not set-based: a key merely containing the letters.
+        assert!(Selector::parse("inbox=1,team=in").is_ok());
     }
 
     #[test]

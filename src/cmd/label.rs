@@ -25,7 +25,10 @@ use kube::Api;
 use super::label_report::{LabelCounts, LabelResult, LabelRow, LabelSummary};
 use super::report::{kubectl_name, LockList};
 use super::table::{render_label, Style};
-use super::{connect, explain, list_candidates, print_stdout, scope_text, CONCURRENCY};
+use super::{
+    connect, explain, list_candidates, missing_namespaces, missing_note, print_stdout, scope_text,
+    CONCURRENCY,
+};
 use crate::cli::{LabelArgs, Output};
 use crate::lock::LockKind as Kind;
 use crate::optin::{plan_for, plan_label, write_label, Plan, Written};
@@ -40,11 +43,13 @@ pub fn name_selected(name: &str, include: &[glob::Pattern], exclude: &[glob::Pat
 /// `lock-janitor label`: adds the opt-in label to unlabeled lock candidates.
 pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     let Some((key, value)) = args.admin.scope.selector.opt_in_label() else {
-        anyhow::bail!(
-            "--selector {:?} has no single key=value term to write; label needs a selector like \
-             lock-janitor.io/watch=true (the one `lock-janitor run` is given)",
+        // A usage error, as a bad flag value is (exit 2), said plainly.
+        eprintln!(
+            "lock-janitor: --selector {} has no single key=value term to write: label needs \
+             exactly one, such as lock-janitor.io/watch=true (the one `lock-janitor run` is given)",
             args.admin.scope.selector
         );
+        return Ok(ExitCode::from(super::EXIT_USAGE));
     };
     let started = std::time::Instant::now();
     let selector = &args.admin.scope.selector;
@@ -238,6 +243,9 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
         &args.admin.scope,
         fatal.is_some(),
     ));
+    // `-n typo` lists nothing: say so rather than only "0 scanned".
+    let missing = missing_namespaces(&cluster, &listing.empty_namespaces).await;
+    stderr.push_str(&missing_note(&missing));
     // The notes and summary go to stderr: stdout is the report alone.
     eprint!("{stderr}");
     if let Some(error) = fatal {

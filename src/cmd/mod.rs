@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 
 use anyhow::{anyhow, Context as _};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -28,12 +28,24 @@ use crate::{call, Error, Paged};
 const PAGE_SIZE: u32 = 500;
 /// API calls in flight at once for holder reads and label writes.
 pub const CONCURRENCY: usize = 16;
+/// Exit code for usage errors, as clap's.
+pub const EXIT_USAGE: u8 = 2;
 
 /// A client and where it points, for error messages.
 pub struct Cluster {
     pub client: Client,
     pub url: String,
+    /// The command narrows its scope with `-n` (scan, label): a forbidden
+    /// list of all namespaces suggests it. `check` reads the install's own
+    /// scope, so it does not.
+    pub takes_namespaces: bool,
 }
+
+/// kube's reason for an error response whose body is no Kubernetes
+/// `Status` (a proxy, a web server, a path the server does not have).
+const NOT_A_STATUS: &str = "Failed to parse error data";
+/// At most this many characters of such an answer's body in a message.
+const SHOWN_BODY: usize = 100;
 
 /// Connects as kubectl would: `--kubeconfig` (else $KUBECONFIG, then
 /// ~/.kube/config, then the in-cluster service account) and `--context`.
@@ -42,7 +54,11 @@ pub async fn connect(flags: &crate::cli::Cluster) -> anyhow::Result<Cluster> {
     let url = config.cluster_url.to_string();
     let client = Client::try_from(config)
         .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
-    Ok(Cluster { client, url })
+    Ok(Cluster {
+        client,
+        url,
+        takes_namespaces: true,
+    })
 }
 
 /// The client configuration [`connect`] uses (`check` also impersonates
@@ -73,6 +89,32 @@ pub async fn config(flags: &crate::cli::Cluster) -> anyhow::Result<kube::Config>
     Ok(config)
 }
 
+/// An answer that is no Kubernetes `Status`: its HTTP status, the server,
+/// what it said (if anything), and where to look.
+fn not_kubernetes(action: &str, url: &str, code: u16, body: &str) -> String {
+    let reason = http::StatusCode::from_u16(code)
+        .ok()
+        .and_then(|c| c.canonical_reason())
+        .unwrap_or("");
+    // One line, short: a web server's 404 is often a page of HTML.
+    let words: Vec<&str> = body.split_whitespace().collect();
+    let line = words.join(" ");
+    let mut said: String = line.chars().take(SHOWN_BODY).collect();
+    if said.len() < line.len() {
+        said.push('…');
+    }
+    let said = if said.is_empty() {
+        "an empty body".to_owned()
+    } else {
+        format!("\"{said}\"")
+    };
+    format!(
+        "{action}: {url} answered HTTP {code} {reason} with {said}, not a Kubernetes API error: \
+         is {url} a Kubernetes API server? Check the server of your kubeconfig's context \
+         (kubectl config view --minify)"
+    )
+}
+
 /// Turns an API error into a message that says what failed and what to do.
 pub fn explain(err: Error, cluster: &Cluster, needs: &str) -> anyhow::Error {
     match err {
@@ -80,10 +122,26 @@ pub fn explain(err: Error, cluster: &Cluster, needs: &str) -> anyhow::Error {
             action,
             source: kube::Error::Api(status),
         } => match status.code {
-            403 => anyhow!(
-                "{action} was forbidden: {}. This command needs {needs}.",
-                status.message
-            ),
+            _ if status.reason == NOT_A_STATUS => anyhow!(not_kubernetes(
+                &action,
+                &cluster.url,
+                status.code,
+                &status.message
+            )),
+            403 => {
+                let mut msg = format!(
+                    "{action} was forbidden: {}. This command needs {needs}.",
+                    status.message
+                );
+                let cluster_wide = action.contains("in all namespaces")
+                    || status.message.contains("at the cluster scope");
+                if cluster.takes_namespaces && cluster_wide {
+                    msg.push_str(
+                        " If you may read only some namespaces, name them: -n NAMESPACE (repeatable).",
+                    );
+                }
+                anyhow!(msg)
+            }
             401 => anyhow!(
                 "{action}: the API server at {} rejected the credentials (401 Unauthorized): {}. \
                  Check the user in your kubeconfig.",
@@ -127,6 +185,36 @@ pub struct Listing {
     /// Unlabeled ConfigMaps owned by exactly one Pod that hold data: not
     /// lock-shaped (operator-lib's locks are empty), so never candidates.
     pub skipped_with_data: usize,
+    /// Namespaces named in the scope whose list held no ConfigMap at all:
+    /// maybe a typo ([`missing_namespaces`] tells).
+    pub empty_namespaces: Vec<String>,
+}
+
+/// Of `empty` (named namespaces where nothing was listed), those that do
+/// not exist. Every real namespace holds a ConfigMap (kube-root-ca.crt),
+/// so only the empty ones are looked up. One that may not be read, or
+/// whose read fails, is not called missing.
+pub async fn missing_namespaces(cluster: &Cluster, empty: &[String]) -> Vec<String> {
+    let api: Api<Namespace> = Api::all(cluster.client.clone());
+    let mut missing = Vec::new();
+    for ns in empty {
+        if let Ok(None) = call(format!("reading namespace {ns}"), api.get_opt(ns)).await {
+            missing.push(ns.clone());
+        }
+    }
+    missing
+}
+
+/// The stderr note on each named namespace that does not exist.
+pub fn missing_note(missing: &[String]) -> String {
+    missing
+        .iter()
+        .map(|ns| {
+            format!(
+                "lock-janitor: namespace {ns} does not exist (a typo? kubectl get namespaces lists them)\n"
+            )
+        })
+        .collect()
 }
 
 pub fn scope_text(scope: &Scope) -> String {
@@ -160,6 +248,7 @@ pub async fn list_candidates(
         candidates: Vec::new(),
         scanned: 0,
         skipped_with_data: 0,
+        empty_namespaces: Vec::new(),
     };
     for ns in namespaces {
         list_namespace(cluster, ns.as_deref(), selector, &mut listing)
@@ -250,6 +339,11 @@ async fn list_namespace(
         }
     })
     .await?;
+    if scanned == 0 {
+        if let Some(ns) = ns {
+            out.empty_namespaces.push(ns.to_owned());
+        }
+    }
     out.candidates.extend(found);
     out.scanned += scanned;
     Ok(())

@@ -88,6 +88,8 @@ pub struct Summary {
 pub struct Report {
     pub locks: Vec<Row>,
     pub summary: Summary,
+    /// Namespaces named with `-n` where nothing was listed: maybe typos.
+    pub empty_namespaces: Vec<String>,
 }
 
 /// The `apiVersion` of `-o json|yaml`.

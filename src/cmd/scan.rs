@@ -46,7 +46,10 @@ use kube::Api;
 
 use super::report::{build_row, Found, Report, Row, Summary};
 use super::table::{render_report, Style};
-use super::{connect, explain, list_candidates, print_stdout, Cluster, CONCURRENCY};
+use super::{
+    connect, explain, list_candidates, missing_namespaces, missing_note, print_stdout, Cluster,
+    CONCURRENCY,
+};
 use crate::cli::{Output, ScanArgs};
 use crate::lock::{self, Lock, LockKey, Unmanageable};
 use crate::observe::{LockAge, Observer, Purpose};
@@ -203,7 +206,11 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
         }
     }
     summary.duration_seconds = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
-    Ok(Report { locks, summary })
+    Ok(Report {
+        locks,
+        summary,
+        empty_namespaces: listing.empty_namespaces,
+    })
 }
 
 /// `lock-janitor scan`: exit 0 when no lock is stale, 3 when one is.
@@ -235,6 +242,9 @@ pub async fn scan_command(args: ScanArgs) -> anyhow::Result<ExitCode> {
     };
     print_stdout(&out)?;
     eprint!("{hints}");
+    // `-n typo` lists nothing: say so rather than only "0 scanned".
+    let missing = missing_namespaces(&cluster, &report.empty_namespaces).await;
+    eprint!("{}", missing_note(&missing));
     Ok(if report.summary.stale > 0 {
         ExitCode::from(EXIT_STALE)
     } else {

@@ -51,6 +51,12 @@ const HEALTHY_OK: [&str; 6] = [
     "stale-now",
 ];
 
+/// The opt-in label key of the installs here. Each install opts in with a
+/// value of its own (its lock namespace's name), so that what one finds
+/// opted in across the cluster is its own, whatever the other suites of
+/// the shared control plane label `lock-janitor.io/watch=true`.
+const OPT_IN_KEY: &str = "check.lock-janitor.io/watch";
+
 /// One release of the chart, its two pods Ready and the first leading.
 struct Install {
     cp: &'static ControlPlane,
@@ -89,16 +95,29 @@ async fn install(prefix: &str, sets: &[&str]) -> Install {
     let client = cp.client().await.expect("admin client");
     let ns = fresh_namespace(&client, &format!("{prefix}-rel")).await;
     let locks = fresh_namespace(&client, &format!("{prefix}-locks")).await;
-    let mut all = vec![format!("watchNamespaces={{{locks}}}")];
+    let mut all = vec![
+        format!("watchNamespaces={{{locks}}}"),
+        format!("selector={OPT_IN_KEY}={locks}"),
+    ];
     all.extend(sets.iter().map(|s| s.to_string()));
     helm_install(cp, &ns, &all);
     let node = format!("node-{locks}");
     kubelet::create_node(&client, &node).await.expect("node");
     let pods = [format!("{RELEASE}-7d9f-a"), format!("{RELEASE}-7d9f-b")];
-    let labels = [
-        ("app.kubernetes.io/name", "lock-janitor"),
-        ("app.kubernetes.io/instance", RELEASE),
-    ];
+    // The pods its Deployment selects (nameOverride changes them).
+    let selector = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get(RELEASE)
+        .await
+        .expect("the chart's Deployment")
+        .spec
+        .expect("spec")
+        .selector
+        .match_labels
+        .expect("matchLabels");
+    let labels: Vec<(&str, &str)> = selector
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     for p in &pods {
         kubelet::create_pod(&client, &ns, p, &node, &labels)
             .await
@@ -189,9 +208,40 @@ impl Install {
         holder: &str,
         labeled: bool,
     ) -> k8s_openapi::api::core::v1::Pod {
-        let pod = running_pod(&self.client, &self.locks, holder, &self.node).await;
-        create_lock(&self.client, &lock_for(name, &pod, labeled)).await;
+        let ns = self.locks.clone();
+        self.lock_in(&ns, name, holder, labeled.then_some(ns.as_str()))
+            .await
+    }
+
+    /// An operator pod of `ns` and its lock, labeled `OPT_IN_KEY=value`.
+    async fn lock_in(
+        &self,
+        ns: &str,
+        name: &str,
+        holder: &str,
+        value: Option<&str>,
+    ) -> k8s_openapi::api::core::v1::Pod {
+        let pod = running_pod(&self.client, ns, holder, &self.node).await;
+        let mut cm = lock_for(name, &pod, false);
+        cm.metadata.labels = value.map(|v| BTreeMap::from([(OPT_IN_KEY.to_owned(), v.to_owned())]));
+        create_lock(&self.client, &cm).await;
         pod
+    }
+
+    /// The opt-in selector of this install.
+    fn selector(&self) -> String {
+        format!("{OPT_IN_KEY}={}", self.locks)
+    }
+
+    /// Adds `env` to the janitor container, as the chart's extraEnv would.
+    async fn container_env(&self, env: Value) {
+        let patch = json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "lock-janitor", "env": env}
+        ]}}}});
+        Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
+            .patch(RELEASE, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+            .expect("patch the Deployment's env");
     }
 
     fn check(&self, extra: &[&str]) -> Outcome {
@@ -417,7 +467,42 @@ async fn usage_errors_and_no_install() {
     );
     assert_eq!(out.code, 1, "{out}");
     assert_eq!(out.status("install-found"), "fail", "{out}");
-    assert!(out.hint("install-found").contains("helm install"), "{out}");
+    // The chart pinned to this version, from where the admin has it: no
+    // registry URL that nothing was published to.
+    let hint = out.hint("install-found");
+    assert!(
+        hint.starts_with(&format!(
+            "install it: helm install lock-janitor <your chart reference> --version {} -n {empty} --create-namespace",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{out}"
+    );
+    assert!(
+        !hint.contains("oci://") && !hint.contains("ghcr.io"),
+        "{out}"
+    );
+
+    // An API server that does not answer: said so, with its URL; no RBAC.
+    let down = kubeconfig_unreachable(cp);
+    let out = Outcome::new(
+        Command::new(janitor_bin())
+            .args(["check", "--kubeconfig"])
+            .arg(&down)
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(out.code, 1, "{out}");
+    assert!(
+        out.stderr.contains(
+            "listing deployments: cannot reach the Kubernetes API server at https://127.0.0.1:"
+        ),
+        "{out}"
+    );
+    assert!(
+        !out.stderr.contains("needs list on deployments") && !out.stderr.contains("forbidden"),
+        "{out}"
+    );
 
     // Several installs and none named: a usage error naming them.
     let a = install("usage-a", &[]).await;
@@ -689,7 +774,7 @@ async fn an_unlabeled_lock_warns() {
     // Opted out on purpose: listed as such, no warning of its own.
     let pod = running_pod(&i.client, &i.locks, "redis-operator-1", &i.node).await;
     let mut out_lock = lock_for("redis-operator-lock", &pod, false);
-    out_lock.metadata.labels = Some(BTreeMap::from([(WATCH_LABEL.0.into(), "false".into())]));
+    out_lock.metadata.labels = Some(BTreeMap::from([(OPT_IN_KEY.into(), "false".into())]));
     create_lock(&i.client, &out_lock).await;
     let out = i.check(&[]);
     assert_eq!(out.code, 0, "{out}");
@@ -698,7 +783,7 @@ async fn an_unlabeled_lock_warns() {
     assert!(detail.contains("1 opted out on purpose"), "{out}");
     assert!(
         detail.contains(&format!(
-            "{}/redis-operator-lock (lock-janitor.io/watch=false)",
+            "{}/redis-operator-lock ({OPT_IN_KEY}=false)",
             i.locks
         )),
         "{out}"
@@ -711,8 +796,11 @@ async fn an_unlabeled_lock_warns() {
         "{out}"
     );
     assert!(
-        out.hint("locks")
-            .contains(&format!("lock-janitor label -n {} --apply", i.locks)),
+        out.hint("locks").contains(&format!(
+            "lock-janitor label -n {} --selector {} --apply",
+            i.locks,
+            i.selector()
+        )),
         "{out}"
     );
     out.others_pass("locks");
@@ -864,4 +952,241 @@ async fn the_helm_test_hook_checks_the_install_with_its_own_grants() {
     for name in HEALTHY_OK {
         assert_eq!(out.status(name), "ok", "{name}\n{out}");
     }
+}
+
+#[tokio::test]
+async fn a_dry_run_install_is_reported_as_dry_run() {
+    let version = env!("CARGO_PKG_VERSION");
+    // The chart's dryRun: --dry-run in the container's args.
+    let i = install("dryrun", &["dryRun=true"]).await;
+    let out = i.check(&[]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(out.status("install-found"), "warn", "{out}");
+    assert!(
+        out.detail("install-found")
+            .contains("in dry-run mode (--dry-run): it reports stale locks and frees none"),
+        "{out}"
+    );
+    // The upgrade that ends it: this install's release, namespace and chart
+    // version; the chart reference is the admin's.
+    assert_eq!(
+        out.hint("install-found"),
+        format!(
+            "to let it free stale locks: helm upgrade {RELEASE} <your chart reference> --version {version} -n {} \
+             --reset-then-reuse-values --set dryRun=false (<your chart reference>: where you installed chart \
+             lock-janitor {version} from)",
+            i.ns
+        ),
+        "{out}"
+    );
+    assert!(out.stderr.contains("runs in dry-run mode"), "{out}");
+    assert!(!out.stderr.contains("the install works"), "{out}");
+    out.others_pass("");
+
+    // Set through the container's env (the chart's extraEnv) instead.
+    let e = install("dryrun-env", &[]).await;
+    assert_eq!(e.check(&[]).status("install-found"), "ok");
+    e.container_env(json!([
+        {"name": "LOCK_JANITOR_DRY_RUN", "value": "true"},
+        // Its args say --namespace: they win, as in the pod.
+        {"name": "LOCK_JANITOR_NAMESPACE", "value": "kube-system"}
+    ]))
+    .await;
+    let out = e.check(&[]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(out.status("install-found"), "warn", "{out}");
+    assert!(
+        out.detail("install-found")
+            .contains("dry-run mode (LOCK_JANITOR_DRY_RUN in its container's env)"),
+        "{out}"
+    );
+    assert!(
+        out.hint("install-found")
+            .contains("remove LOCK_JANITOR_DRY_RUN from the container's env"),
+        "{out}"
+    );
+    assert!(
+        out.detail("rbac")
+            .contains(&format!("its scope (namespace {}) needs", e.locks)),
+        "{out}"
+    );
+    assert_eq!(out.status("rbac"), "ok", "{out}");
+
+    // A flag only the env sets is read: --delete-pod needs delete on pods,
+    // which the chart (deletePod=false) did not grant.
+    e.container_env(json!([{"name": "LOCK_JANITOR_DELETE_POD", "value": "true"}]))
+        .await;
+    let out = e.check(&[]);
+    assert_eq!(out.code, 1, "{out}");
+    assert_eq!(out.status("rbac"), "fail", "{out}");
+    assert!(
+        out.detail("rbac")
+            .ends_with(&format!("may not: delete pods in {}", e.locks)),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn stale_locks_not_opted_in_warn_and_opted_in_ones_fail() {
+    let i = install("stalewarn", &[]).await;
+    let evict = |name: String| {
+        let client = i.client.clone();
+        let ns = i.locks.clone();
+        async move {
+            kubelet::set_failed(
+                &client,
+                &ns,
+                &name,
+                "Evicted",
+                "The node was low on resource: memory.",
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let holder = i
+        .lock("legacy-operator-lock", "legacy-operator-1", false)
+        .await;
+    evict(holder.metadata.name.unwrap()).await;
+    let out = i.check(&[]);
+    assert_eq!(
+        out.code, 0,
+        "the cluster's lock, not the install's failure\n{out}"
+    );
+    assert_eq!(out.status("stale-now"), "warn", "{out}");
+    assert!(
+        out.detail("stale-now").contains(&format!(
+            "stale now but not opted in (the janitor leaves them alone): configmap {}/legacy-operator-lock (stale:Evicted)",
+            i.locks
+        )),
+        "{out}"
+    );
+    assert!(
+        out.hint("stale-now").contains(&format!(
+            "lock-janitor label -n {} --selector {} --apply",
+            i.locks,
+            i.selector()
+        )),
+        "{out}"
+    );
+    out.others_pass("");
+
+    // An opted-in one beside it: that fails, and both are named.
+    let holder = i
+        .lock("memcached-operator-lock", "memcached-operator-1", true)
+        .await;
+    evict(holder.metadata.name.unwrap()).await;
+    let out = i.check(&[]);
+    assert_eq!(out.code, 1, "{out}");
+    assert_eq!(out.status("stale-now"), "fail", "{out}");
+    let detail = out.detail("stale-now");
+    assert!(
+        detail.contains(&format!(
+            "opted in and stale now, its holder dead and a replica waiting: configmap {}/memcached-operator-lock",
+            i.locks
+        )) && detail.contains("legacy-operator-lock"),
+        "{out}"
+    );
+    out.others_pass("stale-now");
+}
+
+#[tokio::test]
+async fn an_install_with_a_name_override_is_found() {
+    let i = install("override", &["nameOverride=janitor"]).await;
+    let d = Api::<Deployment>::namespaced(i.client.clone(), &i.ns)
+        .get(RELEASE)
+        .await
+        .unwrap();
+    assert_eq!(
+        d.metadata.labels.as_ref().unwrap()["app.kubernetes.io/name"],
+        "janitor",
+        "nameOverride changes the name label"
+    );
+    let out = i.check(&[]);
+    assert_eq!(out.code, 0, "{out}");
+    for name in HEALTHY_OK {
+        assert_eq!(out.status(name), "ok", "{name}\n{out}");
+    }
+    assert!(
+        out.detail("install-found")
+            .contains(&format!("deployment {}/{RELEASE}", i.ns)),
+        "{out}"
+    );
+    // By release name too.
+    let out = i.check(&["--release", RELEASE]);
+    assert_eq!(out.status("install-found"), "ok", "{out}");
+}
+
+#[tokio::test]
+async fn opted_in_locks_outside_the_watched_namespaces_warn() {
+    let i = install("outside", &[]).await;
+    i.lock("memcached-operator-lock", "memcached-operator-1", true)
+        .await;
+    let other = fresh_namespace(&i.client, "outside-other").await;
+    i.lock_in(&other, "stray-lock", "stray-operator-1", Some(&i.locks))
+        .await;
+    let out = i.check(&[]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(out.status("locks"), "warn", "{out}");
+    assert!(
+        out.detail("locks").contains(&format!(
+            "; 1 opted in outside the watched namespaces, never freed: {other}/stray-lock"
+        )),
+        "{out}"
+    );
+    let mut both = [i.locks.clone(), other.clone()];
+    both.sort();
+    assert!(
+        out.hint("locks").contains(&format!(
+            "--set watchNamespaces={{{},{}}}",
+            both[0], both[1]
+        )),
+        "{out}"
+    );
+    out.others_pass("");
+
+    // A caller who may list only in the install's namespaces: not looked
+    // for, and said so; no warning it cannot back.
+    let user = format!("narrow-{}", i.ns);
+    let read = |resources: &[&str]| {
+        rule(
+            &["", "apps", "coordination.k8s.io"],
+            resources,
+            &["get", "list"],
+        )
+    };
+    grant_in(
+        &i.client,
+        &i.ns,
+        "narrow",
+        crate::support::user(&user),
+        vec![read(&["deployments", "pods", "leases"])],
+    )
+    .await;
+    grant_in(
+        &i.client,
+        &i.locks,
+        "narrow",
+        crate::support::user(&user),
+        vec![read(&["configmaps", "pods", "leases"])],
+    )
+    .await;
+    let kubeconfig = kubeconfig_as(i.cp, &user);
+    let out = wait_for(
+        "the narrow grants in effect",
+        Duration::from_secs(30),
+        || {
+            let out = i.check_as(&kubeconfig, &[]);
+            let judged = out.checks().get("locks").is_some_and(|c| c.0 != "fail");
+            async move { judged.then_some(out) }
+        },
+    )
+    .await;
+    assert_eq!(out.status("locks"), "ok", "{out}");
+    assert!(
+        out.detail("locks").contains(
+            "; opted-in locks outside the watched namespaces not looked for (you may not list them in all namespaces)"
+        ),
+        "{out}"
+    );
 }

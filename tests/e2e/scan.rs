@@ -867,14 +867,153 @@ async fn scan_and_label_fail_with_a_clear_message() {
         "{r}"
     );
 
-    // label needs a key=value to write.
-    let r = run(
-        cp.kubeconfig_path(),
-        &["label", "-n", &ns, "--selector", "team!=x"],
-    )
-    .await;
-    assert_eq!(r.code, 1, "{r}");
-    assert!(r.stderr.contains("no single key=value"), "{r}");
+    // label needs a key=value to write: a usage error (2), said plainly.
+    for selector in ["team!=x", "lock-janitor.io/watch", "!lock-janitor.io/watch"] {
+        let r = run(
+            cp.kubeconfig_path(),
+            &["label", "-n", &ns, "--selector", selector],
+        )
+        .await;
+        assert_eq!(r.code, 2, "{r}");
+        assert!(
+            r.stderr
+                .contains(&format!("--selector {selector} has no single key=value")),
+            "{r}"
+        );
+        assert!(!r.stderr.contains("Selector {"), "no Debug dump\n{r}");
+        assert!(r.stdout.is_empty(), "{r}");
+    }
+
+    // A set-based selector is named as such, for every command.
+    for cmd in ["scan", "label"] {
+        let r = run(
+            cp.kubeconfig_path(),
+            &[
+                cmd,
+                "-n",
+                &ns,
+                "--selector",
+                "lock-janitor.io/watch in (true,yes)",
+            ],
+        )
+        .await;
+        assert_eq!(r.code, 2, "{r}");
+        assert!(
+            r.stderr.contains("set-based selectors")
+                && r.stderr.contains("one key=value term")
+                && !r.stderr.contains("not a label key"),
+            "{r}"
+        );
+    }
+}
+
+/// A tiny HTTP server that is no Kubernetes API server: every request gets
+/// `404` with `body`. Returns a kubeconfig pointing at it and its URL.
+async fn not_kubernetes(cp: &ControlPlane, body: &'static str) -> (std::path::PathBuf, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut got, mut buf) = (Vec::new(), [0u8; 4096]);
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(answer.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: web\n  cluster:\n    server: {url}\n\
+         users:\n- name: someone\n  user:\n    token: not-a-token\ncontexts:\n- name: web\n  context:\n    \
+         cluster: web\n    user: someone\ncurrent-context: web\n"
+    );
+    let path = cp.dir().join(format!("kubeconfig-not-kubernetes-{port}"));
+    std::fs::write(&path, kubeconfig).unwrap();
+    (path, url)
+}
+
+#[tokio::test]
+async fn errors_name_the_server_the_namespace_and_the_way_out() {
+    let cp = shared().await;
+    let client = cp.client().await.unwrap();
+    let ns = fresh_namespace(&client, "scan-way-out").await;
+
+    // A web server that is no API server: its status and URL, whatever it said.
+    for body in ["404 page not found\n", ""] {
+        let (kubeconfig, url) = not_kubernetes(cp, body).await;
+        for args in [
+            vec!["scan", "-n", "ops"],
+            vec!["label", "-A"],
+            vec!["check"],
+        ] {
+            let r = run(&kubeconfig, &args).await;
+            assert_eq!(r.code, 1, "{r}");
+            assert!(
+                r.stderr
+                    .contains(&format!("{url}/ answered HTTP 404 Not Found"))
+                    || r.stderr
+                        .contains(&format!("{url} answered HTTP 404 Not Found")),
+                "{r}"
+            );
+            assert!(r.stderr.contains("a Kubernetes API server?"), "{r}");
+            assert!(!r.stderr.contains("Failed to parse error data"), "{r}");
+            if body.is_empty() {
+                assert!(r.stderr.contains("with an empty body"), "{r}");
+            } else {
+                assert!(r.stderr.contains("404 page not found"), "{r}");
+            }
+        }
+    }
+
+    // A namespace that does not exist: said, not only "0 scanned".
+    let typo = format!("{ns}-typo");
+    for cmd in ["scan", "label"] {
+        let r = run(cp.kubeconfig_path(), &[cmd, "-n", &typo, "-n", &ns]).await;
+        assert_eq!(r.code, 0, "{r}");
+        assert!(
+            r.stderr
+                .contains(&format!("namespace {typo} does not exist")),
+            "{r}"
+        );
+        // The real one, empty as it is, is not called missing.
+        assert!(
+            !r.stderr.contains(&format!("namespace {ns} does not exist")),
+            "{r}"
+        );
+        assert!(
+            !r.stdout.contains("does not exist"),
+            "stdout is the report alone\n{r}"
+        );
+    }
+
+    // Forbidden in all namespaces: the way out is -n.
+    let nobody = kubeconfig_as(cp, "scan-way-out-nobody");
+    for cmd in ["scan", "label"] {
+        let r = run(&nobody, &[cmd]).await;
+        assert_eq!(r.code, 1, "{r}");
+        assert!(
+            r.stderr
+                .contains("listing configmaps in all namespaces was forbidden"),
+            "{r}"
+        );
+        assert!(r.stderr.contains("name them: -n NAMESPACE"), "{r}");
+        // In one namespace, -n is no way out.
+        let r = run(&nobody, &[cmd, "-n", &ns]).await;
+        assert_eq!(r.code, 1, "{r}");
+        assert!(r.stderr.contains("was forbidden"), "{r}");
+        assert!(!r.stderr.contains("-n NAMESPACE"), "{r}");
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -127,11 +127,49 @@ pub fn install_found(i: &Install) -> Check {
         return Check::warn(
             NAME,
             format!("{what}: {ready_replicas}/{want} pods ready, but its flags do not parse ({e}); the checks assume the defaults"),
-            "compare the Deployment's args with `lock-janitor run --help`",
+            "compare the Deployment's args and LOCK_JANITOR_* env with `lock-janitor run --help`",
+        );
+    }
+    if i.run.dry_run {
+        let (how, hint) = if i.from_env.iter().any(|e| e == DRY_RUN_ENV) {
+            (
+                format!("{DRY_RUN_ENV} in its container's env"),
+                format!(
+                    "to let it free stale locks, remove {DRY_RUN_ENV} from the container's env (the chart's extraEnv), then {}",
+                    i.helm_upgrade("")
+                ),
+            )
+        } else {
+            (
+                "--dry-run".to_owned(),
+                format!(
+                    "to let it free stale locks: {}",
+                    i.helm_upgrade("--set dryRun=false")
+                ),
+            )
+        };
+        return Check::warn(
+            NAME,
+            format!("{what}: {ready_replicas}/{want} pods ready, in dry-run mode ({how}): it reports stale locks and frees none"),
+            hint,
+        );
+    }
+    if !i.unread_env.is_empty() {
+        return Check::warn(
+            NAME,
+            format!(
+                "{what}: {ready_replicas}/{want} pods ready; its container sets {} through valueFrom, which check does not read: \
+                 the checks assume what its args say, else the defaults",
+                i.unread_env.join(", ")
+            ),
+            "set these flags in the container's args (the chart's values or extraArgs) so that check sees them",
         );
     }
     Check::ok(NAME, format!("{what}: {ready_replicas}/{want} pods ready"))
 }
+
+/// The variable that turns on `run --dry-run`.
+const DRY_RUN_ENV: &str = "LOCK_JANITOR_DRY_RUN";
 
 /// Check 2: with leader election, a pod of the Deployment holds a fresh Lease.
 pub async fn leader(i: &Install) -> Check {
@@ -301,7 +339,7 @@ pub async fn monitoring(i: &Install) -> Check {
                 "skipped: the Prometheus Operator is not installed (monitoring.coreos.com/v1 not served)",
             ));
         }
-        let mut selector = super::NAME_LABEL.to_owned();
+        let mut selector = super::PART_OF_LABEL.to_owned();
         if let Some(r) = &i.release {
             selector.push_str(&format!(",{INSTANCE_LABEL}={r}"));
         }

@@ -4,12 +4,19 @@
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::ListParams;
+use kube::Api;
+
 use super::{Check, Install};
 use crate::cli::{AdminScope, Output, ScanArgs, Scope};
+use crate::cmd::report::Row;
 use crate::cmd::{list_candidates, Cluster};
 use crate::lock::LockKind;
 use crate::optin::{plan_for, Plan};
-use crate::DEFAULT_SELECTOR;
+use crate::{call, DEFAULT_SELECTOR};
 
 /// At most this many names in a detail line.
 const SHOWN: usize = 8;
@@ -130,28 +137,120 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
     if !opted_out.is_empty() {
         detail.push_str(&format!(" ({})", names(&opted_out)));
     }
-    if not_in.is_empty() {
-        return Ok(Check::ok(NAME, detail));
-    }
-    detail.push_str(&format!(
-        ", {} not opted in: {}",
-        not_in.len(),
-        names(&not_in)
-    ));
-    let sel = selector_flag(i);
-    let commands: Vec<String> = label_namespaces
-        .iter()
-        .map(|ns| format!("lock-janitor label -n {ns}{sel} --apply"))
-        .collect();
-    Ok(Check::warn(
-        NAME,
-        detail,
-        format!(
+    let mut hints = Vec::new();
+    if !not_in.is_empty() {
+        detail.push_str(&format!(
+            ", {} not opted in: {}",
+            not_in.len(),
+            names(&not_in)
+        ));
+        let sel = selector_flag(i);
+        let commands: Vec<String> = label_namespaces
+            .iter()
+            .map(|ns| format!("lock-janitor label -n {ns}{sel} --apply"))
+            .collect();
+        hints.push(format!(
             "the janitor frees only opted-in locks: {} (without --apply it shows what it would label); \
              to keep one out on purpose, label it {key}=false",
             names(&commands)
-        ),
-    ))
+        ));
+    }
+    match outside(cluster, i).await {
+        Outside::NotNamespaced => {}
+        Outside::Unknown(why) => detail.push_str(&format!(
+            "; opted-in locks outside the watched namespaces not looked for ({why})"
+        )),
+        Outside::Found(found) if found.is_empty() => {}
+        Outside::Found(found) => {
+            let ids: Vec<String> = found
+                .iter()
+                .map(|(kind, ns, name)| format!("{kind}{ns}/{name}"))
+                .collect();
+            detail.push_str(&format!(
+                "; {} opted in outside the watched namespaces, never freed: {}",
+                found.len(),
+                names(&ids)
+            ));
+            let mut watched: BTreeSet<&str> =
+                i.run.scope.namespaces.iter().map(String::as_str).collect();
+            watched.extend(found.iter().map(|(_, ns, _)| ns.as_str()));
+            let list: Vec<&str> = watched.into_iter().collect();
+            hints.push(format!(
+                "the janitor watches only {}: add the namespaces of those locks to watchNamespaces ({}), \
+                 or take the label off them (kubectl label -n <namespace> configmap/<name> {key}-; lease/<name> for a Lease)",
+                i.scope_text(),
+                i.helm_upgrade(&format!("--set watchNamespaces={{{}}}", list.join(",")))
+            ));
+        }
+    }
+    if hints.is_empty() {
+        return Ok(Check::ok(NAME, detail));
+    }
+    Ok(Check::warn(NAME, detail, hints.join("; ")))
+}
+
+/// Opted-in locks outside a namespaced install's watched namespaces.
+enum Outside {
+    /// The install watches every namespace.
+    NotNamespaced,
+    /// Could not look (you may not list cluster-wide): why.
+    Unknown(String),
+    /// (kind prefix as in the details, namespace, name).
+    Found(Vec<(&'static str, String, String)>),
+}
+
+/// A namespaced install never frees a lock labeled in a namespace it does
+/// not watch, and says nothing of it: look for such locks cluster-wide,
+/// where the caller may list so.
+async fn outside(cluster: &Cluster, i: &Install) -> Outside {
+    let watched = &i.run.scope.namespaces;
+    if watched.is_empty() {
+        return Outside::NotNamespaced;
+    }
+    let lp = ListParams::default().labels(i.run.scope.selector.as_str());
+    let mut found = Vec::new();
+    let mut keep = |kind: &'static str, meta: ObjectMeta| {
+        let ns = meta.namespace.unwrap_or_default();
+        if !watched.contains(&ns) {
+            found.push((kind, ns, meta.name.unwrap_or_default()));
+        }
+    };
+    let why = |e: crate::Error| match e {
+        crate::Error::Kube {
+            source: kube::Error::Api(s),
+            ..
+        } if s.code == 403 => "you may not list them in all namespaces".to_owned(),
+        e => crate::error_chain(&e),
+    };
+    if i.run.lock_kinds.contains(&LockKind::ConfigMap) {
+        let api: Api<ConfigMap> = Api::all(cluster.client.clone());
+        match call(
+            "listing opted-in configmaps in all namespaces",
+            api.list_metadata(&lp),
+        )
+        .await
+        {
+            Ok(list) => list.items.into_iter().for_each(|o| keep("", o.metadata)),
+            Err(e) => return Outside::Unknown(why(e)),
+        }
+    }
+    if i.run.lock_kinds.contains(&LockKind::Lease) {
+        let api: Api<Lease> = Api::all(cluster.client.clone());
+        match call(
+            "listing opted-in leases in all namespaces",
+            api.list_metadata(&lp),
+        )
+        .await
+        {
+            Ok(list) => list
+                .items
+                .into_iter()
+                .for_each(|o| keep("lease ", o.metadata)),
+            Err(e) => return Outside::Unknown(why(e)),
+        }
+    }
+    found.sort();
+    Outside::Found(found)
 }
 
 /// Check 7: no lock in scope is stale now.
@@ -188,23 +287,16 @@ async fn stale(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
             ),
         ));
     }
-    let ids: Vec<String> = stale
-        .iter()
-        .map(|r| {
-            format!(
-                "{} {}/{} ({}{})",
-                r.kind,
-                r.namespace,
-                r.name,
-                r.verdict,
-                if r.labeled { "" } else { ", not opted in" }
-            )
-        })
-        .collect();
+    let id = |r: &&Row| format!("{} {}/{} ({})", r.kind, r.namespace, r.name, r.verdict);
+    let (opted_in, not_in): (Vec<&Row>, Vec<&Row>) =
+        stale.iter().map(|r| **r).partition(|r| r.labeled);
     let mut hint = Vec::new();
-    if stale.iter().any(|r| r.labeled) {
+    if !opted_in.is_empty() {
         if i.run.dry_run {
-            hint.push("the janitor runs with --dry-run: it never frees a lock (helm upgrade ... --set dryRun=false)".to_owned());
+            hint.push(format!(
+                "the janitor runs in dry-run mode: it never frees a lock (see install-found; {})",
+                i.helm_upgrade("--set dryRun=false")
+            ));
         } else {
             hint.push(format!(
                 "the janitor frees an opted-in stale lock within seconds; if it stays, read its logs: kubectl -n {} logs -l {} --prefix",
@@ -213,24 +305,34 @@ async fn stale(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
             ));
         }
     }
-    let unlabeled: BTreeSet<&str> = stale
-        .iter()
-        .filter(|r| !r.labeled)
-        .map(|r| r.namespace.as_str())
-        .collect();
-    for ns in unlabeled {
+    // Not opted in: the cluster's to decide, not the install's failure.
+    let namespaces: BTreeSet<&str> = not_in.iter().map(|r| r.namespace.as_str()).collect();
+    for ns in namespaces {
         hint.push(format!(
-            "opt it in: lock-janitor label -n {ns}{} --apply",
+            "to let the janitor free those of {ns}: lock-janitor label -n {ns}{} --apply",
             selector_flag(i)
         ));
     }
     hint.push("`lock-janitor scan` explains each verdict".to_owned());
-    Ok(Check::fail(
-        NAME,
-        format!(
-            "stale now, its holder dead and a replica waiting: {}",
+    let mut detail = Vec::new();
+    if !opted_in.is_empty() {
+        let ids: Vec<String> = opted_in.iter().map(id).collect();
+        detail.push(format!(
+            "opted in and stale now, its holder dead and a replica waiting: {}",
             names(&ids)
-        ),
-        hint.join("; "),
-    ))
+        ));
+    }
+    if !not_in.is_empty() {
+        let ids: Vec<String> = not_in.iter().map(id).collect();
+        detail.push(format!(
+            "stale now but not opted in (the janitor leaves them alone): {}",
+            names(&ids)
+        ));
+    }
+    let detail = detail.join("; ");
+    Ok(if opted_in.is_empty() {
+        Check::warn(NAME, detail, hint.join("; "))
+    } else {
+        Check::fail(NAME, detail, hint.join("; "))
+    })
 }

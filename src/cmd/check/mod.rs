@@ -4,9 +4,11 @@
 //! (among them: several installs found and none named).
 //!
 //! The install is the janitor's Deployment (labeled
-//! `app.kubernetes.io/name=lock-janitor`); everything else is read from it:
-//! its ServiceAccount, and its container's `run` flags (scope, selector,
-//! lock kinds, leader election), parsed with `run`'s own parser. The checks
+//! `app.kubernetes.io/part-of=lock-janitor`, which `nameOverride` leaves
+//! alone, or `app.kubernetes.io/name=lock-janitor`); everything else is read
+//! from it: its ServiceAccount, and its container's `run` flags (scope,
+//! selector, lock kinds, dry run, leader election) from its args and its
+//! `LOCK_JANITOR_*` variables, parsed with `run`'s own parser. The checks
 //! read only, except one server-side dry-run DELETE (`dryRun=All`, nothing
 //! stored) that the delete guard must deny.
 
@@ -17,8 +19,11 @@ mod locks;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
+use std::collections::BTreeMap;
+
 use anyhow::Context as _;
-use clap::Parser as _;
+use clap::parser::ValueSource;
+use clap::{CommandFactory as _, FromArgMatches as _};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
@@ -26,16 +31,23 @@ use kube::{Api, Client};
 use serde::Serialize;
 
 use super::report::API_VERSION;
-use super::{print_stdout, Cluster};
+use super::{print_stdout, Cluster, EXIT_USAGE};
 use crate::call;
 use crate::cli::{CheckArgs, CheckOutput, Cli, Command, RunArgs};
 
-/// The label every install's Deployment carries (the chart's name).
+/// The label every object of the chart carries, whatever its
+/// `nameOverride` or `fullnameOverride`.
+pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of=lock-janitor";
+/// The chart's name label: `nameOverride` changes it. Still looked for, so
+/// a Deployment labeled only so (not installed by the chart) is found too.
 pub const NAME_LABEL: &str = "app.kubernetes.io/name=lock-janitor";
+/// The label with the chart's name and version (`lock-janitor-0.1.0`).
+pub const CHART_LABEL: &str = "helm.sh/chart";
+/// Where a hint needs the chart: the release does not record where it was
+/// installed from (an OCI or repository reference, a directory).
+pub const CHART_REFERENCE: &str = "<your chart reference>";
 /// The Helm release label.
 pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
-/// Exit code for usage errors, as clap's.
-pub const EXIT_USAGE: u8 = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -125,6 +137,12 @@ pub struct Install {
     pub run: RunArgs,
     /// Why the flags could not be parsed (the defaults are used).
     pub args_error: Option<String>,
+    /// The container's `LOCK_JANITOR_*` variables that set a flag its args
+    /// leave unset (read, as `run` reads them).
+    pub from_env: Vec<String>,
+    /// Its `LOCK_JANITOR_*` variables set through `valueFrom` (a ConfigMap,
+    /// a Secret, a field): not read, their flags taken as the args say.
+    pub unread_env: Vec<String>,
     pub client: Client,
     pub config: kube::Config,
 }
@@ -159,22 +177,39 @@ impl Install {
             .collect::<Vec<_>>()
             .join(",")
     }
+    /// The chart and version the install runs, from its `helm.sh/chart`
+    /// label.
+    pub fn chart(&self) -> Option<(String, String)> {
+        let label = self.deployment.metadata.labels.as_ref()?.get(CHART_LABEL)?;
+        chart_of(label)
+    }
+
     /// `helm upgrade` of this install, for hints: the chart version it runs
-    /// pinned (from its `helm.sh/chart` label), and the new chart's
-    /// defaults under the install's own values (`--reuse-values` alone
-    /// would keep the old chart's defaults, and without `--version` helm
-    /// would take the newest chart).
+    /// pinned (from its `helm.sh/chart` label; without `--version` helm
+    /// would take the newest chart), and the new chart's defaults under the
+    /// install's own values (`--reuse-values` alone would keep the old
+    /// chart's defaults). The chart reference is the admin's: the release
+    /// does not record where its chart came from.
     pub fn helm_upgrade(&self, set: &str) -> String {
-        let version = self
-            .deployment
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("helm.sh/chart"))
-            .and_then(|c| c.strip_prefix("lock-janitor-"))
-            .unwrap_or("<installed version>");
+        let (version, from) = match self.chart() {
+            Some((name, version)) => (
+                version.clone(),
+                format!("{CHART_REFERENCE}: where you installed chart {name} {version} from"),
+            ),
+            None => (
+                "<installed chart version>".to_owned(),
+                format!(
+                    "{CHART_REFERENCE}: where you installed the chart from; the Deployment has no {CHART_LABEL} label to tell its version"
+                ),
+            ),
+        };
+        let set = if set.is_empty() {
+            String::new()
+        } else {
+            format!(" {set}")
+        };
         format!(
-            "helm upgrade {} oci://ghcr.io/lock-janitor/charts/lock-janitor --version {version} -n {} --reset-then-reuse-values {set}",
+            "helm upgrade {} {CHART_REFERENCE} --version {version} -n {} --reset-then-reuse-values{set} ({from})",
             self.release.as_deref().unwrap_or("<release>"),
             self.namespace
         )
@@ -184,23 +219,82 @@ impl Install {
     }
 }
 
-/// The Deployments labeled as the janitor's, in `-n` or everywhere.
-async fn find_installs(client: &Client, args: &CheckArgs) -> anyhow::Result<Vec<Deployment>> {
-    let api: Api<Deployment> = crate::scoped(client, args.namespace.as_deref());
-    let mut selector = NAME_LABEL.to_owned();
-    if let Some(r) = &args.release {
-        let _ = write!(selector, ",{INSTANCE_LABEL}={r}");
-    }
-    let list = call(
-        "listing deployments",
-        api.list(&ListParams::default().labels(&selector)),
-    )
-    .await?;
-    Ok(list.items)
+/// `<name>-<version>` of a `helm.sh/chart` label: the version starts at
+/// the first `-` followed by a digit (helm writes a `+` in it as `_`).
+fn chart_of(label: &str) -> Option<(String, String)> {
+    let at = label
+        .match_indices('-')
+        .map(|(i, _)| i)
+        .find(|&i| label[i + 1..].starts_with(|c: char| c.is_ascii_digit()))?;
+    let (name, version) = (&label[..at], &label[at + 1..]);
+    (!name.is_empty()).then(|| (name.to_owned(), version.replace('_', "+")))
 }
 
-/// The `run` flags of the Deployment's janitor container.
-fn run_args(d: &Deployment) -> (RunArgs, Option<String>) {
+/// The Deployments labeled as the janitor's, in `-n` or everywhere: those
+/// of the chart (part-of, whatever their nameOverride) and those named
+/// lock-janitor, each once.
+async fn find_installs(cluster: &Cluster, args: &CheckArgs) -> anyhow::Result<Vec<Deployment>> {
+    let api: Api<Deployment> = crate::scoped(&cluster.client, args.namespace.as_deref());
+    let mut found: Vec<Deployment> = Vec::new();
+    for label in [PART_OF_LABEL, NAME_LABEL] {
+        let mut selector = label.to_owned();
+        if let Some(r) = &args.release {
+            let _ = write!(selector, ",{INSTANCE_LABEL}={r}");
+        }
+        let list = call(
+            "listing deployments",
+            api.list(&ListParams::default().labels(&selector)),
+        )
+        .await
+        .map_err(|e| super::explain(e, cluster, "list on deployments"))?;
+        for d in list.items {
+            if !found.iter().any(|f| f.metadata.uid == d.metadata.uid) {
+                found.push(d);
+            }
+        }
+    }
+    found.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
+    Ok(found)
+}
+
+/// `lock-janitor run` as the pod's parser is, without the environment
+/// `check` runs in: the variables read are the container's.
+fn run_command() -> clap::Command {
+    let no_env = |a: clap::Arg| a.env(None);
+    Cli::command()
+        .mut_args(no_env)
+        .mut_subcommand("run", |run| run.mut_args(no_env))
+}
+
+/// The janitor container's `run` flags, as `run` in its pod parses them.
+struct Flags {
+    run: RunArgs,
+    error: Option<String>,
+    from_env: Vec<String>,
+    unread_env: Vec<String>,
+}
+
+fn parse_run(argv: Vec<String>) -> Result<RunArgs, String> {
+    let first_line = |e: clap::Error| e.to_string().lines().next().unwrap_or_default().to_owned();
+    let mut matches = run_command()
+        .try_get_matches_from(argv)
+        .map_err(first_line)?;
+    match Cli::from_arg_matches_mut(&mut matches).map_err(first_line)? {
+        Cli {
+            command: Command::Run(r),
+            ..
+        } => Ok(r),
+        _ => Err("not the run command".to_owned()),
+    }
+}
+
+/// The flags of the Deployment's janitor container: its args, and for each
+/// flag they leave unset the container's `LOCK_JANITOR_*` variable of that
+/// flag (args win where both are set, as clap's do in the pod). A variable
+/// set through `valueFrom` cannot be read here: it is named, unread.
+fn run_flags(d: &Deployment) -> Flags {
     let pod = d.spec.as_ref().and_then(|s| s.template.spec.as_ref());
     let containers = pod.map(|p| p.containers.as_slice()).unwrap_or_default();
     let container = containers
@@ -208,26 +302,93 @@ fn run_args(d: &Deployment) -> (RunArgs, Option<String>) {
         .find(|c| c.name == crate::NAME)
         .or(containers.first());
     let args = container.and_then(|c| c.args.clone()).unwrap_or_default();
-    let parse = |a: &[String]| {
-        let argv = ["lock-janitor", "run"]
+    // The pod's environment: a later entry of a name wins, as the kubelet
+    // sets them. None: from valueFrom.
+    let mut env: BTreeMap<String, Option<String>> = BTreeMap::new();
+    for e in container.and_then(|c| c.env.as_deref()).unwrap_or_default() {
+        if e.name.starts_with("LOCK_JANITOR_") {
+            let value = match e.value_from {
+                Some(_) => None,
+                None => Some(e.value.clone().unwrap_or_default()),
+            };
+            env.insert(e.name.clone(), value);
+        }
+    }
+    let argv = |extra: &[String]| -> Vec<String> {
+        ["lock-janitor", "run"]
             .into_iter()
             .map(String::from)
-            .chain(a.iter().cloned());
-        match Cli::try_parse_from(argv) {
-            Ok(Cli {
-                command: Command::Run(r),
-                ..
-            }) => Ok(r),
-            Ok(_) => Err("not the run command".to_owned()),
-            Err(e) => Err(e.to_string()),
-        }
+            .chain(args.iter().cloned())
+            .chain(extra.iter().cloned())
+            .collect()
     };
-    match parse(&args) {
-        Ok(r) => (r, None),
-        Err(e) => (
-            parse(&[]).expect("run parses without flags"),
-            Some(e.lines().next().unwrap_or_default().to_owned()),
-        ),
+    // Every flag of `run` has a valid default, and no environment is read.
+    let defaults = || parse_run(argv(&[])[..2].to_vec()).expect("run parses without flags");
+    let fail = |error: String| Flags {
+        run: defaults(),
+        error: Some(error),
+        from_env: Vec::new(),
+        unread_env: Vec::new(),
+    };
+    // Which flags the args set.
+    let cmd = run_command();
+    let set_by_args: Vec<String> = match cmd.clone().try_get_matches_from(argv(&[])) {
+        Ok(m) => match m.subcommand() {
+            Some(("run", sub)) => cmd
+                .find_subcommand("run")
+                .map(|run| {
+                    run.get_arguments()
+                        .map(|a| a.get_id().as_str().to_owned())
+                        .filter(|id| sub.value_source(id) == Some(ValueSource::CommandLine))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            _ => return fail("not the run command".to_owned()),
+        },
+        Err(e) => return fail(e.to_string().lines().next().unwrap_or_default().to_owned()),
+    };
+    let (mut extra, mut from_env, mut unread_env) = (Vec::new(), Vec::new(), Vec::new());
+    let run_cmd = Cli::command();
+    let run_cmd = run_cmd.find_subcommand("run").expect("the run command");
+    for arg in run_cmd.get_arguments() {
+        let (Some(name), Some(long)) = (arg.get_env().and_then(|n| n.to_str()), arg.get_long())
+        else {
+            continue;
+        };
+        let Some(value) = env.get(name) else { continue };
+        if set_by_args.iter().any(|id| id == arg.get_id().as_str()) {
+            continue;
+        }
+        let Some(value) = value else {
+            unread_env.push(name.to_owned());
+            continue;
+        };
+        if arg.get_action().takes_values() {
+            extra.push(format!("--{long}={value}"));
+        } else {
+            // A switch: clap reads its variable as `true` or `false` (its
+            // BoolValueParser), nothing else.
+            match value.as_str() {
+                "true" => extra.push(format!("--{long}")),
+                "false" => {}
+                _ => {
+                    return fail(format!(
+                        "{name}={value:?} is neither true nor false (as `run` reads {name})"
+                    ))
+                }
+            }
+        }
+        from_env.push(name.to_owned());
+    }
+    match parse_run(argv(&extra)) {
+        Ok(run) => Flags {
+            run,
+            error: None,
+            from_env,
+            unread_env,
+        },
+        Err(e) if from_env.is_empty() => fail(e),
+        Err(e) => fail(format!("{e} (with {} from the env)", from_env.join(", "))),
     }
 }
 
@@ -245,7 +406,7 @@ async fn load(cluster: &Cluster, config: &kube::Config, d: Deployment) -> anyhow
         .and_then(|s| s.template.spec.as_ref())
         .and_then(|p| p.service_account_name.clone())
         .unwrap_or_else(|| "default".to_owned());
-    let (run, args_error) = run_args(&d);
+    let flags = run_flags(&d);
     let mut install = Install {
         namespace,
         name,
@@ -253,8 +414,10 @@ async fn load(cluster: &Cluster, config: &kube::Config, d: Deployment) -> anyhow
         deployment: d,
         pods: Vec::new(),
         service_account,
-        run,
-        args_error,
+        run: flags.run,
+        args_error: flags.error,
+        from_env: flags.from_env,
+        unread_env: flags.unread_env,
         client: cluster.client.clone(),
         config: config.clone(),
     };
@@ -304,12 +467,38 @@ pub fn render_table(checks: &[Check]) -> String {
     out
 }
 
-/// The summary line on stderr.
-pub fn summary(checks: &[Check]) -> String {
+/// No install found: how to install one, the version pinned (this
+/// binary's: the chart's version is its app version).
+fn no_install(args: &CheckArgs, where_: &str) -> Check {
+    let release = args.release.as_deref().unwrap_or("lock-janitor");
+    let namespace = args.namespace.as_deref().unwrap_or("lock-janitor");
+    Check::fail(
+        "install-found",
+        format!(
+            "no Deployment labeled {PART_OF_LABEL} or {NAME_LABEL}{} in {where_}",
+            args.release
+                .as_ref()
+                .map(|r| format!(" (and {INSTANCE_LABEL}={r})"))
+                .unwrap_or_default()
+        ),
+        format!(
+            "install it: helm install {release} {CHART_REFERENCE} --version {v} -n {namespace} --create-namespace \
+             ({CHART_REFERENCE}: the lock-janitor chart {v} you pushed to your registry, or ./charts/lock-janitor \
+             in a checkout of v{v}; docs/install.md); or name its namespace with -n and its release with --release",
+            v = env!("CARGO_PKG_VERSION"),
+        ),
+    )
+}
+
+/// The summary line on stderr. An install in dry-run mode is said to be
+/// one, not to work: it frees nothing.
+pub fn summary(checks: &[Check], dry_run: bool) -> String {
     let count = |s| checks.iter().filter(|c| c.status == s).count();
     let (ok, warn, fail) = (count(Status::Ok), count(Status::Warn), count(Status::Fail));
     let verdict = if fail > 0 {
         "the install needs attention: see the hints of the failed checks"
+    } else if dry_run {
+        "the install runs in dry-run mode: it reports stale locks and frees none; see the hints"
     } else if warn > 0 {
         "the install works; see the hints of the warnings"
     } else {
@@ -327,30 +516,23 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let url = config.cluster_url.to_string();
     let client = Client::try_from(config.clone())
         .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
-    let cluster = Cluster { client, url };
-    let found = find_installs(&cluster.client, &args)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}. check needs list on deployments"))?;
+    let cluster = Cluster {
+        client,
+        url,
+        takes_namespaces: false,
+    };
+    let found = find_installs(&cluster, &args).await?;
     let where_ = match &args.namespace {
         Some(ns) => format!("namespace {ns}"),
         None => "any namespace".to_owned(),
     };
+    let mut dry_run = false;
     let checks = match found.len() {
-        0 => vec![Check::fail(
-            "install-found",
-            format!(
-                "no Deployment labeled {NAME_LABEL}{} in {where_}",
-                args.release
-                    .as_ref()
-                    .map(|r| format!(",{INSTANCE_LABEL}={r}"))
-                    .unwrap_or_default()
-            ),
-            "install it (helm install lock-janitor oci://ghcr.io/lock-janitor/charts/lock-janitor -n lock-janitor \
-             --create-namespace), or name its namespace with -n and its release with --release",
-        )],
+        0 => vec![no_install(&args, &where_)],
         1 => {
             let d = found.into_iter().next().expect("one");
             let install = load(&cluster, &config, d).await?;
+            dry_run = install.run.dry_run;
             run_checks(&cluster, &install).await
         }
         n => {
@@ -385,7 +567,7 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<ExitCode> {
         CheckOutput::Table => render_table(&checks),
     };
     print_stdout(&out)?;
-    eprint!("{}", summary(&checks));
+    eprint!("{}", summary(&checks, dry_run));
     Ok(if checks.iter().any(|c| c.status == Status::Fail) {
         ExitCode::FAILURE
     } else {
@@ -396,6 +578,7 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
 
     #[test]
     fn table_and_summary() {
@@ -413,34 +596,172 @@ mod tests {
              fail  stale-now      ns/x\n\
              \x20                    hint: label it\n"
         );
-        assert!(summary(&checks).contains("3 checks: 1 ok, 1 warn, 1 fail"));
+        assert!(summary(&checks, false).contains("3 checks: 1 ok, 1 warn, 1 fail"));
+        let warned = &checks[..2];
+        assert!(
+            summary(warned, false).ends_with("the install works; see the hints of the warnings\n")
+        );
+        assert!(summary(warned, true).contains("dry-run mode"));
+        assert!(!summary(warned, true).contains("the install works"));
+    }
+
+    fn deployment(args: Value, env: Value) -> Deployment {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"labels": {"helm.sh/chart": "lock-janitor-0.1.0"}},
+            "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"spec": {"containers": [
+                {"name": "sidecar", "args": ["--dry-run"], "env": [{"name": "LOCK_JANITOR_DRY_RUN", "value": "true"}]},
+                {"name": "lock-janitor", "args": args, "env": env}
+            ]}}}
+        }))
+        .unwrap()
     }
 
     #[test]
     fn deployment_args_are_run_flags() {
-        let d: Deployment = serde_json::from_value(serde_json::json!({
-            "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"spec": {"containers": [
-                {"name": "lock-janitor", "args": ["--namespace=x", "--leader-elect", "--leader-elect-lease=lj"]}
-            ]}}}
-        }))
-        .unwrap();
-        let (r, err) = run_args(&d);
-        assert!(err.is_none());
-        assert_eq!(r.scope.namespaces, ["x"]);
-        assert!(r.leader_elect);
-        assert_eq!(r.leader_elect_lease, "lj");
-        let mut bad = d.clone();
-        bad.spec
-            .as_mut()
-            .unwrap()
-            .template
-            .spec
-            .as_mut()
-            .unwrap()
-            .containers[0]
-            .args = Some(vec!["--bogus".into()]);
-        let (r, err) = run_args(&bad);
-        assert!(err.is_some());
-        assert!(r.scope.namespaces.is_empty());
+        let d = deployment(
+            json!(["--namespace=x", "--leader-elect", "--leader-elect-lease=lj"]),
+            json!([]),
+        );
+        let f = run_flags(&d);
+        assert!(f.error.is_none());
+        assert_eq!(f.run.scope.namespaces, ["x"]);
+        assert!(f.run.leader_elect);
+        assert_eq!(f.run.leader_elect_lease, "lj");
+        assert!(
+            !f.run.dry_run,
+            "the janitor container's flags, not another's"
+        );
+        let f = run_flags(&deployment(json!(["--bogus"]), json!([])));
+        assert!(f.error.is_some());
+        assert!(f.run.scope.namespaces.is_empty());
+    }
+
+    #[test]
+    fn the_containers_env_sets_what_its_args_leave_unset() {
+        let env = json!([
+            {"name": "LOCK_JANITOR_DRY_RUN", "value": "true"},
+            {"name": "LOCK_JANITOR_NAMESPACE", "value": "a,b"},
+            {"name": "LOCK_JANITOR_LEADER_ELECT_LEASE", "value": "from-env"},
+            {"name": "LOCK_JANITOR_LOCK_KINDS", "value": "lease"},
+            {"name": "LOCK_JANITOR_DELETE_POD", "value": "false"},
+            {"name": "LOCK_JANITOR_SELECTOR", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}},
+            {"name": "OTHER", "value": "x"}
+        ]);
+        let f = run_flags(&deployment(
+            json!(["--namespace=x", "--leader-elect-lease=from-args"]),
+            env,
+        ));
+        assert_eq!(f.error, None);
+        assert!(f.run.dry_run);
+        assert!(!f.run.delete_pod);
+        // Args win where both are set, as clap's do.
+        assert_eq!(f.run.scope.namespaces, ["x"]);
+        assert_eq!(f.run.leader_elect_lease, "from-args");
+        assert_eq!(f.run.lock_kinds, [crate::lock::LockKind::Lease]);
+        assert_eq!(
+            f.from_env,
+            [
+                "LOCK_JANITOR_DRY_RUN",
+                "LOCK_JANITOR_DELETE_POD",
+                "LOCK_JANITOR_LOCK_KINDS"
+            ]
+        );
+        assert_eq!(f.unread_env, ["LOCK_JANITOR_SELECTOR"]);
+        assert_eq!(f.run.scope.selector.as_str(), crate::DEFAULT_SELECTOR);
+
+        // A list from the env alone; the last entry of a name wins.
+        let f = run_flags(&deployment(
+            json!([]),
+            json!([
+                {"name": "LOCK_JANITOR_NAMESPACE", "value": "old"},
+                {"name": "LOCK_JANITOR_NAMESPACE", "value": "a,b"}
+            ]),
+        ));
+        assert_eq!(f.run.scope.namespaces, ["a", "b"]);
+
+        // What the pod would refuse is said, and the defaults assumed.
+        let f = run_flags(&deployment(
+            json!([]),
+            json!([{"name": "LOCK_JANITOR_DRY_RUN", "value": "yes"}]),
+        ));
+        assert!(f.error.unwrap().contains("LOCK_JANITOR_DRY_RUN"));
+        assert!(!f.run.dry_run);
+        let f = run_flags(&deployment(
+            json!([]),
+            json!([{"name": "LOCK_JANITOR_RESYNC", "value": "0s"}]),
+        ));
+        assert!(f.error.unwrap().contains("LOCK_JANITOR_RESYNC"));
+    }
+
+    #[test]
+    fn the_chart_label_names_chart_and_version() {
+        assert_eq!(
+            chart_of("lock-janitor-0.1.0"),
+            Some(("lock-janitor".into(), "0.1.0".into()))
+        );
+        assert_eq!(
+            chart_of("lock-janitor-1.2.0-rc.1_build.5"),
+            Some(("lock-janitor".into(), "1.2.0-rc.1+build.5".into()))
+        );
+        assert_eq!(chart_of("lock-janitor"), None);
+        assert_eq!(chart_of("-1.0.0"), None);
+    }
+
+    #[tokio::test]
+    async fn fix_it_hints_pin_the_version_and_invent_no_chart_url() {
+        let d = deployment(json!([]), json!([]));
+        let install = |d: Deployment| Install {
+            namespace: "ops".into(),
+            name: "lj".into(),
+            release: Some("lj".into()),
+            deployment: d,
+            pods: Vec::new(),
+            service_account: "lj".into(),
+            run: run_flags(&deployment(json!([]), json!([]))).run,
+            args_error: None,
+            from_env: Vec::new(),
+            unread_env: Vec::new(),
+            client: unreachable_client(),
+            config: kube::Config::new("http://127.0.0.1:1".parse().unwrap()),
+        };
+        let hint = install(d.clone()).helm_upgrade("--set dryRun=false");
+        assert_eq!(
+            hint,
+            "helm upgrade lj <your chart reference> --version 0.1.0 -n ops --reset-then-reuse-values \
+             --set dryRun=false (<your chart reference>: where you installed chart lock-janitor 0.1.0 from)"
+        );
+        let mut bare = d;
+        bare.metadata.labels = None;
+        let hint = install(bare).helm_upgrade("");
+        assert!(
+            hint.starts_with(
+                "helm upgrade lj <your chart reference> --version <installed chart version> -n ops \
+                 --reset-then-reuse-values ("
+            ),
+            "{hint}"
+        );
+        for hint in [hint, no_install_hint()] {
+            assert!(!hint.contains("oci://") && !hint.contains("ghcr"), "{hint}");
+            assert!(
+                !hint.contains("--reuse-values") || hint.contains("--version"),
+                "{hint}"
+            );
+        }
+        assert!(no_install_hint().contains(&format!("--version {}", env!("CARGO_PKG_VERSION"))));
+    }
+
+    fn no_install_hint() -> String {
+        let args = CheckArgs {
+            namespace: None,
+            release: None,
+            output: CheckOutput::Table,
+            cluster: Default::default(),
+        };
+        no_install(&args, "any namespace").hint.unwrap()
+    }
+
+    fn unreachable_client() -> Client {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        Client::try_from(config).unwrap()
     }
 }
