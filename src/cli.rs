@@ -255,7 +255,8 @@ pub struct LabelArgs {
 #[derive(Clone, Debug, Args)]
 pub struct CheckArgs {
     /// Namespace of the install (default: find the janitor's Deployment,
-    /// labeled app.kubernetes.io/name=lock-janitor, in all namespaces).
+    /// labeled app.kubernetes.io/part-of=lock-janitor or
+    /// app.kubernetes.io/name=lock-janitor, in all namespaces).
     #[arg(long = "namespace", short = 'n', value_parser = parse_namespace)]
     pub namespace: Option<String>,
     /// Helm release name of the install (its app.kubernetes.io/instance label).

@@ -162,7 +162,9 @@ pub async fn rbac(i: &Install) -> Check {
         );
     }
     let role = if i.run.scope.namespaces.is_empty() {
-        format!("ClusterRole {}", i.name)
+        // The chart names it after the install and its namespace, so that
+        // two installs of one release name do not share it.
+        format!("ClusterRole {}-{}", i.name, i.namespace)
     } else {
         format!("Role {} in each watched namespace", i.name)
     };
