@@ -487,3 +487,324 @@ async fn wait_holder(n: &RealNode, sys: &str, not: Option<String>) -> (String, D
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// One look at the chart's election Lease: when, who held it, and until when.
+#[derive(Clone, Debug)]
+struct LeaseLook {
+    at: k8s_openapi::jiff::Timestamp,
+    holder: String,
+    /// renewTime + leaseDurationSeconds: the holder leads until then.
+    until: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+impl LeaseLook {
+    fn led(&self) -> bool {
+        !self.holder.is_empty() && self.until.is_some_and(|u| u >= self.at)
+    }
+}
+
+/// Looks at the chart's election Lease every 100 ms until `stop`.
+fn watch_lease(
+    client: kube::Client,
+    ns: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<LeaseLook>> {
+    tokio::spawn(async move {
+        use k8s_openapi::api::coordination::v1::Lease;
+        let api: Api<Lease> = Api::namespaced(client, &ns);
+        let mut looks = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok(Some(l)) = api.get_opt("lock-janitor").await {
+                let spec = l.spec.unwrap_or_default();
+                let until = spec.renew_time.map(|r| r.0).and_then(|r| {
+                    let secs = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+                    r.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
+                        .ok()
+                });
+                looks.push(LeaseLook {
+                    at: k8s_openapi::jiff::Timestamp::now(),
+                    holder: spec.holder_identity.unwrap_or_default(),
+                    until,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        looks
+    })
+}
+
+/// The longest time without a leader in `looks` (from the first look
+/// without one to the next look with one), and the holders seen in turn.
+fn longest_gap(looks: &[LeaseLook]) -> (Duration, Vec<String>) {
+    let mut longest = Duration::ZERO;
+    let mut since: Option<k8s_openapi::jiff::Timestamp> = None;
+    let mut holders: Vec<String> = Vec::new();
+    for l in looks {
+        if l.led() {
+            if let Some(s) = since.take() {
+                let gap = Duration::try_from(l.at.duration_since(s)).unwrap_or_default();
+                longest = longest.max(gap);
+            }
+            if holders.last() != Some(&l.holder) {
+                holders.push(l.holder.clone());
+            }
+        } else if since.is_none() {
+            since = Some(l.at);
+        }
+    }
+    if let (Some(s), Some(last)) = (since, looks.last()) {
+        longest = longest.max(Duration::try_from(last.at.duration_since(s)).unwrap_or_default());
+    }
+    (longest, holders)
+}
+
+/// The chart's pods as deployed, through a rolling `helm upgrade` (a new
+/// image tag and a value change) while locks are held, a takeover is
+/// awaited and a burst of holders dies, and then a node drain under the
+/// chart's PodDisruptionBudget: no reclaim missed, none done twice, the
+/// awaited takeover still followed, and never longer without a leader than
+/// the election's lease duration (15 s) plus 2 s. The locks' holders are
+/// pods on a second, simulated node whose status the test writes (the
+/// real kubelet runs the janitor's pods).
+#[tokio::test]
+async fn a_rolling_upgrade_and_a_drain_keep_a_leader_and_miss_no_reclaim() {
+    use lock_janitor_testenv::kubelet;
+    use support::{create_lock, lock_for, running_pod, wait_for};
+    const BURST: usize = 20;
+    const LEASE_DURATION: Duration = Duration::from_secs(15);
+    require_node();
+    let _one = ONE_NODE.lock().await;
+    let n = RealNode::start(true).await;
+    let sys = n.namespace("lock-janitor-system").await;
+    let watched = n.namespace("node-upgrade").await;
+    let sim = format!("sim-{watched}");
+    kubelet::create_node(&n.client, &sim).await.unwrap();
+    let beat = {
+        let (client, sim) = (n.client.clone(), sim.clone());
+        tokio::spawn(async move {
+            loop {
+                let _ = kubelet::heartbeat(&client, &sim).await;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        })
+    };
+    n.install_chart("lock-janitor", &sys, &[&watched]);
+    let rollout = |n: &RealNode| {
+        n.kubectl(
+            &[
+                "rollout",
+                "status",
+                "-n",
+                &sys,
+                "deployment/lock-janitor",
+                "--timeout=180s",
+            ],
+            None,
+        );
+    };
+    rollout(&n);
+    let sa = format!("system:serviceaccount:{sys}:lock-janitor");
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(n.client.clone(), &watched);
+
+    // Held locks, and one takeover awaited: its lock reclaimed before the
+    // upgrade, its heir to come after it.
+    let names: Vec<String> = (0..BURST).map(|i| format!("op-{i}")).collect();
+    for name in &names {
+        let pod = running_pod(&n.client, &watched, &format!("{name}-a"), &sim).await;
+        create_lock(&n.client, &lock_for(name, &pod, true)).await;
+    }
+    let old = running_pod(&n.client, &watched, "awaited-a", &sim).await;
+    create_lock(&n.client, &lock_for("awaited", &old, true)).await;
+    kubelet::set_failed(&n.client, &watched, "awaited-a", "Evicted", "test")
+        .await
+        .unwrap();
+    wait_for(
+        "the awaited lock reclaimed",
+        Duration::from_secs(60),
+        || async { cms.get_opt("awaited").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let looks = watch_lease(n.client.clone(), sys.clone(), stop.clone());
+    // The upgrade: a new image tag (the same image under another name) and
+    // a value change, and while it rolls every holder dies at once.
+    n.node
+        .ctr(&[
+            "images",
+            "tag",
+            &format!(
+                "{}:{}",
+                lock_janitor_testenv::node::JANITOR_IMAGE_REPO,
+                lock_janitor_testenv::node::JANITOR_IMAGE_TAG
+            ),
+            &format!(
+                "{}:upgraded",
+                lock_janitor_testenv::node::JANITOR_IMAGE_REPO
+            ),
+        ])
+        .unwrap();
+    let t_upgrade = Instant::now();
+    n.upgrade_chart(
+        "lock-janitor",
+        &sys,
+        &[&watched],
+        &["image.tag=upgraded", "resync=6s"],
+    );
+    for name in &names {
+        kubelet::set_failed(&n.client, &watched, &format!("{name}-a"), "Evicted", "test")
+            .await
+            .unwrap();
+    }
+    rollout(&n);
+    let rolled = t_upgrade.elapsed();
+    let pods = n.pods(&sys, "app.kubernetes.io/name=lock-janitor").await;
+    let running: Vec<_> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    assert!(
+        running
+            .iter()
+            .all(|p| p.spec.as_ref().is_some_and(|s| s.containers[0]
+                .image
+                .as_deref()
+                .is_some_and(|i| i.ends_with(":upgraded")))),
+        "the Deployment rolled to the new tag: {:#?}",
+        running.iter().map(|p| &p.metadata.name).collect::<Vec<_>>()
+    );
+    // The heir of the awaited lock makes it again, unlabeled: the new
+    // pods, restored from the old leader's Events, label it and say so.
+    let heir = running_pod(&n.client, &watched, "awaited-b", &sim).await;
+    create_lock(&n.client, &lock_for("awaited", &heir, false)).await;
+    wait_for(
+        "every dead holder's lock deleted",
+        Duration::from_secs(120),
+        || async {
+            let left = cms.list(&Default::default()).await.ok()?;
+            (!left
+                .items
+                .iter()
+                .any(|c| names.contains(c.metadata.name.as_ref().unwrap())))
+            .then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        "the heir's lock labeled and its takeover said",
+        Duration::from_secs(120),
+        || async {
+            let cm = cms.get("awaited").await.ok()?;
+            let labeled = cm
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("lock-janitor.io/watch"))
+                .is_some_and(|v| v == "true");
+            let said = n
+                .event(&watched, "awaited", "LockTakenOver")
+                .await
+                .is_some();
+            (labeled && said).then_some(())
+        },
+    )
+    .await;
+    let t_drain = Instant::now();
+
+    // A drain of the node under the chart's PodDisruptionBudget
+    // (maxUnavailable 1): one janitor pod is evicted, its replacement
+    // cannot run on the cordoned node, and the second eviction is refused
+    // until the drain gives up.
+    let drain = n.kubectl_output(
+        &[
+            "drain",
+            lock_janitor_testenv::node::NODE_NAME,
+            "--pod-selector=app.kubernetes.io/name=lock-janitor",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=40s",
+        ],
+        None,
+    );
+    let drained = t_drain.elapsed();
+    let leader_after_drain = n.janitor_leader(&sys, "lock-janitor").await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let looks = looks.await.unwrap();
+    n.kubectl(&["uncordon", lock_janitor_testenv::node::NODE_NAME], None);
+    beat.abort();
+
+    // None missed, none done twice: one successful DELETE of each lock,
+    // by the chart's janitor.
+    let audit = n.audit();
+    for name in names.iter().chain(std::iter::once(&"awaited".to_owned())) {
+        let deletes: Vec<_> = audit
+            .iter()
+            .filter(|e| e.verb == "delete" && e.namespace.as_deref() == Some(watched.as_str()))
+            .filter(|e| {
+                e.resource.as_deref() == Some("configmaps")
+                    && e.name.as_deref() == Some(name.as_str())
+            })
+            .filter(|e| e.code == Some(200))
+            .collect();
+        assert_eq!(deletes.len(), 1, "{name}: {deletes:#?}");
+        assert_eq!(deletes[0].effective_user(), sa, "{name}: {:?}", deletes[0]);
+    }
+    assert!(
+        !drain.status.success(),
+        "the drain cannot finish while the budget keeps a janitor: {}",
+        String::from_utf8_lossy(&drain.stdout)
+    );
+    let evictions: Vec<_> = audit
+        .iter()
+        .filter(|e| {
+            e.subresource.as_deref() == Some("eviction")
+                && e.namespace.as_deref() == Some(sys.as_str())
+        })
+        .collect();
+    let evicted = evictions.iter().filter(|e| e.code == Some(201)).count();
+    let refused = evictions.iter().filter(|e| e.code == Some(429)).count();
+    assert_eq!(
+        evicted,
+        1,
+        "the PodDisruptionBudget lets exactly one janitor pod go: {evictions:#?}\n{}",
+        String::from_utf8_lossy(&drain.stderr)
+    );
+    assert!(
+        refused >= 1,
+        "the second eviction was refused: {evictions:#?}"
+    );
+    let still: Vec<_> = n
+        .pods(&sys, "app.kubernetes.io/name=lock-janitor")
+        .await
+        .into_iter()
+        .filter(|p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                && p.metadata.deletion_timestamp.is_none()
+        })
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert!(
+        leader_after_drain
+            .as_ref()
+            .is_some_and(|l| still.contains(l)),
+        "a running replica leads after the drain: leader {leader_after_drain:?}, running {still:?}"
+    );
+    let (gap, holders) = longest_gap(&looks);
+    eprintln!(
+        "rolling upgrade rolled in {:.1}s, drain gave up after {:.1}s; janitor Lease holders in turn {holders:?}; longest time without a leader {:.1}s ({} looks at the Lease); evictions {evicted} done, {refused} refused",
+        rolled.as_secs_f64(),
+        drained.as_secs_f64(),
+        gap.as_secs_f64(),
+        looks.len()
+    );
+    assert!(
+        holders.len() >= 2,
+        "the lead moved during the upgrade: {holders:?}"
+    );
+    assert!(
+        gap <= LEASE_DURATION + Duration::from_secs(2),
+        "{:.1}s without a leader (goal: the lease duration, 15 s, plus 2 s); holders {holders:?}",
+        gap.as_secs_f64()
+    );
+}

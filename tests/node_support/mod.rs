@@ -88,6 +88,17 @@ impl RealNode {
 
     /// Runs the control plane's kubectl as admin; panics on failure.
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.kubectl_output(args, stdin);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs the control plane's kubectl as admin; its output, failed or not.
+    pub fn kubectl_output(&self, args: &[&str], stdin: Option<&str>) -> std::process::Output {
         let mut cmd = Command::new(bin_dir().join("kubectl"));
         cmd.args(args)
             .env("KUBECONFIG", self.cp.kubeconfig_path())
@@ -108,13 +119,7 @@ impl RealNode {
                 .write_all(s.as_bytes())
                 .expect("kubectl stdin");
         }
-        let out = child.wait_with_output().expect("kubectl");
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        child.wait_with_output().expect("kubectl")
     }
 
     /// The real operator-lib operator: a Deployment of two replicas in `ns`.
@@ -256,9 +261,20 @@ impl RealNode {
     /// Installs the chart (two replicas, election on) from the node's image
     /// lock-janitor.local/lock-janitor:dev into `ns`, watching `watch`.
     pub fn install_chart(&self, release: &str, ns: &str, watch: &[&str]) {
+        self.helm_chart("install", release, ns, watch, &[]);
+    }
+
+    /// `helm upgrade` of an install made by [`install_chart`](Self::install_chart)
+    /// with the same values, and `sets` (`key=value`) on top; returns once
+    /// helm has applied it (the rollout goes on).
+    pub fn upgrade_chart(&self, release: &str, ns: &str, watch: &[&str], sets: &[&str]) {
+        self.helm_chart("upgrade", release, ns, watch, sets);
+    }
+
+    fn helm_chart(&self, verb: &str, release: &str, ns: &str, watch: &[&str], sets: &[&str]) {
         let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/lock-janitor");
         let mut args: Vec<String> = vec![
-            "install".into(),
+            verb.into(),
             release.into(),
             chart.display().to_string(),
             "--namespace".into(),
@@ -282,6 +298,10 @@ impl RealNode {
             args.push("--set".into());
             args.push(format!("watchNamespaces[{i}]={w}"));
         }
+        for set in sets {
+            args.push("--set".into());
+            args.push((*set).to_owned());
+        }
         let out = Command::new(bin_dir().join("helm"))
             .args(&args)
             .env("KUBECONFIG", self.cp.kubeconfig_path())
@@ -292,7 +312,7 @@ impl RealNode {
             .expect("run helm");
         assert!(
             out.status.success(),
-            "helm install: {}{}",
+            "helm {verb}: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
