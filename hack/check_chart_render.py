@@ -13,7 +13,8 @@ import sys
 import yaml
 
 RULES_FILE = "charts/lock-janitor/files/prometheus-rules.yaml"
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                  "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
 OPTIONAL = {"ServiceMonitor", "PrometheusRule", "NetworkPolicy"}
 
 errors = []

@@ -90,6 +90,31 @@ rm -f "$sel_values"
 refuse "a selector without a value" "the chart takes exactly one key=value label" --set selector=lock-janitor.io/watch
 refuse "a set-based selector" "the chart takes exactly one key=value label" --set "selector=lock-janitor.io/watch in (true)"
 refuse "serviceAccount.create=false without a name" "serviceAccount.create=false needs serviceAccount.name" --set serviceAccount.create=false
+# The delete guard: auto (the default) renders it only where helm sees the
+# API (plain `helm template` sees no cluster: nothing rendered, nothing said
+# on stderr, and the render passes); true renders it under plain `helm
+# template` too (GitOps); false never, even where the API is served.
+vap=admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy
+guard() { # case want(0|2) helm-args...: renders and counts the policy and its binding
+  local case="$1" want="$2"; shift 2
+  "$helm" template lj "$chart" --namespace "$ns" "$@" >"$out/guard-$case.yaml" 2>"$out/guard-$case.err" \
+    || { cat "$out/guard-$case.err" >&2; fail "helm template (guard $case)"; }
+  [ ! -s "$out/guard-$case.err" ] || { cat "$out/guard-$case.err" >&2; fail "guard $case: helm printed something on stderr"; }
+  python3 hack/check_chart_render.py defaults "$ns" <"$out/guard-$case.yaml" >/dev/null || fail "rendered objects (guard $case)"
+  local n
+  n="$(grep -cE '^kind: ValidatingAdmissionPolicy(Binding)?$' "$out/guard-$case.yaml" || true)"
+  [ "$n" = "$want" ] || fail "guard $case: $n of the policy and its binding rendered, want $want"
+  echo "test-chart: guard $case: $n of the policy and its binding"
+}
+guard "auto, plain helm template" 0
+guard "auto, API served" 2 --api-versions "$vap"
+guard "true, plain helm template" 2 --set admissionPolicies.deleteGuard.enabled=true
+guard "\"true\" (a string)" 2 --set-string admissionPolicies.deleteGuard.enabled=true
+guard "false, API served" 0 --api-versions "$vap" --set admissionPolicies.deleteGuard.enabled=false
+guard "\"false\" (a string), API served" 0 --api-versions "$vap" --set-string admissionPolicies.deleteGuard.enabled=false
+grep -q "name: lj-lock-janitor-$ns-guard" "$out/guard-true, plain helm template.yaml" || fail "guard true: not named <fullname>-<namespace>-guard"
+refuse "deleteGuard.enabled=yes" "value must be one of 'auto', true, false" --set admissionPolicies.deleteGuard.enabled=yes
+
 # The auto opt-in policy as v1beta1 (Kubernetes 1.34-1.35) only when asked.
 beta=(--api-versions admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy
   --set admissionPolicies.autoOptIn.enabled=true

@@ -1069,6 +1069,16 @@ async fn rendered_manifests_pass_server_side_dry_run() {
                 format!("watchNamespaces={{{watched}}}"),
             ],
         ),
+        // Plain `helm template` sees no cluster: with the default (auto) it
+        // renders no guard; `true` renders it there too (GitOps), and the
+        // API server takes it as rendered.
+        (
+            "guard",
+            vec![
+                "--set".into(),
+                "admissionPolicies.deleteGuard.enabled=true".into(),
+            ],
+        ),
     ];
     let mut all_kinds = BTreeSet::new();
     let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &ns);
@@ -1076,6 +1086,15 @@ async fn rendered_manifests_pass_server_side_dry_run() {
     for (case, args) in &cases {
         let docs = render(&format!("{ns}-{case}"), &ns, args);
         assert!(!docs.is_empty(), "{case}: nothing rendered");
+        let guard = docs
+            .iter()
+            .filter(|d| kind_of(d).starts_with("ValidatingAdmissionPolicy"))
+            .count();
+        assert_eq!(
+            guard,
+            if *case == "guard" { 2 } else { 0 },
+            "{case}: the guard's policy and binding under plain helm template"
+        );
         for d in &docs {
             // The `helm test` Pod is admitted only if its ServiceAccount
             // exists: that one is created for real (the API server
@@ -1147,6 +1166,9 @@ async fn rendered_manifests_pass_server_side_dry_run() {
         "Service",
         "ServiceAccount",
         "ServiceMonitor",
+        // only from the "guard" case (deleteGuard.enabled=true)
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     .into_iter()
     .map(String::from)

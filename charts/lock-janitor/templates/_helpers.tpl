@@ -147,6 +147,22 @@ Leader election is on with more than one replica.
 {{- end }}
 
 {{/*
+"true" when the delete guard is rendered: admissionPolicies.deleteGuard.enabled
+is true (always; a boolean or the string), or auto (the default) and the API
+server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (as
+helm sees it: plain `helm template` sees no cluster, so auto renders nothing
+there). Empty when false, or auto without the API.
+*/}}
+{{- define "lock-janitor.deleteGuard" -}}
+{{- $v := .Values.admissionPolicies.deleteGuard.enabled | toString }}
+{{- if eq $v "true" }}
+{{- "true" }}
+{{- else if and (eq $v "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") }}
+{{- "true" }}
+{{- end }}
+{{- end }}
+
+{{/*
 The MutatingAdmissionPolicy API version to render the auto opt-in policy
 with: v1 where served (Kubernetes 1.36+); v1beta1 (1.34-1.35, where the
 cluster enables it) only when admissionPolicies.autoOptIn.allowV1beta1 is
