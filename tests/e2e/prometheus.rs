@@ -315,6 +315,35 @@ async fn reclaim_alert_fires_in_prometheus() {
         .filter_map(|t| t["expr"].as_str().map(str::to_owned))
         .collect();
     assert!(exprs.len() >= 10, "{exprs:?}");
+    // The dashboard's panels that count events count this first reclaim
+    // and this first takeover timeout: 1 each for this lock.
+    for title in [
+        "Reclaims (per lock, last 10m)",
+        "Takeover timeouts (last 1h)",
+    ] {
+        let expr = dashboard["panels"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["title"] == title)
+            .and_then(|p| p["targets"][0]["expr"].as_str())
+            .unwrap_or_else(|| panic!("no panel {title:?} in the dashboard"))
+            .replace("$cluster", ".*")
+            .replace("$job", ".*");
+        let q = format!("round({expr})");
+        let v = wait_for(title, WAIT, || async {
+            prom.query(&q)
+                .await
+                .iter()
+                .find(|r| {
+                    r["metric"]["namespace"] == ns.as_str() && r["metric"]["lock"] == "op-lock"
+                })
+                .and_then(value_of)
+                .filter(|v| *v == 1.0)
+        })
+        .await;
+        assert_eq!(v, 1.0, "{title}: {q}");
+    }
     // The alert rules (and their comments) name only exported metrics too.
     let rules = std::fs::read_to_string(rules_file()).expect("rules file");
     for (name, family) in metric_families(&rules) {
