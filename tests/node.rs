@@ -579,6 +579,9 @@ async fn a_rolling_upgrade_and_a_drain_keep_a_leader_and_miss_no_reclaim() {
     let watched = n.namespace("node-upgrade").await;
     let sim = format!("sim-{watched}");
     kubelet::create_node(&n.client, &sim).await.unwrap();
+    // Cordoned: the scheduler places the chart's pods on the real node only
+    // (the test binds its holder pods to this one by name).
+    n.kubectl(&["cordon", &sim], None);
     let beat = {
         let (client, sim) = (n.client.clone(), sim.clone());
         tokio::spawn(async move {
