@@ -820,3 +820,47 @@ fn install_from_the_checkout_runs_the_pushed_image() {
         "install.md's from-checkout command runs {images:?}, not the pushed {want}"
     );
 }
+
+/// The README's promise names its one exception with the binary's own
+/// default, and its Verify step works as pasted: `kubectl logs -l` with
+/// `--tail=-1` (else 10 lines per pod), and the metrics read from the
+/// leader's pod, not a Service that picks a replica at random.
+#[test]
+fn the_readme_says_its_exception_and_its_verify_step_works_as_pasted() {
+    use clap::Parser;
+    let readme = read("README.md");
+    let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let run = match lock_janitor::cli::Cli::try_parse_from(["lock-janitor", "run"])
+        .expect("run with its defaults")
+        .command
+    {
+        lock_janitor::cli::Command::Run(r) => r,
+        other => panic!("not run: {other:?}"),
+    };
+    let grace = format!(
+        "`--owner-gone-grace` ({} s)",
+        run.owner_gone_grace.as_secs()
+    );
+    assert!(
+        flat.contains("It never frees a lock whose holder might still run.")
+            && flat.contains(&grace),
+        "the README's safety promise must name the owner-gone exception with {grace}"
+    );
+    for line in readme
+        .lines()
+        .filter(|l| l.trim_start().starts_with("kubectl "))
+    {
+        if line.contains("kubectl logs") && line.contains(" -l ") {
+            assert!(
+                line.contains("--tail=-1"),
+                "kubectl logs -l shows 10 lines per pod: {line}"
+            );
+        }
+        if line.contains("port-forward") {
+            assert!(
+                !line.contains("svc/"),
+                "a port-forward to the Service reaches a random replica: {line}"
+            );
+        }
+    }
+}
