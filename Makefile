@@ -143,4 +143,4 @@ demo-node: node-build janitor-musl
 
 ## End-to-end tests on the real node (tests/node.rs), one at a time: they fail, not skip, without it.
 test-node: node-build janitor-musl
-	LOCK_JANITOR_NODE=1 LOCK_JANITOR_MUSL_BIN=$(CURDIR)/$(NODE_MUSL_BIN) $(CARGO) test --locked --test node -- --test-threads=1
+	LOCK_JANITOR_NODE=1 LOCK_JANITOR_MUSL_BIN=$(CURDIR)/$(NODE_MUSL_BIN) $(CARGO) test --locked --test node -- --test-threads=1 --show-output
