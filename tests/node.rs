@@ -694,25 +694,46 @@ async fn a_rolling_upgrade_and_a_drain_keep_a_leader_and_miss_no_reclaim() {
         },
     )
     .await;
-    wait_for(
-        "the heir's lock labeled and its takeover said",
-        Duration::from_secs(120),
-        || async {
-            let cm = cms.get("awaited").await.ok()?;
-            let labeled = cm
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("lock-janitor.io/watch"))
-                .is_some_and(|v| v == "true");
+    let taken = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let labeled = cms.get("awaited").await.ok().is_some_and(|cm| {
+                cm.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("lock-janitor.io/watch"))
+                    .is_some_and(|v| v == "true")
+            });
             let said = n
                 .event(&watched, "awaited", "LockTakenOver")
                 .await
                 .is_some();
-            (labeled && said).then_some(())
-        },
-    )
+            if labeled && said {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
     .await;
+    if taken.is_err() {
+        let logs = n.kubectl_output(
+            &[
+                "logs",
+                "-n",
+                &sys,
+                "-l",
+                "app.kubernetes.io/name=lock-janitor",
+                "--prefix",
+                "--tail=-1",
+            ],
+            None,
+        );
+        panic!(
+            "the heir's lock was not labeled with its takeover said within 120 s; lock {:?}; Lease {:?}; the janitor pods said:\n{}",
+            cms.get_opt("awaited").await.ok().flatten().map(|c| c.metadata),
+            n.janitor_leader(&sys, "lock-janitor").await,
+            String::from_utf8_lossy(&logs.stdout)
+        );
+    }
     let t_drain = Instant::now();
 
     // A drain of the node under the chart's PodDisruptionBudget

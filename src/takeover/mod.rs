@@ -525,9 +525,6 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
                 new.holder.name, after, old.name
             ),
         };
-        s.events
-            .publish(&lock_ref, Some(events::holder_ref(&new)), say)
-            .await;
         match made {
             Some(New::ConfigMap(cm)) => {
                 let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
@@ -539,6 +536,14 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
             }
             None => {}
         }
+        // Said after the carry-over, which waits for the lead when it has a
+        // label to carry: a replica that saw the takeover while the lead
+        // was changing hands (a rolling upgrade) says it once it leads and
+        // has labeled the lock, instead of losing it; one that found the
+        // label carried by the leader says nothing (the leader did).
+        s.events
+            .publish(&lock_ref, Some(events::holder_ref(&new)), say)
+            .await;
         break "taken over";
     };
     let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
