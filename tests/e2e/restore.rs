@@ -225,9 +225,12 @@ async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
             })
             .unwrap_or(0)
     };
+    // Each restored lock is looked at by its follower, and the followers
+    // share a budget of 2 requests a second (src/takeover): 200 locks take
+    // 100 s of looks at the least, more on a loaded machine.
     wait_for(
         "every heir's lock labeled",
-        Duration::from_secs(120),
+        Duration::from_secs(300),
         || async { (labeled().await == LOCKS).then_some(()) },
     )
     .await;
