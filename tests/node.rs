@@ -352,17 +352,7 @@ async fn chart_janitor_pods_fail_over_when_the_leaders_container_is_killed() {
     let sys = n.namespace("lock-janitor-system").await;
     let watched = n.namespace("node-watched").await;
     n.install_chart("lock-janitor", &sys, &[&watched]);
-    n.kubectl(
-        &[
-            "rollout",
-            "status",
-            "-n",
-            &sys,
-            "deployment/lock-janitor",
-            "--timeout=180s",
-        ],
-        None,
-    );
+    n.wait_rollout(&sys);
     let kill_container = |n: &RealNode, pod: &str| {
         let out = n
             .node
@@ -592,20 +582,7 @@ async fn a_rolling_upgrade_and_a_drain_keep_a_leader_and_miss_no_reclaim() {
         })
     };
     n.install_chart("lock-janitor", &sys, &[&watched]);
-    let rollout = |n: &RealNode| {
-        n.kubectl(
-            &[
-                "rollout",
-                "status",
-                "-n",
-                &sys,
-                "deployment/lock-janitor",
-                "--timeout=180s",
-            ],
-            None,
-        );
-    };
-    rollout(&n);
+    n.wait_rollout(&sys);
     let sa = format!("system:serviceaccount:{sys}:lock-janitor");
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(n.client.clone(), &watched);
@@ -660,7 +637,7 @@ async fn a_rolling_upgrade_and_a_drain_keep_a_leader_and_miss_no_reclaim() {
             .await
             .unwrap();
     }
-    rollout(&n);
+    n.wait_rollout(&sys);
     let rolled = t_upgrade.elapsed();
     let pods = n.pods(&sys, "app.kubernetes.io/name=lock-janitor").await;
     let running: Vec<_> = pods

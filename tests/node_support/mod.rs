@@ -264,6 +264,22 @@ impl RealNode {
         self.helm_chart("install", release, ns, watch, &[]);
     }
 
+    /// Waits for the chart's Deployment (release `lock-janitor`) in `ns` to
+    /// finish rolling out (3 minutes at most).
+    pub fn wait_rollout(&self, ns: &str) {
+        self.kubectl(
+            &[
+                "rollout",
+                "status",
+                "-n",
+                ns,
+                "deployment/lock-janitor",
+                "--timeout=180s",
+            ],
+            None,
+        );
+    }
+
     /// `helm upgrade` of an install made by [`install_chart`](Self::install_chart)
     /// with the same values, and `sets` (`key=value`) on top; returns once
     /// helm has applied it (the rollout goes on).
