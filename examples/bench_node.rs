@@ -4,7 +4,9 @@
 //! node's imported image, watching `--locks` opted-in ConfigMap locks whose
 //! holders are pods bound to cordoned simulated nodes (their status written
 //! here, as a kubelet would). Then bursts of holder deaths (`--bursts`) and a
-//! burst of Lease holders failing at once (`--lease-burst`), each reclaimed
+//! burst of Lease holders failing at once (`--lease-burst`; in namespaces of
+//! their own, or among the lock holders, 1,000 pods a namespace, with
+//! `--lease-namespaces locks`), each reclaimed
 //! by, in turn on fresh locks: (a) the chart's leading pod; (b) the same
 //! static binary as a bare process on the host with the Deployment's own
 //! flags (the chart scaled to 0 first); (c) the floor, a bare terminal-pod
@@ -16,7 +18,7 @@
 //! numbers; it fails only if something breaks.
 //!
 //! ```text
-//! make bench-node [BENCH_NODE_ARGS="--locks 500 --bursts 20,50 --lease-burst 20"]
+//! make bench-node [BENCH_NODE_ARGS="--locks 500 --bursts 20,50 --lease-burst 20 --lease-namespaces own|locks"]
 //! ```
 //!
 //! Needs root, `make node-build` and the static janitor (`make janitor-musl`).
@@ -52,6 +54,9 @@ struct Args {
     locks: usize,
     bursts: Vec<usize>,
     lease_burst: usize,
+    /// The Lease holders live among the ConfigMap holders (1,000 pods a
+    /// namespace at 10,000 locks) rather than in namespaces of their own.
+    leases_among_locks: bool,
 }
 
 fn parse_args() -> Args {
@@ -59,6 +64,7 @@ fn parse_args() -> Args {
         locks: 10_000,
         bursts: vec![100, 1000],
         lease_burst: 100,
+        leases_among_locks: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -73,8 +79,18 @@ fn parse_args() -> Args {
             "--locks" => a.locks = num(&value),
             "--bursts" => a.bursts = value.split(',').map(num).collect(),
             "--lease-burst" => a.lease_burst = num(&value),
+            "--lease-namespaces" => {
+                a.leases_among_locks = match value.as_str() {
+                    "own" => false,
+                    "locks" => true,
+                    v => die(&format!(
+                        "--lease-namespaces: {v:?} is neither own nor locks"
+                    )),
+                }
+            }
             other => die(&format!(
-                "unknown argument {other}; use --locks N --bursts N,N --lease-burst N"
+                "unknown argument {other}; use --locks N --bursts N,N --lease-burst N \
+                 --lease-namespaces own|locks"
             )),
         }
     }
@@ -140,18 +156,22 @@ async fn leader_pod(n: &RealNode, sys: &str) -> Pod1 {
         .and_then(|c| c.split("://").nth(1))
         .unwrap_or_else(|| fail(&format!("{name}: no container id")))
         .to_owned();
-    let find = |ctrl: &str| {
-        find_dir(&Path::new("/sys/fs/cgroup").join(ctrl), &id, 5).unwrap_or_else(|| {
-            fail(&format!(
-                "no cgroup of container {id} under /sys/fs/cgroup/{ctrl}"
-            ))
-        })
+    // cgroup v1: cpu and cpuacct mounted together or apart.
+    let find = |ctrls: &[&str]| {
+        ctrls
+            .iter()
+            .find_map(|c| find_dir(&Path::new("/sys/fs/cgroup").join(c), &id, 5))
+            .unwrap_or_else(|| {
+                fail(&format!(
+                    "no cgroup of container {id} under /sys/fs/cgroup/{ctrls:?}"
+                ))
+            })
     };
     Pod1 {
         ip: st.pod_ip.unwrap_or_default(),
         restarts: cs.restart_count,
-        cpu: find("cpu,cpuacct"),
-        memory: find("memory"),
+        cpu: find(&["cpu,cpuacct", "cpu"]),
+        memory: find(&["memory"]),
         name,
     }
 }
@@ -182,38 +202,38 @@ struct PodMem {
     limit: u64,
     hwm: u64,
     rss: u64,
+    anon: u64,
 }
 
 fn pod_mem(pod: &Pod1) -> PodMem {
     let pid = std::fs::read_to_string(pod.memory.join("cgroup.procs"))
         .ok()
         .and_then(|s| s.lines().next()?.trim().parse::<u32>().ok());
-    let (hwm, rss) = pid
+    let m = pid
         .filter(|p| Path::new(&format!("/proc/{p}/status")).exists())
-        .map(|p| {
-            let m = mem(p);
-            (m.hwm, m.rss)
-        })
-        .unwrap_or((0, 0));
+        .map(mem)
+        .unwrap_or_default();
     PodMem {
         max_usage: read_u64(&pod.memory.join("memory.max_usage_in_bytes")),
         usage: read_u64(&pod.memory.join("memory.usage_in_bytes")),
         limit: read_u64(&pod.memory.join("memory.limit_in_bytes")),
-        hwm,
-        rss,
+        hwm: m.hwm,
+        rss: m.rss,
+        anon: m.anon,
     }
 }
 
 fn show_mem(what: &str, m: &PodMem) -> String {
     let mb = |b: u64| b as f64 / (1 << 20) as f64;
     format!(
-        "{what}: max_usage {:.1} MiB ({:.0} % of the {:.0} MiB limit), usage {:.1} MiB, VmHWM {} MiB, VmRSS {} MiB",
+        "{what}: max_usage {:.1} MiB ({:.0} % of the {:.0} MiB limit), usage {:.1} MiB, VmHWM {} MiB, VmRSS {} MiB (RssAnon {} MiB)",
         mb(m.max_usage),
         100.0 * m.max_usage as f64 / m.limit.max(1) as f64,
         mb(m.limit),
         mb(m.usage),
         mib(m.hwm),
-        mib(m.rss)
+        mib(m.rss),
+        mib(m.anon)
     )
 }
 
@@ -337,10 +357,15 @@ async fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
     println!(
-        "bench_node: {} locks, bursts {:?}, {} Leases; bare janitor {}; commit {commit}; load {}",
+        "bench_node: {} locks, bursts {:?}, {} Leases ({}); bare janitor {}; commit {commit}; load {}",
         args.locks,
         args.bursts,
         args.lease_burst,
+        if args.leases_among_locks {
+            "among the lock holders"
+        } else {
+            "in namespaces of their own"
+        },
         janitor_bin().display(),
         loadavg()
     );
@@ -378,6 +403,20 @@ async fn main() {
     for i in 0..LOCK_NAMESPACES {
         lock_ns.push(n.namespace(&format!("bench-node-{i}")).await);
     }
+    // The Lease holders' namespaces (watched by the chart too).
+    let lease_ns = if args.leases_among_locks {
+        lock_ns.clone()
+    } else {
+        let mut v = Vec::new();
+        for i in 0..LOCK_NAMESPACES {
+            v.push(n.namespace(&format!("bench-lease-{i}")).await);
+        }
+        v
+    };
+    let mut watched = lock_ns.clone();
+    if !args.leases_among_locks && args.lease_burst > 0 {
+        watched.extend(lease_ns.iter().cloned());
+    }
 
     step(&format!("Creating {} holder pods and locks", args.locks));
     let t = Instant::now();
@@ -399,7 +438,7 @@ async fn main() {
 
     // (a) The chart's pod.
     step("Installing the chart with its shipped values (requests = limits 200m / 128Mi)");
-    let watch_refs: Vec<&str> = lock_ns.iter().map(String::as_str).collect();
+    let watch_refs: Vec<&str> = watched.iter().map(String::as_str).collect();
     let t = Instant::now();
     n.install_chart_as_shipped(RELEASE, &sys, &watch_refs);
     n.kubectl(
@@ -458,7 +497,7 @@ async fn main() {
         let before = cpu_stat(&pod);
         let lat = lease_burst_for(
             &client,
-            &lock_ns,
+            &lease_ns,
             "chart-leader",
             args.lease_burst,
             false,
@@ -499,7 +538,7 @@ async fn main() {
                 .lines()
                 .filter(|l| l.contains("watch re-listed") && l.contains("configmaps in"))
                 .count();
-            if relists >= LOCK_NAMESPACES {
+            if relists >= watched.len() {
                 break true;
             }
             if Instant::now() > deadline {
@@ -600,7 +639,7 @@ async fn main() {
         ));
         let lat = lease_burst_for(
             &client,
-            &lock_ns,
+            &lease_ns,
             "bare-leader",
             args.lease_burst,
             false,
@@ -642,7 +681,7 @@ async fn main() {
         ));
         let lat = lease_burst_for(
             &client,
-            &lock_ns,
+            &lease_ns,
             "floor-leader",
             args.lease_burst,
             true,
@@ -702,26 +741,28 @@ async fn main() {
         );
     }
     println!("\nMemory at {} locks:", args.locks);
-    println!("| | container max_usage | of the limit | VmHWM | VmRSS |");
-    println!("|---|---|---|---|---|");
+    println!("| | container max_usage | of the limit | VmHWM | VmRSS | RssAnon |");
+    println!("|---|---|---|---|---|---|");
     for (what, m) in [
         ("chart's pod after start-up", &started),
         ("chart's pod after the bursts", &after_bursts),
         ("chart's pod after a re-list", &after_relist),
     ] {
         println!(
-            "| {what} | {:.1} MiB | {:.0} % of {:.0} MiB | {} MiB | {} MiB |",
+            "| {what} | {:.1} MiB | {:.0} % of {:.0} MiB | {} MiB | {} MiB | {} MiB |",
             m.max_usage as f64 / (1 << 20) as f64,
             100.0 * m.max_usage as f64 / m.limit.max(1) as f64,
             m.limit as f64 / (1 << 20) as f64,
             mib(m.hwm),
-            mib(m.rss)
+            mib(m.rss),
+            mib(m.anon)
         );
     }
     println!(
-        "| bare process after its bursts (no re-list) | - | - | {} MiB | {} MiB |",
+        "| bare process after its bursts (no re-list) | - | - | {} MiB | {} MiB | {} MiB |",
         mib(bare_mem.hwm),
-        mib(bare_mem.rss)
+        mib(bare_mem.rss),
+        mib(bare_mem.anon)
     );
     println!("re-list: {relist_note}");
 
