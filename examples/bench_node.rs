@@ -486,6 +486,7 @@ async fn main() {
             secs(t.elapsed()),
             show_throttle(&th)
         );
+        println!("    {}", show_mem("after it", &pod_mem(&pod)));
         throttles.push((format!("burst of {}", locks.len()), th));
         chart_lat.push(lat);
     }
@@ -629,7 +630,13 @@ async fn main() {
     for locks in &per[1] {
         step(&format!("The bare process: a burst of {}", locks.len()));
         let lat = burst(&client, &deleted, locks).await;
-        println!("    {}", median_p99_max(lat.clone()));
+        let m = mem(j.pid());
+        println!(
+            "    {}; VmHWM {} MiB, RssAnon {} MiB",
+            median_p99_max(lat.clone()),
+            mib(m.hwm),
+            mib(m.anon)
+        );
         bare_lat.push(lat);
     }
     let bare_lease = if args.lease_burst > 0 {
