@@ -123,7 +123,7 @@ bench-idle: testenv-build
 ## The optional real node (testenv/build-node.sh; root): kubelet, kube-scheduler,
 ## containerd, runc, CNI plugins, crictl built from Go modules beside the control plane.
 ## Not part of `make test`. See docs/real-node.md.
-.PHONY: node-build node-up demo-node test-node janitor-musl
+.PHONY: node-build node-up demo-node test-node janitor-musl bench-node
 NODE_MUSL_BIN := target/x86_64-unknown-linux-musl/release/lock-janitor
 
 node-build: testenv-build
@@ -144,3 +144,14 @@ demo-node: node-build janitor-musl
 ## End-to-end tests on the real node (tests/node.rs), one at a time: they fail, not skip, without it.
 test-node: node-build janitor-musl
 	LOCK_JANITOR_NODE=1 LOCK_JANITOR_MUSL_BIN=$(CURDIR)/$(NODE_MUSL_BIN) $(CARGO) test --locked --test node -- --test-threads=1 --show-output
+
+## The janitor as deployed: the chart's pod with its shipped requests = limits
+## (200m / 128Mi) on the real node, 10,000 locks, bursts of 100 and 1,000 deaths and 100
+## Leases; its latency beside the same binary as a bare process and the floor, its CPU
+## throttling and memory peak (with a re-list). Root; not part of `make test`.
+## Smaller: make bench-node BENCH_NODE_ARGS="--locks 500 --bursts 20,50 --lease-burst 20"
+BENCH_NODE_ARGS ?=
+bench-node: node-build janitor-musl
+	$(CARGO) build --locked -q --release --example bench_node
+	LOCK_JANITOR_MUSL_BIN=$(CURDIR)/$(NODE_MUSL_BIN) LOCK_JANITOR_BIN=$(CURDIR)/$(NODE_MUSL_BIN) \
+	  LOCK_JANITOR_TEST_LOG=info target/release/examples/bench_node $(BENCH_NODE_ARGS)

@@ -36,29 +36,19 @@
 mod bench_support;
 #[path = "common/lease_burst.rs"]
 mod lease_burst;
+#[path = "common/reclaim.rs"]
+mod reclaim;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bench_support::*;
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{DeleteParams, PostParams, Preconditions};
-use kube::core::PartialObjectMeta;
-use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
-use lock_janitor_testenv::kubelet;
+use kube::Client;
+use reclaim::*;
 use support::*;
 
-const WRITERS: usize = 32;
-/// The floor reclaimer's user.
-const FLOOR_USER: &str = "lock-janitor-bench-floor";
 const LOCK_NAMESPACES: usize = 10;
-/// Pods that can no longer run (the janitor's own field selector).
-const TERMINAL_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
 
 struct Args {
     levels: Vec<usize>,
@@ -120,37 +110,6 @@ fn parse_args() -> Args {
         die("need the largest level >= 2 * (sequential + evict), resync-secs > 0, idle-secs >= resync-secs");
     }
     a
-}
-
-/// A lock as created: where, whose, and the version a guarded DELETE needs.
-#[derive(Clone)]
-struct Made {
-    ns: String,
-    holder: String,
-    lock: String,
-    uid: String,
-    rv: String,
-}
-
-async fn holder_and_lock(client: Client, ns: String, i: usize) -> Made {
-    let holder = format!("operator-{i}");
-    let pod = running(&client, &ns, &holder, &node_of(i), "operator").await;
-    let cm = lock_for(&format!("{holder}-lock"), &pod, true);
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let made = retry(&format!("creating lock {ns}/{holder}-lock"), || async {
-        match cms.create(&PostParams::default(), &cm).await {
-            Err(kube::Error::Api(s)) if s.code == 409 => cms.get(&format!("{holder}-lock")).await,
-            r => r,
-        }
-    })
-    .await;
-    Made {
-        lock: made.name_any(),
-        uid: made.metadata.uid.unwrap_or_default(),
-        rv: made.metadata.resource_version.unwrap_or_default(),
-        ns,
-        holder,
-    }
 }
 
 /// Every request the API server has counted so far.
@@ -312,101 +271,6 @@ async fn relisted(
         secs(t.elapsed())
     );
     Some(mem(j.pid()))
-}
-
-async fn evict(client: &Client, m: &Made) -> Instant {
-    retry(&format!("evicting {}/{}", m.ns, m.holder), || {
-        kubelet::set_failed(
-            client,
-            &m.ns,
-            &m.holder,
-            "Evicted",
-            "The node was low on resource: memory.",
-        )
-    })
-    .await;
-    Instant::now()
-}
-
-async fn gone_after(
-    deleted: &Mutex<HashMap<String, Instant>>,
-    m: &Made,
-    acked: Instant,
-) -> Option<f64> {
-    let key = format!("{}/{}", m.ns, m.lock);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Some(at) = deleted.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Some(if *at >= acked {
-                (*at - acked).as_secs_f64()
-            } else {
-                -(acked - *at).as_secs_f64()
-            });
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Evicts the holders of `seq` one at a time, then of `burst` at once;
-/// returns the latencies (status write acknowledged -> lock deleted).
-async fn reclaim_latency(
-    client: &Client,
-    deleted: &Mutex<HashMap<String, Instant>>,
-    seq: &[Made],
-    burst: &[Made],
-) -> (Vec<f64>, Vec<f64>) {
-    let mut one_by_one = Vec::new();
-    for m in seq {
-        let acked = evict(client, m).await;
-        one_by_one.extend(gone_after(deleted, m, acked).await);
-    }
-    let acks: Vec<(Made, Instant)> = futures::stream::iter(burst.iter().cloned())
-        .map(|m| async move {
-            let acked = evict(client, &m).await;
-            (m, acked)
-        })
-        .buffer_unordered(WRITERS)
-        .collect()
-        .await;
-    let mut at_once = Vec::new();
-    for (m, acked) in &acks {
-        at_once.extend(gone_after(deleted, m, *acked).await);
-    }
-    (one_by_one, at_once)
-}
-
-/// The floor: a bare watcher of terminal pods that deletes each one's lock
-/// with the preconditions it was created with. No live reads, no Events.
-fn floor_deleter(
-    client: &Client,
-    locks: HashMap<(String, String), Made>,
-) -> tokio::task::JoinHandle<()> {
-    let client = client.clone();
-    tokio::spawn(async move {
-        let api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
-        let stream = watcher(api, watcher::Config::default().fields(TERMINAL_PODS));
-        futures::pin_mut!(stream);
-        while let Some(ev) = stream.next().await {
-            let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev else {
-                continue;
-            };
-            let Some(m) = locks.get(&(p.namespace().unwrap_or_default(), p.name_any())) else {
-                continue;
-            };
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(m.uid.clone()),
-                    resource_version: Some(m.rv.clone()),
-                }),
-                ..Default::default()
-            };
-            let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &m.ns);
-            let _ = cms.delete(&m.lock, &dp).await;
-        }
-    })
 }
 
 /// Where each reclaim of `seq` spent its time, from the API server's audit
@@ -605,11 +469,7 @@ async fn main() {
     for &n in &args.levels {
         step(&format!("Creating holders and locks up to {n}"));
         let t = Instant::now();
-        let more: Vec<Made> = futures::stream::iter(made.len()..n)
-            .map(|i| holder_and_lock(client.clone(), lock_ns[i % LOCK_NAMESPACES].clone(), i))
-            .buffered(WRITERS)
-            .collect()
-            .await;
+        let more = holders_and_locks(&client, &lock_ns, made.len(), n).await;
         made.extend(more);
         println!("    {} created in {}", made.len(), secs(t.elapsed()));
         levels.push(measure_level(&cp, &client, &kubeconfig, n, &args).await);
@@ -631,15 +491,7 @@ async fn main() {
     let rest = &made[s + b..];
     // The floor as a user of its own, so that the audit log tells its
     // requests from the benchmark's.
-    bind_cluster_role(&client, FLOOR_USER, JANITOR_USER).await;
-    let floor_client = {
-        let kc = kube::config::Kubeconfig::read_from(kubeconfig_as(&cp, FLOOR_USER))
-            .unwrap_or_else(|e| die(&e.to_string()));
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap_or_else(|e| die(&e.to_string()));
-        Client::try_from(config).unwrap_or_else(|e| die(&e.to_string()))
-    };
+    let floor_client = floor_client(&cp, &client, JANITOR_USER).await;
     let floor = floor_deleter(
         &floor_client,
         rest.iter()

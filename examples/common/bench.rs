@@ -114,6 +114,22 @@ pub fn counts(v: Vec<f64>) -> String {
     distribution_of(v, "", 0)
 }
 
+/// median / p99 / max of a sample in seconds, as "0.123 / 0.456 / 0.789 s (n)".
+pub fn median_p99_max(mut v: Vec<f64>) -> String {
+    if v.is_empty() {
+        return "no samples".into();
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+    format!(
+        "{:.3} / {:.3} / {:.3} s (n={})",
+        at(0.5),
+        at(0.99),
+        v[v.len() - 1],
+        v.len()
+    )
+}
+
 fn distribution_of(mut v: Vec<f64>, unit: &str, digits: usize) -> String {
     if v.is_empty() {
         return "no samples".into();

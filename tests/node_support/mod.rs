@@ -261,7 +261,14 @@ impl RealNode {
     /// Installs the chart (two replicas, election on) from the node's image
     /// lock-janitor.local/lock-janitor:dev into `ns`, watching `watch`.
     pub fn install_chart(&self, release: &str, ns: &str, watch: &[&str]) {
-        self.helm_chart("install", release, ns, watch, &[]);
+        self.helm_chart("install", release, ns, watch, &[], true);
+    }
+
+    /// Installs the chart with its shipped values (replicas, resync, log
+    /// format, resources), only the image pointed at the node's
+    /// lock-janitor.local/lock-janitor:dev and `watch` set.
+    pub fn install_chart_as_shipped(&self, release: &str, ns: &str, watch: &[&str]) {
+        self.helm_chart("install", release, ns, watch, &[], false);
     }
 
     /// Waits for the chart's Deployment (release `lock-janitor`) in `ns` to
@@ -284,10 +291,20 @@ impl RealNode {
     /// with the same values, and `sets` (`key=value`) on top; returns once
     /// helm has applied it (the rollout goes on).
     pub fn upgrade_chart(&self, release: &str, ns: &str, watch: &[&str], sets: &[&str]) {
-        self.helm_chart("upgrade", release, ns, watch, sets);
+        self.helm_chart("upgrade", release, ns, watch, sets, true);
     }
 
-    fn helm_chart(&self, verb: &str, release: &str, ns: &str, watch: &[&str], sets: &[&str]) {
+    /// `test_values`: two replicas, `resync=5s` and plain logs on top of
+    /// the chart's defaults (what the tests assert on).
+    fn helm_chart(
+        &self,
+        verb: &str,
+        release: &str,
+        ns: &str,
+        watch: &[&str],
+        sets: &[&str],
+        test_values: bool,
+    ) {
         let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/lock-janitor");
         let mut args: Vec<String> = vec![
             verb.into(),
@@ -303,13 +320,13 @@ impl RealNode {
             format!("image.tag={}", node::JANITOR_IMAGE_TAG),
             "--set".into(),
             "image.pullPolicy=Never".into(),
-            "--set".into(),
-            "replicas=2".into(),
-            "--set".into(),
-            "resync=5s".into(),
-            "--set".into(),
-            "logFormat=plain".into(),
         ];
+        if test_values {
+            for set in ["replicas=2", "resync=5s", "logFormat=plain"] {
+                args.push("--set".into());
+                args.push(set.into());
+            }
+        }
         for (i, w) in watch.iter().enumerate() {
             args.push("--set".into());
             args.push(format!("watchNamespaces[{i}]={w}"));

@@ -52,8 +52,13 @@ pub fn free_port() -> u16 {
 
 /// A plain HTTP/1.0 GET on loopback: (status, body).
 pub async fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    http_get_from("127.0.0.1", port, path).await
+}
+
+/// [`http_get`] from another address (a pod's IP, say).
+pub async fn http_get_from(host: &str, port: u16, path: &str) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let mut s = tokio::net::TcpStream::connect((host, port)).await?;
     s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
         .await?;
     let mut buf = String::new();
