@@ -1,6 +1,6 @@
 //! `make bench-node`: the janitor as deployed, in one run on the real node
 //! (docs/real-node.md): the chart installed with its shipped values
-//! (requests = limits 200m / 128Mi, two replicas, election on) from the
+//! (its shipped resources, two replicas, election on) from the
 //! node's imported image, watching `--locks` opted-in ConfigMap locks whose
 //! holders are pods bound to cordoned simulated nodes (their status written
 //! here, as a kubelet would). Then bursts of holder deaths (`--bursts`) and a
@@ -437,7 +437,7 @@ async fn main() {
         .collect();
 
     // (a) The chart's pod.
-    step("Installing the chart with its shipped values (requests = limits 200m / 128Mi)");
+    step("Installing the chart with its shipped values (its resources as values.yaml ships them)");
     let watch_refs: Vec<&str> = watched.iter().map(String::as_str).collect();
     let t = Instant::now();
     n.install_chart_as_shipped(RELEASE, &sys, &watch_refs);
@@ -726,7 +726,7 @@ async fn main() {
         args.locks,
         loadavg()
     );
-    println!("| | chart's pod (200m / 128Mi) | bare process | floor |");
+    println!("| | chart's pod (as shipped) | bare process | floor |");
     println!("|---|---|---|---|");
     for (what, a, b, c) in &table {
         println!(

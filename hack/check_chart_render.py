@@ -159,7 +159,13 @@ def main():
           "POD_NAMESPACE is not set from metadata.namespace")
     res = c.get("resources", {})
     check(res.get("requests") and res.get("limits"), "resources lack requests or limits")
-    check(res.get("requests") == res.get("limits"), f"requests != limits (not Guaranteed QoS): {res}")
+    # Memory request = limit (never over its request, so evicted last under
+    # memory pressure); a CPU request and no CPU limit (not throttled in a
+    # mass death).
+    req, lim = res.get("requests", {}), res.get("limits", {})
+    check(req.get("memory") and req.get("memory") == lim.get("memory"),
+          f"the memory request is not the memory limit: {res}")
+    check(req.get("cpu") and "cpu" not in lim, f"a CPU request and no CPU limit by default: {res}")
     args = c.get("args", [])
     ports = c.get("ports", [])
     check(ports and ports[0].get("name") == "metrics", "container port is not named metrics")
