@@ -729,7 +729,35 @@ async fn a_rolling_upgrade_and_a_drain_keep_a_leader_and_miss_no_reclaim() {
         None,
     );
     let drained = t_drain.elapsed();
-    let leader_after_drain = n.janitor_leader(&sys, "lock-janitor").await;
+    // A running replica leads after the drain: the one the budget kept, or
+    // its replacement (a drain lists its pods once: a replacement that the
+    // scheduler bound before it saw the cordon runs on, and once it is
+    // ready the budget lets the other go).
+    let running = || async {
+        n.pods(&sys, "app.kubernetes.io/name=lock-janitor")
+            .await
+            .into_iter()
+            .filter(|p| {
+                p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    && p.metadata.deletion_timestamp.is_none()
+            })
+            .filter_map(|p| p.metadata.name)
+            .collect::<Vec<_>>()
+    };
+    let led = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let leader = n.janitor_leader(&sys, "lock-janitor").await;
+            if leader.as_ref().is_some_and(|l| !l.is_empty()) {
+                let still = running().await;
+                if leader.as_ref().is_some_and(|l| still.contains(l)) {
+                    return leader;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await;
+    let still = running().await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let looks = looks.await.unwrap();
     n.kubectl(&["uncordon", lock_janitor_testenv::node::NODE_NAME], None);
@@ -751,22 +779,6 @@ async fn a_rolling_upgrade_and_a_drain_keep_a_leader_and_miss_no_reclaim() {
         assert_eq!(deletes.len(), 1, "{name}: {deletes:#?}");
         assert_eq!(deletes[0].effective_user(), sa, "{name}: {:?}", deletes[0]);
     }
-    if drain.status.success() {
-        // What let the last replica go: its readiness (the budget lets a
-        // not-ready pod go, unhealthyPodEvictionPolicy AlwaysAllow), the
-        // budget's status, the pods' Events.
-        let said = n.kubectl_output(
-            &["get", "events", "-n", &sys, "--sort-by=.lastTimestamp"],
-            None,
-        );
-        let pdb = n.kubectl_output(&["get", "pdb", "-n", &sys, "-o", "yaml"], None);
-        panic!(
-            "the drain cannot finish while the budget keeps a janitor: {}\nEvents:\n{}\nthe budget:\n{}",
-            String::from_utf8_lossy(&drain.stdout),
-            String::from_utf8_lossy(&said.stdout),
-            String::from_utf8_lossy(&pdb.stdout)
-        );
-    }
     let evictions: Vec<_> = audit
         .iter()
         .filter(|e| {
@@ -776,35 +788,33 @@ async fn a_rolling_upgrade_and_a_drain_keep_a_leader_and_miss_no_reclaim() {
         .collect();
     let evicted = evictions.iter().filter(|e| e.code == Some(201)).count();
     let refused = evictions.iter().filter(|e| e.code == Some(429)).count();
-    assert_eq!(
-        evicted,
-        1,
-        "the PodDisruptionBudget lets exactly one janitor pod go: {evictions:#?}\n{}",
+    if drain.status.success() {
+        // The drain finished: a replacement became ready, and the budget
+        // then let the other go. Said with the Events, for the record.
+        let said = n.kubectl_output(
+            &["get", "events", "-n", &sys, "--sort-by=.lastTimestamp"],
+            None,
+        );
+        eprintln!(
+            "the drain finished: {}\nEvents:\n{}",
+            String::from_utf8_lossy(&drain.stdout),
+            String::from_utf8_lossy(&said.stdout)
+        );
+    }
+    assert!(
+        evicted >= 1 && refused >= 1,
+        "the PodDisruptionBudget let one janitor pod go and refused the next while one was ready: {evicted} evicted, {refused} refused: {evictions:#?}\n{}",
         String::from_utf8_lossy(&drain.stderr)
     );
+    let leader_after_drain = led.ok().flatten();
     assert!(
-        refused >= 1,
-        "the second eviction was refused: {evictions:#?}"
-    );
-    let still: Vec<_> = n
-        .pods(&sys, "app.kubernetes.io/name=lock-janitor")
-        .await
-        .into_iter()
-        .filter(|p| {
-            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                && p.metadata.deletion_timestamp.is_none()
-        })
-        .filter_map(|p| p.metadata.name)
-        .collect();
-    assert!(
-        leader_after_drain
-            .as_ref()
-            .is_some_and(|l| still.contains(l)),
-        "a running replica leads after the drain: leader {leader_after_drain:?}, running {still:?}"
+        leader_after_drain.is_some(),
+        "a running replica leads after the drain: running {still:?}, Lease holder {:?}",
+        n.janitor_leader(&sys, "lock-janitor").await
     );
     let (gap, holders) = longest_gap(&looks);
     eprintln!(
-        "rolling upgrade rolled in {:.1}s, drain gave up after {:.1}s; janitor Lease holders in turn {holders:?}; longest time without a leader {:.1}s ({} looks at the Lease); evictions {evicted} done, {refused} refused",
+        "rolling upgrade rolled in {:.1}s, drain ended after {:.1}s; janitor Lease holders in turn {holders:?}; longest time without a leader {:.1}s ({} looks at the Lease); evictions {evicted} done, {refused} refused",
         rolled.as_secs_f64(),
         drained.as_secs_f64(),
         gap.as_secs_f64(),
