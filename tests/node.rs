@@ -556,7 +556,9 @@ fn longest_gap(looks: &[LeaseLook]) -> (Duration, Vec<String>) {
 /// the election's lease duration (15 s) plus 2 s. The locks' holders are
 /// pods on a second, simulated node whose status the test writes (the
 /// real kubelet runs the janitor's pods).
-#[tokio::test]
+// Two workers: kubectl (rollout status, drain) blocks the thread it runs
+// on, and the Lease must be looked at all the while.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_upgrade_and_a_drain_keep_a_leader_and_miss_no_reclaim() {
     use lock_janitor_testenv::kubelet;
     use support::{create_lock, lock_for, running_pod, wait_for};
