@@ -228,12 +228,21 @@ async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
     // Each restored lock is looked at by its follower, and the followers
     // share a budget of 2 requests a second (src/takeover): 200 locks take
     // 100 s of looks at the least, more on a loaded machine.
-    wait_for(
-        "every heir's lock labeled",
-        Duration::from_secs(300),
-        || async { (labeled().await == LOCKS).then_some(()) },
-    )
+    let all = tokio::time::timeout(Duration::from_secs(300), async {
+        while labeled().await != LOCKS {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
     .await;
+    if all.is_err() {
+        let logs = second.logs();
+        let tail: Vec<&str> = logs.lines().rev().take(60).collect();
+        panic!(
+            "{} of {LOCKS} heirs' locks labeled after 300 s; the janitor's last lines:\n{}",
+            labeled().await,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
     let m = second.metrics().await;
     assert_eq!(
         sample(&m, "lock_janitor_restore_failures_total", &[]),
