@@ -282,11 +282,7 @@ async fn kubelet_stopped_holds_the_lock_until_out_of_service() {
         "the janitor deleted during NotReady:\n{}",
         janitor.logs()
     );
-    // No lock at all is possible too: operator-lib deleted the leader and
-    // the garbage collector its lock, while the replica that would make it
-    // again waits on the same silent node (seen in one run of five). What
-    // matters is above: the janitor deleted nothing.
-    let held = n.owner(&ns).await.unwrap_or_default();
+    let held = n.owner(&ns).await.expect("a lock during NotReady");
     let operator_sa = format!("system:serviceaccount:{ns}:memcached-operator");
     let by_operator: Vec<_> = n
         .writes(&operator_sa, &ns)
