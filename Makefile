@@ -145,8 +145,8 @@ demo-node: node-build janitor-musl
 test-node: node-build janitor-musl
 	LOCK_JANITOR_NODE=1 LOCK_JANITOR_MUSL_BIN=$(CURDIR)/$(NODE_MUSL_BIN) $(CARGO) test --locked --test node -- --test-threads=1 --show-output
 
-## The janitor as deployed: the chart's pod with its shipped requests = limits
-## (200m / 128Mi) on the real node, 10,000 locks, bursts of 100 and 1,000 deaths and 100
+## The janitor as deployed: the chart's pod with its shipped resources (a CPU
+## request of 200m and no CPU limit, 192Mi of memory) on the real node, 10,000 locks, bursts of 100 and 1,000 deaths and 100
 ## Leases; its latency beside the same binary as a bare process and the floor, its CPU
 ## throttling and memory peak (with a re-list). Root; not part of `make test`.
 ## Smaller: make bench-node BENCH_NODE_ARGS="--locks 500 --bursts 20,50 --lease-burst 20"

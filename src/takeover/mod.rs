@@ -112,6 +112,11 @@ impl Takeovers {
     /// Starts awaiting a takeover of a lock that is gone since `since`.
     /// One follower per lock.
     pub fn follow(&self, key: &LockKey, old: Holder, since: Timestamp) {
+        self.follow_from(key, old, since, None);
+    }
+
+    /// As `follow`, with a first look already made (a restart's own read).
+    fn follow_from(&self, key: &LockKey, old: Holder, since: Timestamp, first: Option<Look>) {
         if self.shared.label.is_none() && self.selector.opt_in_label().is_none() {
             warn!(namespace = %key.namespace, lock = %key.name, selector = %self.selector,
                   "the selector is not a single key=value label; label the new lock by hand after a takeover");
@@ -121,7 +126,7 @@ impl Takeovers {
         if followers.contains_key(key) {
             return;
         }
-        let task = follow(self.shared.clone(), key.clone(), old, since);
+        let task = follow(self.shared.clone(), key.clone(), old, since, first);
         followers.insert(key.clone(), tokio::spawn(task));
     }
 
@@ -218,16 +223,25 @@ impl Takeovers {
                     continue;
                 }
             };
-            match awaited {
+            let first = match awaited {
                 Restore::Nothing => continue,
-                Restore::Await => info!(namespace = %key.namespace, lock = %key.name,
-                    reclaimed_seconds_ago = age.as_secs(),
-                    "awaiting the takeover of a lock reclaimed before this janitor started"),
-                Restore::Label => info!(namespace = %key.namespace, lock = %key.name,
-                    reclaimed_seconds_ago = age.as_secs(),
-                    "a reclaimed lock was created again while no janitor ran, without the opt-in label; labeling it"),
-            }
-            self.follow(&key, holder, at);
+                Restore::Await => {
+                    info!(namespace = %key.namespace, lock = %key.name,
+                          reclaimed_seconds_ago = age.as_secs(),
+                          "awaiting the takeover of a lock reclaimed before this janitor started");
+                    None
+                }
+                Restore::Label(look) => {
+                    info!(namespace = %key.namespace, lock = %key.name,
+                          reclaimed_seconds_ago = age.as_secs(),
+                          "a reclaimed lock was created again while no janitor ran, without the opt-in label; labeling it");
+                    Some(look)
+                }
+            };
+            // The lock just read is the follower's first look: a restart
+            // spends none of the followers' budget to find the locks it
+            // labels, which stay unprotected until they are labeled.
+            self.follow_from(&key, holder, at, first);
             restored += 1;
         }
         Ok(restored)
@@ -238,55 +252,33 @@ impl Takeovers {
     /// taken over while no janitor looked; one a new holder created without
     /// the opt-in label is followed once more, which labels it.
     async fn still_awaited(&self, key: &LockKey, old: &Holder) -> Result<Restore, crate::Error> {
-        let client = self.shared.client.clone();
-        match key.kind {
-            LockKind::ConfigMap => {
-                let cms: Api<ConfigMap> = Api::namespaced(client, &key.namespace);
-                let Some(cm) = call("reading a reclaimed lock", cms.get_opt(&key.name)).await?
-                else {
-                    return Ok(Restore::Await);
-                };
-                let unlabeled = self.shared.label.as_ref().is_some_and(|(k, v)| {
-                    lock::lock_shaped(&cm)
-                        && lock::parse(&cm.metadata).is_ok_and(|l| l.holder.uid != old.uid)
-                        && optin::plan_label(&cm.metadata, k, v) == Some(Plan::Add)
-                });
-                Ok(if unlabeled {
-                    Restore::Label
-                } else {
-                    Restore::Nothing
-                })
-            }
-            // Released and not taken yet (or deleted since). A Lease keeps
-            // its labels through a release: nothing to carry. A Lease held
-            // for life was deleted: one its new holder made without the
-            // opt-in label is labeled, as a ConfigMap lock is.
-            LockKind::Lease => {
-                let leases: Api<Lease> = Api::namespaced(client, &key.namespace);
-                let lease = call("reading a released lease", leases.get_opt(&key.name)).await?;
-                let Some(lease) = lease else {
-                    return Ok(Restore::Await);
-                };
-                if lock::lease::held_for_life(&lease) {
-                    let unlabeled = self.shared.label.as_ref().is_some_and(|(k, v)| {
-                        lock::parse(&lease.metadata).is_ok_and(|l| l.holder.uid != old.uid)
-                            && optin::plan_label(&lease.metadata, k, v) == Some(Plan::Add)
-                    });
-                    return Ok(if unlabeled {
-                        Restore::Label
-                    } else {
-                        Restore::Nothing
-                    });
-                }
-                Ok(
-                    if lock::lease::parse(&lease).is_ok_and(|p| p.host.is_none()) {
-                        Restore::Await
-                    } else {
-                        Restore::Nothing
-                    },
-                )
-            }
-        }
+        let look = match key.kind {
+            LockKind::ConfigMap => look_configmap(&self.shared, key, old).await?,
+            LockKind::Lease => look_lease(&self.shared, key, old).await?,
+        };
+        Ok(match look {
+            // Not there again (a ConfigMap, a Lease held for life), or a
+            // Lease released and not taken yet.
+            Look::Waiting => Restore::Await,
+            // Made again by a new holder without the opt-in label. A Lease
+            // keeps its labels through a release: nothing to carry there.
+            Look::Taken(t) if self.unlabeled(&t) => Restore::Label(Look::Taken(t)),
+            Look::Taken(_) | Look::Done(_) => Restore::Nothing,
+        })
+    }
+
+    /// Whether a lock a new holder made lacks the opt-in label there is to
+    /// carry over.
+    fn unlabeled(&self, t: &TakenBy) -> bool {
+        let Some((k, v)) = self.shared.label.as_ref() else {
+            return false;
+        };
+        let meta = match &t.new {
+            Some(New::ConfigMap(cm)) => &cm.metadata,
+            Some(New::Lease(lease)) => &lease.metadata,
+            None => return false,
+        };
+        optin::plan_label(meta, k, v) == Some(Plan::Add)
     }
 }
 
@@ -296,8 +288,9 @@ enum Restore {
     Nothing,
     /// Not taken over yet: followed again.
     Await,
-    /// Taken over without the opt-in label: followed, which labels it.
-    Label,
+    /// Taken over without the opt-in label: followed from this look,
+    /// which labels it.
+    Label(Look),
 }
 
 /// The end of the janitor's StaleLockReclaimed note: which selector's
@@ -445,7 +438,13 @@ async fn look_lease(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, cra
 /// Follows one gone (or released) lock until a new holder takes it (a
 /// takeover), or for `FOLLOW_FOR`. Says `NoTakeover` once the timeout
 /// passes with nobody holding it.
-async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
+async fn follow(
+    s: Arc<Shared>,
+    key: LockKey,
+    old: Holder,
+    since: Timestamp,
+    mut first: Option<Look>,
+) {
     let labels = [key.namespace.as_str(), key.name.as_str()];
     s.metrics
         .awaiting_takeover
@@ -461,20 +460,25 @@ async fn follow(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp) {
         if started.elapsed() >= FOLLOW_FOR {
             break "given up";
         }
-        tokio::time::sleep(wait).await;
-        // Past the timeout (NoTakeover said), a follower looks only every
-        // few minutes: the young ones, whose takeover is due any second,
-        // must not queue behind it for the followers' budget.
-        let longest = if seconds_since(since) >= s.timeout.as_secs_f64() {
-            LONGEST_WAIT_LATE
-        } else {
-            LONGEST_WAIT
-        };
-        wait = (wait * 2).min(longest);
-        s.limiter.until_ready().await;
-        let look = match key.kind {
-            LockKind::ConfigMap => look_configmap(&s, &key, &old).await,
-            LockKind::Lease => look_lease(&s, &key, &old).await,
+        let look = match first.take() {
+            Some(look) => Ok(look),
+            None => {
+                tokio::time::sleep(wait).await;
+                // Past the timeout (NoTakeover said), a follower looks only
+                // every few minutes: the young ones, whose takeover is due
+                // any second, must not queue behind it for the budget.
+                let longest = if seconds_since(since) >= s.timeout.as_secs_f64() {
+                    LONGEST_WAIT_LATE
+                } else {
+                    LONGEST_WAIT
+                };
+                wait = (wait * 2).min(longest);
+                s.limiter.until_ready().await;
+                match key.kind {
+                    LockKind::ConfigMap => look_configmap(&s, &key, &old).await,
+                    LockKind::Lease => look_lease(&s, &key, &old).await,
+                }
+            }
         };
         let (at, lock_ref, new, made) = match look {
             Ok(Look::Waiting) => {
