@@ -14,11 +14,18 @@
 //! (median, p99, max) side by side, the leading pod's CPU throttling
 //! (cgroup v1 `cpu.stat` of its container) over each burst, and its memory
 //! peak (`memory.max_usage_in_bytes`, VmHWM) against its limit, including a
-//! re-list of its lock watches after the API server restarts. It reports
-//! numbers; it fails only if something breaks.
+//! re-list of its lock watches after the API server restarts. Among the
+//! chart's deaths, a few are real kubelet evictions (`--evictions`): the
+//! real operator-lib operator (a leader and a replica) runs on the real node
+//! in that many namespaces, the kubelet is put under memory pressure, and it
+//! evicts their pods; each evicted leader's lock is timed from its Failed
+//! status (as a pod watch here sees it) to its deletion, with who deleted
+//! it (the chart's janitor, or the garbage collector after operator-lib
+//! deleted the evicted pod), and the chart's own pods must not be evicted.
+//! It reports numbers; it fails only if something breaks.
 //!
 //! ```text
-//! make bench-node [BENCH_NODE_ARGS="--locks 500 --bursts 20,50 --lease-burst 20 --lease-namespaces own|locks"]
+//! make bench-node [BENCH_NODE_ARGS="--locks 500 --bursts 20,50 --lease-burst 20 --lease-namespaces own|locks --evictions 3"]
 //! ```
 //!
 //! Needs root, `make node-build` and the static janitor (`make janitor-musl`).
@@ -36,12 +43,13 @@ mod support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bench_support::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use lock_janitor_testenv::kubelet;
 use node_support::RealNode;
 use reclaim::*;
@@ -57,6 +65,8 @@ struct Args {
     /// The Lease holders live among the ConfigMap holders (1,000 pods a
     /// namespace at 10,000 locks) rather than in namespaces of their own.
     leases_among_locks: bool,
+    /// Namespaces with a real operator whose pods the kubelet evicts.
+    evictions: usize,
 }
 
 fn parse_args() -> Args {
@@ -65,6 +75,7 @@ fn parse_args() -> Args {
         bursts: vec![100, 1000],
         lease_burst: 100,
         leases_among_locks: false,
+        evictions: 3,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -79,6 +90,7 @@ fn parse_args() -> Args {
             "--locks" => a.locks = num(&value),
             "--bursts" => a.bursts = value.split(',').map(num).collect(),
             "--lease-burst" => a.lease_burst = num(&value),
+            "--evictions" => a.evictions = num(&value),
             "--lease-namespaces" => {
                 a.leases_among_locks = match value.as_str() {
                     "own" => false,
@@ -90,7 +102,7 @@ fn parse_args() -> Args {
             }
             other => die(&format!(
                 "unknown argument {other}; use --locks N --bursts N,N --lease-burst N \
-                 --lease-namespaces own|locks"
+                 --lease-namespaces own|locks --evictions N"
             )),
         }
     }
@@ -310,6 +322,142 @@ where
     out
 }
 
+/// A leader the kubelet evicted, and what became of its lock.
+struct Evicted {
+    ns: String,
+    leader: String,
+    /// Its Failed status (as a pod watch here sees it) to its lock's
+    /// deletion (as the lock watch here sees it).
+    latency: Option<f64>,
+    /// Who deleted the lock (the audit log's user).
+    deleter: String,
+}
+
+/// Puts the kubelet under memory pressure until it has evicted the leader
+/// of every namespace in `evict_ns` (or 300 s), then lifts it; the chart's
+/// own pods (in `sys`) must not be evicted.
+async fn kubelet_evictions(
+    n: &RealNode,
+    deleted: &Deletions,
+    evict_ns: &[String],
+    sys: &str,
+) -> Vec<Evicted> {
+    use futures::StreamExt;
+    use kube::runtime::{watcher, WatchStreamExt};
+    let client = n.client.clone();
+    let mut leaders = Vec::new();
+    for ns in evict_ns {
+        let leader = n
+            .owner(ns)
+            .await
+            .unwrap_or_else(|| fail(&format!("no lock in {ns}")));
+        leaders.push((ns.clone(), leader));
+    }
+    // When each pod turned Failed, as a watch here sees it.
+    let failed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watches: Vec<_> = evict_ns
+        .iter()
+        .map(|ns| {
+            let (failed, api) = (failed.clone(), Api::<Pod>::namespaced(client.clone(), ns));
+            tokio::spawn(async move {
+                let pods = watcher(api, watcher::Config::default()).applied_objects();
+                futures::pin_mut!(pods);
+                while let Some(Ok(p)) = pods.next().await {
+                    if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed") {
+                        let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+                        failed
+                            .lock()
+                            .unwrap()
+                            .entry(key)
+                            .or_insert_with(Instant::now);
+                    }
+                }
+            })
+        })
+        .collect();
+    let hog_ns = n.namespace("bench-hog").await;
+    let avail = RealNode::memory_available_mib();
+    n.node
+        .set_memory_available(&format!("{}Mi", avail.saturating_sub(1024)))
+        .await
+        .unwrap_or_else(|e| fail(&format!("kubelet eviction threshold: {e}")));
+    n.hog(&hog_ns, "hog", 2048);
+    let t = Instant::now();
+    let lock_of = |ns: &str| format!("{ns}/{}", node_support::LOCK);
+    loop {
+        let done = {
+            let (f, d) = (failed.lock().unwrap(), deleted.lock().unwrap());
+            leaders
+                .iter()
+                .all(|(ns, l)| f.contains_key(&format!("{ns}/{l}")) && d.contains_key(&lock_of(ns)))
+        };
+        if done || t.elapsed() > Duration::from_secs(300) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!("    evictions over after {}", secs(t.elapsed()));
+    n.kubectl(
+        &[
+            "delete",
+            "pod",
+            "-n",
+            &hog_ns,
+            "hog",
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    n.node
+        .set_memory_available("100Mi")
+        .await
+        .unwrap_or_else(|e| fail(&format!("kubelet eviction threshold back: {e}")));
+    for w in watches {
+        w.abort();
+    }
+    let chart_evicted: Vec<String> = n
+        .pods(sys, "app.kubernetes.io/name=lock-janitor")
+        .await
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
+        .map(|p| p.name_any())
+        .collect();
+    if !chart_evicted.is_empty() {
+        fail(&format!(
+            "the kubelet evicted the chart's own pods: {chart_evicted:?}"
+        ));
+    }
+    let audit = n.audit();
+    let (f, d) = (
+        failed.lock().unwrap().clone(),
+        deleted.lock().unwrap().clone(),
+    );
+    leaders
+        .into_iter()
+        .filter_map(|(ns, leader)| {
+            let at = *f.get(&format!("{ns}/{leader}"))?;
+            let gone = d.get(&lock_of(&ns));
+            let deleter = audit
+                .iter()
+                .find(|e| {
+                    e.verb == "delete"
+                        && e.code == Some(200)
+                        && e.namespace.as_deref() == Some(ns.as_str())
+                        && e.resource.as_deref() == Some("configmaps")
+                        && e.name.as_deref() == Some(node_support::LOCK)
+                })
+                .map_or("-".into(), |e| e.effective_user().to_owned());
+            Some(Evicted {
+                latency: gone.map(|g| g.saturating_duration_since(at).as_secs_f64()),
+                ns,
+                leader,
+                deleter,
+            })
+        })
+        .collect()
+}
+
 /// The node's load average (1, 5, 15 min).
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -417,6 +565,28 @@ async fn main() {
     if !args.leases_among_locks && args.lease_burst > 0 {
         watched.extend(lease_ns.iter().cloned());
     }
+    // The real operators the kubelet will evict: a leader and a replica
+    // each, their locks opted in.
+    let mut evict_ns = Vec::new();
+    for i in 0..args.evictions {
+        evict_ns.push(n.namespace(&format!("bench-evict-{i}")).await);
+    }
+    if !evict_ns.is_empty() {
+        step(&format!(
+            "{} real operators (operator-lib, two replicas each) on the real node",
+            evict_ns.len()
+        ));
+        for ns in &evict_ns {
+            n.deploy_operator(ns);
+        }
+        for ns in &evict_ns {
+            n.wait_leader(ns, None, Duration::from_secs(180)).await;
+            n.wait_standby(ns, Duration::from_secs(120)).await;
+            n.label_locks(ns);
+            n.wait_labeled(ns).await;
+        }
+        watched.extend(evict_ns.iter().cloned());
+    }
 
     step(&format!("Creating {} holder pods and locks", args.locks));
     let t = Instant::now();
@@ -516,6 +686,20 @@ async fn main() {
     } else {
         println!("\n    (no Lease burst: --lease-burst 0)");
         Vec::new()
+    };
+    let evicted = if evict_ns.is_empty() {
+        Vec::new()
+    } else {
+        step(&format!(
+            "The chart's pod: the kubelet evicts the {} operators' pods under memory pressure",
+            evict_ns.len()
+        ));
+        let before = cpu_stat(&pod);
+        let e = kubelet_evictions(&n, &deleted, &evict_ns, &sys).await;
+        let th = throttled_over(before, cpu_stat(&pod));
+        println!("    throttled: {}", show_throttle(&th));
+        throttles.push(("kubelet evictions".into(), th));
+        e
     };
     let after_bursts = pod_mem(&pod);
     let remaining = args.locks - per[0].iter().map(Vec::len).sum::<usize>();
@@ -735,6 +919,27 @@ async fn main() {
             median_p99_max(b.clone()),
             median_p99_max(c.clone())
         );
+    }
+    if !evict_ns.is_empty() {
+        let lat: Vec<f64> = evicted.iter().filter_map(|e| e.latency).collect();
+        println!(
+            "\nReal kubelet evictions (the chart's pod): {} of {} leaders evicted, locks freed {} (Failed as seen here -> deleted)",
+            evicted.len(),
+            evict_ns.len(),
+            median_p99_max(lat)
+        );
+        println!("| namespace | leader | Failed -> lock deleted | deleted by |");
+        println!("|---|---|---|---|");
+        for e in &evicted {
+            println!(
+                "| {} | {} | {} | {} |",
+                e.ns,
+                e.leader,
+                e.latency
+                    .map_or("not deleted".into(), |l| format!("{l:.3} s")),
+                e.deleter
+            );
+        }
     }
     println!("\nThe chart's pod, CPU throttling (cpu.stat of its container over each phase):");
     println!("| phase | throttled periods | of periods | throttled time |");

@@ -269,8 +269,8 @@ async fn kubelet_stopped_holds_the_lock_until_out_of_service() {
     tokio::time::sleep(Duration::from_secs(20)).await;
     // The janitor frees nothing on NotReady alone (the pods may run on).
     // operator-lib itself does: its waiting replica deletes a leader whose
-    // node is NotReady, and the garbage collector the lock (seen here; see
-    // docs/real-node.md), so the holder may have changed.
+    // node is NotReady and then the lock (seen here; see docs/real-node.md),
+    // so the holder may have changed.
     let janitor_deletes = |n: &RealNode| {
         n.writes(JANITOR_USER, &ns)
             .into_iter()
@@ -284,22 +284,40 @@ async fn kubelet_stopped_holds_the_lock_until_out_of_service() {
     );
     // operator-lib's replica deletes the leader and its lock, then makes the
     // lock again on its next try (a backoff of at most 16 s, 20 % jitter),
-    // or exits when that lock delete found nothing. So at this point a lock
-    // is held by the first leader or by the replica, or there is none.
-    let held = wait_some_lock(&n, &ns, Duration::from_secs(30)).await;
-    let operator_sa = format!("system:serviceaccount:{ns}:memcached-operator");
-    let by_operator: Vec<_> = n
-        .writes(&operator_sa, &ns)
-        .into_iter()
-        .filter(|e| e.verb == "delete" && e.resource.as_deref() == Some("pods"))
-        .collect();
-    eprintln!(
-        "after 20 s NotReady: lock held by {held:?} (first leader {leader}); operator-lib deleted pods: {:?}",
-        by_operator.iter().map(|e| e.name.clone()).collect::<Vec<_>>()
-    );
-    // The node is really down (its containers stop), and the admin says so
-    // with the out-of-service taint: pods are force-deleted, the lock freed.
+    // or exits when that lock delete found nothing: a lock held by the
+    // first leader or by the replica, or none, is given time to settle.
+    wait_some_lock(&n, &ns, Duration::from_secs(30)).await;
+    // The node is really down (its containers stop): from here on nobody
+    // changes the holder, so the lock read now is the one to free.
     n.node.stop_all_pods().unwrap();
+    let held = n.owner(&ns).await;
+    assert!(
+        janitor_deletes(&n).is_empty(),
+        "the janitor deleted while the node was NotReady:\n{}",
+        janitor.logs()
+    );
+    let operator_sa = format!("system:serviceaccount:{ns}:memcached-operator");
+    let by_operator = |what: &str| {
+        n.writes(&operator_sa, &ns)
+            .into_iter()
+            .filter(|e| e.verb == "delete" && e.resource.as_deref() == Some(what))
+            .filter_map(|e| e.name)
+            .collect::<Vec<_>>()
+    };
+    eprintln!(
+        "after 20 s NotReady: lock held by {held:?} (first leader {leader}); operator-lib deleted pods {:?}, locks {:?}",
+        by_operator("pods"),
+        by_operator("configmaps")
+    );
+    if held.is_none() {
+        // Nobody holds it: operator-lib deleted it, never the janitor.
+        assert!(
+            by_operator("configmaps").iter().any(|name| name == LOCK),
+            "no lock, and operator-lib did not delete it"
+        );
+    }
+    // The admin says the node is down with the out-of-service taint: its
+    // pods are force-deleted, the lock freed.
     n.kubectl(
         &[
             "taint",

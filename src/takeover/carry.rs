@@ -46,29 +46,32 @@ impl Lockish for k8s_openapi::api::coordination::v1::Lease {
 /// lock is lock-shaped and has no value for its key (`false` is an opt-out),
 /// with a resourceVersion-guarded merge patch: it never overwrites a
 /// concurrent change. Only the leader writes, and never before every watch
-/// has synced (safety rule 4).
+/// has synced (safety rule 4). True when the lock was gone by the time of
+/// the write (deleted again): still awaited.
 pub(super) async fn carry_label_over<K: Lockish>(
     s: &Shared,
     cms: &Api<K>,
     key: &LockKey,
     mut cm: K,
     holder: &str,
-) {
-    let Some((k, v)) = &s.label else { return };
+) -> bool {
+    let Some((k, v)) = &s.label else {
+        return false;
+    };
     let mut failures = 0;
     for _ in 0..LABEL_ATTEMPTS {
         if !cm.shaped() {
             info!(namespace = %key.namespace, lock = %key.name,
                   "the new lock is not lock-shaped (a ConfigMap with data, a Lease renewed); not labeling it");
-            return;
+            return false;
         }
         match optin::plan_label(cm.meta(), k, v) {
             Some(Plan::Add) => {}
-            Some(Plan::Unchanged) | None => return,
+            Some(Plan::Unchanged) | None => return false,
             Some(Plan::Conflicting(other)) => {
                 info!(namespace = %key.namespace, lock = %key.name, value = %other,
                       "the new lock sets the opt-in label key to another value; left alone");
-                return;
+                return false;
             }
         }
         // Only the leader writes, never before sync. A standby waits for
@@ -81,7 +84,7 @@ pub(super) async fn carry_label_over<K: Lockish>(
         let mut settled = false;
         while !s.readiness.is_synced() || !s.gate.may_write() {
             if waiting.elapsed() > FOLLOW_FOR {
-                return;
+                return false;
             }
             if looked.elapsed() >= GATE_WAIT {
                 looked = Instant::now();
@@ -92,17 +95,18 @@ pub(super) async fn carry_label_over<K: Lockish>(
                             || optin::plan_label(again.meta(), k, v) != Some(Plan::Add);
                         cm = again;
                     }
-                    Ok(None) => return,
+                    Ok(None) => return true,
                     Err(_) => {}
                 }
                 if settled {
                     debug!(namespace = %key.namespace, lock = %key.name,
                            "the leader carried the label over");
-                    return;
+                    return false;
                 }
             }
             tokio::time::sleep(FIRST_LOOK).await;
         }
+        s.label_writes.until_ready().await;
         match optin::write_label(cms, cm.meta(), k, v).await {
             Written::Labeled => {
                 // The lock read last names its holder (another heir, if the
@@ -110,9 +114,9 @@ pub(super) async fn carry_label_over<K: Lockish>(
                 let holder = lock::parse(cm.meta()).map_or(holder.to_owned(), |l| l.holder.name);
                 info!(namespace = %key.namespace, lock = %key.name, holder = %holder,
                       "opt-in label carried over to the new lock");
-                return;
+                return false;
             }
-            Written::Gone => return,
+            Written::Gone => return true,
             Written::Conflict => {}
             // Tried again after 1, 2, 4 and 8 s: an API server that has just
             // restarted denies requests until its RBAC caches are filled
@@ -128,13 +132,13 @@ pub(super) async fn carry_label_over<K: Lockish>(
                 s.metrics.restore_failures.inc();
                 warn!(namespace = %key.namespace, lock = %key.name, error = %e, failures = LABEL_FAILURES,
                       "could not carry the opt-in label over; label the lock with `lock-janitor label --apply`");
-                return;
+                return false;
             }
         }
         s.limiter.until_ready().await;
         match call("reading the new lock", cms.get_opt(&key.name)).await {
             Ok(Some(again)) => cm = again,
-            Ok(None) => return,
+            Ok(None) => return true,
             // The next write, with the copy at hand, says what is wrong.
             Err(_) => {}
         }
@@ -142,4 +146,5 @@ pub(super) async fn carry_label_over<K: Lockish>(
     s.metrics.restore_failures.inc();
     warn!(namespace = %key.namespace, lock = %key.name, attempts = LABEL_ATTEMPTS,
           "could not carry the opt-in label over (the lock kept changing); label the lock with `lock-janitor label --apply`");
+    false
 }

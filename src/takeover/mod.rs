@@ -39,6 +39,10 @@ const FOLLOW_FOR: Duration = Duration::from_secs(24 * 3600);
 /// must never crowd out the reads before a reclaim during a mass eviction.
 const FOLLOWER_QPS: u32 = 2;
 const FOLLOWER_BURST: u32 = 5;
+/// The label writes of every follower together: a restart labels the locks
+/// made again while no janitor ran from its own reads (no look to pace
+/// them), 200 in about 10 s rather than all at once.
+const LABEL_WRITES_QPS: u32 = 20;
 /// A follower's first look, and its longest wait between looks.
 const FIRST_LOOK: Duration = Duration::from_secs(2);
 const LONGEST_WAIT: Duration = Duration::from_secs(30);
@@ -52,6 +56,7 @@ struct Shared {
     client: Client,
     gate: Gate,
     limiter: Limiter,
+    label_writes: Limiter,
     readiness: Arc<Readiness>,
     metrics: Metrics,
     events: Events,
@@ -98,6 +103,9 @@ impl Takeovers {
                 client,
                 gate,
                 limiter: governor::RateLimiter::direct(quota),
+                label_writes: governor::RateLimiter::direct(governor::Quota::per_second(nz(
+                    LABEL_WRITES_QPS,
+                ))),
                 readiness,
                 metrics,
                 events,
@@ -529,16 +537,28 @@ async fn follow(
                 new.holder.name, after, old.name
             ),
         };
-        match made {
+        let gone = match made {
             Some(New::ConfigMap(cm)) => {
                 let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
-                carry::carry_label_over(&s, &cms, &key, cm, &new.holder.name).await;
+                carry::carry_label_over(&s, &cms, &key, cm, &new.holder.name).await
             }
             Some(New::Lease(lease)) => {
                 let leases: Api<Lease> = Api::namespaced(s.client.clone(), &key.namespace);
-                carry::carry_label_over(&s, &leases, &key, lease, &new.holder.name).await;
+                carry::carry_label_over(&s, &leases, &key, lease, &new.holder.name).await
             }
-            None => {}
+            None => false,
+        };
+        if gone {
+            // Deleted again before its label was written (its holder died
+            // too, or a restart's read was old by the time the janitor
+            // led): the next holder's lock is awaited, and labeled.
+            info!(namespace = %key.namespace, lock = %key.name,
+                  "the new lock was gone before its label was written; awaiting the next holder");
+            s.metrics
+                .awaiting_takeover
+                .with_label_values(&labels)
+                .set(1);
+            continue;
         }
         // Said after the carry-over, which waits for the lead when it has a
         // label to carry: a replica that saw the takeover while the lead

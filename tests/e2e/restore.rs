@@ -227,7 +227,7 @@ async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
     };
     // The restart's own read of each lock is its follower's first look
     // (src/takeover): the labels are written once the janitor has synced,
-    // without waiting on the followers' budget of 2 looks a second.
+    // 20 a second, without waiting on the followers' 2 looks a second.
     let restarted = std::time::Instant::now();
     let all = tokio::time::timeout(Duration::from_secs(300), async {
         while labeled().await != LOCKS {
@@ -245,7 +245,7 @@ async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
         );
     }
     eprintln!(
-        "{LOCKS} heirs' locks labeled {:.1}s after the restart",
+        "{LOCKS} heirs' locks labeled {:.1}s after the restarted janitor was ready",
         restarted.elapsed().as_secs_f64()
     );
     let m = second.metrics().await;
