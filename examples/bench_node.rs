@@ -14,14 +14,15 @@
 //! (median, p99, max) side by side, the leading pod's CPU throttling
 //! (cgroup v1 `cpu.stat` of its container) over each burst, and its memory
 //! peak (`memory.max_usage_in_bytes`, VmHWM) against its limit, including a
-//! re-list of its lock watches after the API server restarts. Among the
-//! chart's deaths, a few are real kubelet evictions (`--evictions`): the
-//! real operator-lib operator (a leader and a replica) runs on the real node
-//! in that many namespaces, the kubelet is put under memory pressure, and it
-//! evicts their pods; each evicted leader's lock is timed from its Failed
-//! status (as a pod watch here sees it) to its deletion, with who deleted
-//! it (the chart's janitor, or the garbage collector after operator-lib
-//! deleted the evicted pod), and the chart's own pods must not be evicted.
+//! re-list of its lock watches after the API server restarts. Then real
+//! kubelet evictions (`--evictions`): the real operator-lib operator (a
+//! leader and a replica) runs on the real node in that many namespaces, the
+//! kubelet is put under memory pressure and evicts their pods; each evicted
+//! leader's lock is timed from the pod's end (Failed or Succeeded, as a pod
+//! watch here sees it) to the lock's deletion, with who deleted it (the
+//! chart's janitor, or operator-lib), and the chart's own pods the kubelet
+//! evicted too are listed: once as shipped, once with a PriorityClass of
+//! 1,000,000 (`priorityClassName`, as values.yaml advises).
 //! It reports numbers; it fails only if something breaks.
 //!
 //! ```text
@@ -48,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use bench_support::*;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, Client, ResourceExt};
 use lock_janitor_testenv::kubelet;
 use node_support::RealNode;
@@ -326,25 +327,69 @@ where
 struct Evicted {
     ns: String,
     leader: String,
-    /// Its Failed status (as a pod watch here sees it) to its lock's
+    /// Its end (Failed or Succeeded, as a pod watch here sees it) to its lock's
     /// deletion (as the lock watch here sees it).
     latency: Option<f64>,
     /// Who deleted the lock (the audit log's user).
     deleter: String,
 }
 
-/// Puts the kubelet under memory pressure until it has evicted the leader
-/// of every namespace in `evict_ns` (or 300 s), then lifts it; the chart's
-/// own pods (in `sys`) must not be evicted.
+const PRIORITY_CLASS_NAME: &str = "lock-janitor-bench";
+const PRIORITY_CLASS: &str = r#"{"apiVersion":"scheduling.k8s.io/v1","kind":"PriorityClass",
+"metadata":{"name":"lock-janitor-bench"},"value":1000000,
+"description":"lock-janitor in make bench-node: kept under the pressure that evicts the leaders it cleans up after"}"#;
+
+/// A pod that ended: Failed, or Succeeded (an evicted container that exits
+/// 0 on the kubelet's signal leaves its pod Succeeded; see real-node.md).
+fn ended(p: &Pod) -> bool {
+    matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Failed" | "Succeeded")
+    )
+}
+
+/// Puts the kubelet under memory pressure (a threshold 1 GiB under the
+/// memory available, and a Guaranteed pod of 2 GiB, the hog) until it has
+/// evicted the leader of every namespace in `evict_ns`, their locks are
+/// gone and it has evicted the hog too (or 300 s), then lifts it. The
+/// leaders evicted, and the chart's own pods (in `sys`) the kubelet
+/// evicted meanwhile.
 async fn kubelet_evictions(
     n: &RealNode,
-    deleted: &Deletions,
     evict_ns: &[String],
     sys: &str,
-) -> Vec<Evicted> {
+) -> (Vec<Evicted>, Vec<String>) {
     use futures::StreamExt;
     use kube::runtime::{watcher, WatchStreamExt};
     let client = n.client.clone();
+    let chart_failed = || async {
+        n.pods(sys, "app.kubernetes.io/name=lock-janitor")
+            .await
+            .into_iter()
+            .filter(|p| ended(p))
+            .map(|p| p.name_any())
+            .collect::<Vec<_>>()
+    };
+    let failed_before = chart_failed().await;
+    // The lock deletes in the audit log so far: the first one after them is
+    // this round's.
+    let lock_deletes = |ns: &str| -> Vec<String> {
+        n.audit()
+            .into_iter()
+            .filter(|e| {
+                e.verb == "delete"
+                    && e.code == Some(200)
+                    && e.namespace.as_deref() == Some(ns)
+                    && e.resource.as_deref() == Some("configmaps")
+                    && e.name.as_deref() == Some(node_support::LOCK)
+            })
+            .map(|e| e.effective_user().to_owned())
+            .collect()
+    };
+    let deletes_before: HashMap<String, usize> = evict_ns
+        .iter()
+        .map(|ns| (ns.clone(), lock_deletes(ns).len()))
+        .collect();
     let mut leaders = Vec::new();
     for ns in evict_ns {
         let leader = n
@@ -353,28 +398,46 @@ async fn kubelet_evictions(
             .unwrap_or_else(|| fail(&format!("no lock in {ns}")));
         leaders.push((ns.clone(), leader));
     }
-    // When each pod turned Failed, as a watch here sees it.
-    let failed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let watches: Vec<_> = evict_ns
-        .iter()
-        .map(|ns| {
-            let (failed, api) = (failed.clone(), Api::<Pod>::namespaced(client.clone(), ns));
-            tokio::spawn(async move {
-                let pods = watcher(api, watcher::Config::default()).applied_objects();
-                futures::pin_mut!(pods);
-                while let Some(Ok(p)) = pods.next().await {
-                    if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed") {
-                        let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
-                        failed
-                            .lock()
-                            .unwrap()
-                            .entry(key)
-                            .or_insert_with(Instant::now);
-                    }
+    // When each pod ended and each lock was first deleted, as
+    // watches here see them.
+    type Seen = Arc<Mutex<HashMap<String, Instant>>>;
+    let (failed, gone): (Seen, Seen) = Default::default();
+    let mut watches = Vec::new();
+    for ns in evict_ns {
+        let (failed, api) = (failed.clone(), Api::<Pod>::namespaced(client.clone(), ns));
+        watches.push(tokio::spawn(async move {
+            let pods = watcher(api, watcher::Config::default()).applied_objects();
+            futures::pin_mut!(pods);
+            while let Some(p) = pods.next().await {
+                let Ok(p) = p else { continue };
+                if ended(&p) {
+                    let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+                    failed
+                        .lock()
+                        .unwrap()
+                        .entry(key)
+                        .or_insert_with(Instant::now);
                 }
-            })
-        })
-        .collect();
+            }
+        }));
+        let (gone, api) = (
+            gone.clone(),
+            Api::<ConfigMap>::namespaced(client.clone(), ns),
+        );
+        watches.push(tokio::spawn(async move {
+            let config =
+                watcher::Config::default().fields(&format!("metadata.name={}", node_support::LOCK));
+            let cms = watcher(api, config);
+            futures::pin_mut!(cms);
+            while let Some(ev) = cms.next().await {
+                if let Ok(watcher::Event::Delete(cm)) = ev {
+                    let key = cm.namespace().unwrap_or_default();
+                    gone.lock().unwrap().entry(key).or_insert_with(Instant::now);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let hog_ns = n.namespace("bench-hog").await;
     let avail = RealNode::memory_available_mib();
     n.node
@@ -383,20 +446,35 @@ async fn kubelet_evictions(
         .unwrap_or_else(|e| fail(&format!("kubelet eviction threshold: {e}")));
     n.hog(&hog_ns, "hog", 2048);
     let t = Instant::now();
-    let lock_of = |ns: &str| format!("{ns}/{}", node_support::LOCK);
+    let hogs = Api::<Pod>::namespaced(client.clone(), &hog_ns);
+    // Until every leader's lock is gone and the kubelet has evicted the hog
+    // too (the pressure ends with it): which pods it ranked before the hog.
     loop {
         let done = {
-            let (f, d) = (failed.lock().unwrap(), deleted.lock().unwrap());
+            let (f, g) = (failed.lock().unwrap(), gone.lock().unwrap());
             leaders
                 .iter()
-                .all(|(ns, l)| f.contains_key(&format!("{ns}/{l}")) && d.contains_key(&lock_of(ns)))
+                .all(|(ns, l)| f.contains_key(&format!("{ns}/{l}")) && g.contains_key(ns))
         };
-        if done || t.elapsed() > Duration::from_secs(300) {
+        let hog_ended = matches!(hogs.get_opt("hog").await, Ok(None))
+            || matches!(hogs.get_opt("hog").await, Ok(Some(p)) if ended(&p));
+        if (done && hog_ended) || t.elapsed() > Duration::from_secs(300) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    println!("    evictions over after {}", secs(t.elapsed()));
+    let order: Vec<String> = n
+        .node
+        .kubelet_log()
+        .lines()
+        .filter(|l| l.contains("pod is evicted successfully"))
+        .filter_map(|l| l.split("pod=\"").nth(1)?.split('"').next())
+        .filter_map(|p| p.split('/').nth(1).map(str::to_owned))
+        .collect();
+    println!(
+        "    evictions over after {}; the kubelet evicted, in order: {order:?}",
+        secs(t.elapsed())
+    );
     n.kubectl(
         &[
             "delete",
@@ -416,46 +494,31 @@ async fn kubelet_evictions(
     for w in watches {
         w.abort();
     }
-    let chart_evicted: Vec<String> = n
-        .pods(sys, "app.kubernetes.io/name=lock-janitor")
+    let lost: Vec<String> = chart_failed()
         .await
         .into_iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
-        .map(|p| p.name_any())
+        .filter(|p| !failed_before.contains(p))
         .collect();
-    if !chart_evicted.is_empty() {
-        fail(&format!(
-            "the kubelet evicted the chart's own pods: {chart_evicted:?}"
-        ));
-    }
-    let audit = n.audit();
-    let (f, d) = (
-        failed.lock().unwrap().clone(),
-        deleted.lock().unwrap().clone(),
-    );
-    leaders
+    let (f, g) = (failed.lock().unwrap().clone(), gone.lock().unwrap().clone());
+    let evicted = leaders
         .into_iter()
         .filter_map(|(ns, leader)| {
             let at = *f.get(&format!("{ns}/{leader}"))?;
-            let gone = d.get(&lock_of(&ns));
-            let deleter = audit
-                .iter()
-                .find(|e| {
-                    e.verb == "delete"
-                        && e.code == Some(200)
-                        && e.namespace.as_deref() == Some(ns.as_str())
-                        && e.resource.as_deref() == Some("configmaps")
-                        && e.name.as_deref() == Some(node_support::LOCK)
-                })
-                .map_or("-".into(), |e| e.effective_user().to_owned());
+            let deleter = lock_deletes(&ns)
+                .into_iter()
+                .nth(deletes_before.get(&ns).copied().unwrap_or(0))
+                .unwrap_or_else(|| "-".into());
             Some(Evicted {
-                latency: gone.map(|g| g.saturating_duration_since(at).as_secs_f64()),
+                latency: g
+                    .get(&ns)
+                    .map(|g| g.saturating_duration_since(at).as_secs_f64()),
                 ns,
                 leader,
                 deleter,
             })
         })
-        .collect()
+        .collect();
+    (evicted, lost)
 }
 
 /// The node's load average (1, 5, 15 min).
@@ -687,20 +750,6 @@ async fn main() {
         println!("\n    (no Lease burst: --lease-burst 0)");
         Vec::new()
     };
-    let evicted = if evict_ns.is_empty() {
-        Vec::new()
-    } else {
-        step(&format!(
-            "The chart's pod: the kubelet evicts the {} operators' pods under memory pressure",
-            evict_ns.len()
-        ));
-        let before = cpu_stat(&pod);
-        let e = kubelet_evictions(&n, &deleted, &evict_ns, &sys).await;
-        let th = throttled_over(before, cpu_stat(&pod));
-        println!("    throttled: {}", show_throttle(&th));
-        throttles.push(("kubelet evictions".into(), th));
-        e
-    };
     let after_bursts = pod_mem(&pod);
     let remaining = args.locks - per[0].iter().map(Vec::len).sum::<usize>();
     println!("    {}", show_mem("after the bursts", &after_bursts));
@@ -759,6 +808,35 @@ async fn main() {
         "    {relist_note}\n    {}",
         show_mem("after the re-list", &after_relist)
     );
+
+    // Real kubelet evictions: as shipped, then with the priority class
+    // values.yaml advises. Last for the chart: its own pods may go too.
+    let mut eviction_rounds: Vec<(&str, Vec<Evicted>, Vec<String>)> = Vec::new();
+    if !evict_ns.is_empty() {
+        step(&format!(
+            "The chart as shipped (no priority class): the kubelet evicts the {} operators' pods under memory pressure",
+            evict_ns.len()
+        ));
+        let (e, lost) = kubelet_evictions(&n, &evict_ns, &sys).await;
+        eviction_rounds.push(("as shipped (no priority class)", e, lost));
+        step("The chart with priorityClassName (a PriorityClass of 1,000,000, as values.yaml advises): the same again");
+        n.kubectl(&["apply", "-f", "-"], Some(PRIORITY_CLASS));
+        n.upgrade_chart_as_shipped(
+            RELEASE,
+            &sys,
+            &watch_refs,
+            &[&format!("priorityClassName={PRIORITY_CLASS_NAME}")],
+        );
+        n.wait_rollout(&sys);
+        for ns in &evict_ns {
+            n.wait_leader(ns, None, Duration::from_secs(300)).await;
+            n.wait_standby(ns, Duration::from_secs(120)).await;
+            n.label_locks(ns);
+            n.wait_labeled(ns).await;
+        }
+        let (e, lost) = kubelet_evictions(&n, &evict_ns, &sys).await;
+        eviction_rounds.push(("priorityClassName set", e, lost));
+    }
 
     // (b) The same binary, a bare process with the Deployment's flags.
     step("The chart scaled to 0; the same binary as a bare process on the host");
@@ -920,17 +998,18 @@ async fn main() {
             median_p99_max(c.clone())
         );
     }
-    if !evict_ns.is_empty() {
+    for (what, evicted, lost) in &eviction_rounds {
         let lat: Vec<f64> = evicted.iter().filter_map(|e| e.latency).collect();
         println!(
-            "\nReal kubelet evictions (the chart's pod): {} of {} leaders evicted, locks freed {} (Failed as seen here -> deleted)",
+            "\nReal kubelet evictions, the chart {what}: {} of {} operator leaders evicted, their locks freed {} \
+             (ended -> deleted, as watches here see them); the chart's own pods evicted: {lost:?}",
             evicted.len(),
             evict_ns.len(),
             median_p99_max(lat)
         );
-        println!("| namespace | leader | Failed -> lock deleted | deleted by |");
+        println!("| namespace | leader | ended -> lock deleted | deleted by |");
         println!("|---|---|---|---|");
-        for e in &evicted {
+        for e in evicted {
             println!(
                 "| {} | {} | {} | {} |",
                 e.ns,

@@ -150,8 +150,7 @@ fn distribution_of(mut v: Vec<f64>, unit: &str, digits: usize) -> String {
 /// When each lock was seen deleted, by "ns/name".
 pub type Deletions = Arc<Mutex<HashMap<String, Instant>>>;
 
-/// Lock deletions as this process sees them, by "ns/name" (the first
-/// deletion of a name: a lock made again and deleted again keeps it).
+/// Lock deletions as this process sees them, by "ns/name".
 pub fn watch_deletions(
     client: &Client,
     selector: &str,
@@ -178,8 +177,7 @@ pub fn watch_deletions(
                         deleted
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .entry(key)
-                            .or_insert_with(Instant::now);
+                            .insert(key, Instant::now());
                     }
                     Ok(watcher::Event::InitDone) => {
                         if let Some(tx) = tx.take() {

@@ -294,6 +294,13 @@ impl RealNode {
         self.helm_chart("upgrade", release, ns, watch, sets, true);
     }
 
+    /// `helm upgrade` of an install made by
+    /// [`install_chart_as_shipped`](Self::install_chart_as_shipped), with
+    /// `sets` (`key=value`) on top of the shipped values.
+    pub fn upgrade_chart_as_shipped(&self, release: &str, ns: &str, watch: &[&str], sets: &[&str]) {
+        self.helm_chart("upgrade", release, ns, watch, sets, false);
+    }
+
     /// `test_values`: two replicas, `resync=5s` and plain logs on top of
     /// the chart's defaults (what the tests assert on).
     fn helm_chart(
