@@ -366,7 +366,7 @@ async fn kubelet_evictions(
         n.pods(sys, "app.kubernetes.io/name=lock-janitor")
             .await
             .into_iter()
-            .filter(|p| ended(p))
+            .filter(ended)
             .map(|p| p.name_any())
             .collect::<Vec<_>>()
     };
