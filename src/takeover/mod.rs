@@ -5,7 +5,8 @@
 //! `lock_janitor_takeover_timeouts_total`), and carry the opt-in label over
 //! to the new lock, which operator-lib creates without labels. What is
 //! awaited is derived again from the janitor's own `StaleLockReclaimed`
-//! Events after a restart or a failover. The label carry-over is in `carry`.
+//! Events after a restart or a failover (`restore`). The label carry-over is
+//! in `carry`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::ListParams;
 use kube::runtime::events::EventType;
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
@@ -24,12 +24,12 @@ use crate::election::Gate;
 use crate::events::{self, Events, Say};
 use crate::lock::{self, Holder, LockKey, LockKind};
 use crate::metrics::Metrics;
-use crate::optin::{self, Plan};
 
 mod carry;
+mod restore;
+use crate::call;
 use crate::readiness::Readiness;
 use crate::selector::Selector;
-use crate::{call, scoped};
 
 /// How long a gone lock is followed at most (a takeover may still come long
 /// after the timeout, when someone restarts the replica that gave up).
@@ -149,156 +149,6 @@ impl Takeovers {
         keys.sort();
         keys
     }
-
-    /// After a restart or a failover: awaits again the takeovers of locks
-    /// this janitor (any replica) reclaimed within `FOLLOW_FOR` and that no
-    /// new holder has created yet, from its own `StaleLockReclaimed` Events
-    /// in `namespace` (all for None). `present` says whether a lock exists
-    /// now, and under which holder uid.
-    pub async fn restore(&self, namespace: Option<&str>) -> Result<usize, crate::Error> {
-        let api: Api<k8s_openapi::api::events::v1::Event> = scoped(&self.shared.client, namespace);
-        // The reclaims, and the intents written just before each freeing
-        // write (what is left of a reclaim whose janitor died before its
-        // StaleLockReclaimed Event; still_awaited tells from the lock as it
-        // is now whether it was freed).
-        let mut items = Vec::new();
-        for reason in [events::REASON_RECLAIMED, events::REASON_RECLAIMING] {
-            let lp = ListParams::default().fields(&format!("reason={reason}"));
-            let list = call("listing the janitor's reclaim Events", api.list(&lp))
-                .await
-                .inspect_err(|_| self.shared.metrics.restore_failures.inc())?;
-            items.extend(list.items);
-        }
-        // The latest reclaim per lock.
-        let mut latest: HashMap<LockKey, (Timestamp, Holder)> = HashMap::new();
-        for ev in items {
-            // Only this janitor's (its selector is in the note): another
-            // release's reclaims are not ours to follow or label.
-            if ev.reporting_controller.as_deref() != Some(crate::NAME)
-                || !ev
-                    .note
-                    .as_deref()
-                    .is_some_and(|n| n.ends_with(&reclaim_marker(&self.selector)))
-            {
-                continue;
-            }
-            let kind = match ev.regarding.as_ref().and_then(|r| r.kind.as_deref()) {
-                Some("ConfigMap") => LockKind::ConfigMap,
-                Some("Lease") => LockKind::Lease,
-                _ => continue,
-            };
-            let (Some(regarding), Some(related)) = (ev.regarding, ev.related) else {
-                continue;
-            };
-            let (Some(ns), Some(name), Some(holder), Some(uid)) = (
-                regarding.namespace,
-                regarding.name,
-                related.name,
-                related.uid,
-            ) else {
-                continue;
-            };
-            let at = ev
-                .series
-                .map(|s| s.last_observed_time.0)
-                .or(ev.event_time.map(|t| t.0))
-                .or(ev.metadata.creation_timestamp.map(|t| t.0));
-            let Some(at) = at else { continue };
-            let key = LockKey {
-                namespace: ns,
-                name,
-                kind,
-            };
-            if latest.get(&key).is_none_or(|(t, _)| *t < at) {
-                latest.insert(key, (at, Holder { name: holder, uid }));
-            }
-        }
-        let now = Timestamp::now();
-        let mut restored = 0;
-        for (key, (at, holder)) in latest {
-            let age = Duration::try_from(now.duration_since(at)).unwrap_or_default();
-            if age >= FOLLOW_FOR {
-                continue;
-            }
-            // One lock's failed read costs that lock only: counted, said,
-            // and the others are restored.
-            let awaited = match self.still_awaited(&key, &holder).await {
-                Ok(a) => a,
-                Err(e) => {
-                    self.shared.metrics.restore_failures.inc();
-                    warn!(namespace = %key.namespace, lock = %key.name, error = %e,
-                          "could not restore the takeover of a reclaimed lock; it is not followed");
-                    continue;
-                }
-            };
-            let first = match awaited {
-                Restore::Nothing => continue,
-                Restore::Await => {
-                    info!(namespace = %key.namespace, lock = %key.name,
-                          reclaimed_seconds_ago = age.as_secs(),
-                          "awaiting the takeover of a lock reclaimed before this janitor started");
-                    None
-                }
-                Restore::Label(look) => {
-                    info!(namespace = %key.namespace, lock = %key.name,
-                          reclaimed_seconds_ago = age.as_secs(),
-                          "a reclaimed lock was created again while no janitor ran, without the opt-in label; labeling it");
-                    Some(look)
-                }
-            };
-            // The lock just read is the follower's first look: a restart
-            // spends none of the followers' budget to find the locks it
-            // labels, which stay unprotected until they are labeled.
-            self.follow_from(&key, holder, at, first);
-            restored += 1;
-        }
-        Ok(restored)
-    }
-
-    /// After a restart: whether the takeover of a lock reclaimed from
-    /// `old` is still awaited, from a live read. A lock present again was
-    /// taken over while no janitor looked; one a new holder created without
-    /// the opt-in label is followed once more, which labels it.
-    async fn still_awaited(&self, key: &LockKey, old: &Holder) -> Result<Restore, crate::Error> {
-        let look = match key.kind {
-            LockKind::ConfigMap => look_configmap(&self.shared, key, old).await?,
-            LockKind::Lease => look_lease(&self.shared, key, old).await?,
-        };
-        Ok(match look {
-            // Not there again (a ConfigMap, a Lease held for life), or a
-            // Lease released and not taken yet.
-            Look::Waiting => Restore::Await,
-            // Made again by a new holder without the opt-in label. A Lease
-            // keeps its labels through a release: nothing to carry there.
-            Look::Taken(t) if self.unlabeled(&t) => Restore::Label(Look::Taken(t)),
-            Look::Taken(_) | Look::Done(_) => Restore::Nothing,
-        })
-    }
-
-    /// Whether a lock a new holder made lacks the opt-in label there is to
-    /// carry over.
-    fn unlabeled(&self, t: &TakenBy) -> bool {
-        let Some((k, v)) = self.shared.label.as_ref() else {
-            return false;
-        };
-        let meta = match &t.new {
-            Some(New::ConfigMap(cm)) => &cm.metadata,
-            Some(New::Lease(lease)) => &lease.metadata,
-            None => return false,
-        };
-        optin::plan_label(meta, k, v) == Some(Plan::Add)
-    }
-}
-
-/// What a restart finds of a lock it had reclaimed.
-enum Restore {
-    /// Taken over and opted in (or not a lock): nothing to do.
-    Nothing,
-    /// Not taken over yet: followed again.
-    Await,
-    /// Taken over without the opt-in label: followed from this look,
-    /// which labels it.
-    Label(Look),
 }
 
 /// The end of the janitor's StaleLockReclaimed note: which selector's
