@@ -674,17 +674,7 @@ async fn main() {
     let watch_refs: Vec<&str> = watched.iter().map(String::as_str).collect();
     let t = Instant::now();
     n.install_chart_as_shipped(RELEASE, &sys, &watch_refs);
-    n.kubectl(
-        &[
-            "rollout",
-            "status",
-            "-n",
-            &sys,
-            &format!("deployment/{RELEASE}"),
-            "--timeout=300s",
-        ],
-        None,
-    );
+    n.wait_rollout(&sys);
     let pod = leader_pod(&n, &sys).await;
     wait_for(
         "the chart's leader holding every lock",

@@ -66,17 +66,7 @@ async fn demo() -> anyhow::Result<()> {
 
     step("Installing the chart: two janitor pods from lock-janitor.local/lock-janitor:dev, election on");
     n.install_chart(RELEASE, &sys, &[&op]);
-    n.kubectl(
-        &[
-            "rollout",
-            "status",
-            "-n",
-            &sys,
-            &format!("deployment/{RELEASE}"),
-            "--timeout=180s",
-        ],
-        None,
-    );
+    n.wait_rollout(&sys);
     let jl = wait_some(Duration::from_secs(60), || n.janitor_leader(&sys, RELEASE)).await;
     println!("    janitor pods Ready; {jl} leads");
 

@@ -114,13 +114,18 @@ pub fn counts(v: Vec<f64>) -> String {
     distribution_of(v, "", 0)
 }
 
+/// The `q` quantile of a sorted, non-empty sample (nearest rank).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
 /// median / p99 / max of a sample in seconds, as "0.123 / 0.456 / 0.789 s (n)".
 pub fn median_p99_max(mut v: Vec<f64>) -> String {
     if v.is_empty() {
         return "no samples".into();
     }
     v.sort_by(f64::total_cmp);
-    let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+    let at = |q: f64| quantile(&v, q);
     format!(
         "{:.3} / {:.3} / {:.3} s (n={})",
         at(0.5),
@@ -135,7 +140,7 @@ fn distribution_of(mut v: Vec<f64>, unit: &str, digits: usize) -> String {
         return "no samples".into();
     }
     v.sort_by(f64::total_cmp);
-    let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+    let at = |q: f64| quantile(&v, q);
     format!(
         "n={}  min {:.d$}{unit}  median {:.d$}{unit}  p90 {:.d$}{unit}  max {:.d$}{unit}",
         v.len(),
