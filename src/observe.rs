@@ -82,14 +82,14 @@ impl Judgement {
 /// remembers (`memory`); a one-shot `scan` uses the lock's age.
 pub trait HolderClock {
     /// The holder was found: its missing clock stops.
-    fn holder_present(&self, lock: &Lock);
+    fn holder_present(&mut self, lock: &Lock);
     /// The holder is missing: since when (wall clock) and for how long.
-    fn holder_missing(&self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration);
+    fn holder_missing(&mut self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration);
     /// First time this holder was seen dead without a container finish time.
-    fn stale_since(&self, lock: &Lock, now: Timestamp) -> Timestamp;
+    fn stale_since(&mut self, lock: &Lock, now: Timestamp) -> Timestamp;
     /// Takes in a Lease as read live; what was seen of its renewals (none
     /// for a clock that does not watch).
-    fn lease_renewals(&self, _lease: &Lease) -> Renewals {
+    fn lease_renewals(&mut self, _lease: &Lease) -> Renewals {
         Renewals::default()
     }
 }
@@ -101,13 +101,13 @@ pub trait HolderClock {
 pub struct LockAge;
 
 impl HolderClock for LockAge {
-    fn holder_present(&self, _lock: &Lock) {}
-    fn holder_missing(&self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration) {
+    fn holder_present(&mut self, _lock: &Lock) {}
+    fn holder_missing(&mut self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration) {
         let since = lock.created.unwrap_or(now);
         let gone_for = Duration::try_from(now.duration_since(since)).unwrap_or_default();
         (since, gone_for)
     }
-    fn stale_since(&self, _lock: &Lock, now: Timestamp) -> Timestamp {
+    fn stale_since(&mut self, _lock: &Lock, now: Timestamp) -> Timestamp {
         now
     }
 }
@@ -162,7 +162,7 @@ impl Observer {
     pub async fn judge_live(
         &self,
         key: &LockKey,
-        clock: &impl HolderClock,
+        clock: &mut impl HolderClock,
     ) -> Result<Option<Judgement>, Error> {
         if key.kind == LockKind::Lease {
             return self.judge_live_lease(key, clock).await;
@@ -198,7 +198,7 @@ impl Observer {
         meta: ObjectMeta,
         holds_data: bool,
         holder: Option<Option<Pod>>,
-        clock: &impl HolderClock,
+        clock: &mut impl HolderClock,
         purpose: Purpose,
     ) -> Result<Judgement, Error> {
         let lock = match lock::parse_shaped(&meta, holds_data) {
@@ -253,7 +253,12 @@ impl Observer {
         })
     }
 
-    fn judge_holder(&self, lock: &Lock, holder: Option<&Pod>, clock: &impl HolderClock) -> Verdict {
+    fn judge_holder(
+        &self,
+        lock: &Lock,
+        holder: Option<&Pod>,
+        clock: &mut impl HolderClock,
+    ) -> Verdict {
         let seen = match holder {
             Some(pod) => {
                 clock.holder_present(lock);
@@ -312,7 +317,7 @@ impl Observer {
     async fn judge_live_lease(
         &self,
         key: &LockKey,
-        clock: &impl HolderClock,
+        clock: &mut impl HolderClock,
     ) -> Result<Option<Judgement>, Error> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
         let Some(live) = call(format!("reading lease {key}"), leases.get_opt(&key.name)).await?
@@ -332,7 +337,7 @@ impl Observer {
         &self,
         key: &LockKey,
         lease: &Lease,
-        clock: &impl HolderClock,
+        clock: &mut impl HolderClock,
     ) -> Result<Option<Judgement>, Error> {
         if !self.selector.matches(lease.metadata.labels.as_ref()) {
             return Ok(None);
@@ -370,7 +375,7 @@ impl Observer {
                 let owner = lock::parse(&live.metadata).ok()?.holder;
                 Some(pods.iter().find(|p| p.name_any() == owner.name).cloned())
             });
-            return self.judge_for_life(key, live, holder, &LockAge).await;
+            return self.judge_for_life(key, live, holder, &mut LockAge).await;
         }
         self.judge_lease_reading(key, live, pods, || *renewals)
             .await
@@ -384,7 +389,7 @@ impl Observer {
         key: LockKey,
         live: Lease,
         holder: Option<Option<Pod>>,
-        clock: &impl HolderClock,
+        clock: &mut impl HolderClock,
     ) -> Result<Judgement, Error> {
         let meta = live.metadata.clone();
         let mut j = self

@@ -140,7 +140,7 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
                         c.meta.clone(),
                         c.holds_data,
                         Some(holder),
-                        &LockAge,
+                        &mut LockAge,
                         Purpose::Report,
                     )
                     .await

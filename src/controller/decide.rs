@@ -104,6 +104,48 @@ impl State {
             self.rare = None;
         }
     }
+
+    /// The holder was found: its missing clock stops.
+    pub fn holder_present(&mut self) {
+        if let Some(r) = self.rare.as_mut() {
+            r.missing_since = None;
+        }
+        self.tidy();
+    }
+
+    /// The holder of `uid` is missing, seen so at `at` (monotonic) and `now`
+    /// (wall clock): since when (wall clock) and for how long (monotonic),
+    /// from the first time this holder was seen missing. Another holder's
+    /// clock starts again.
+    pub fn holder_missing(
+        &mut self,
+        uid: &str,
+        at: Instant,
+        now: Timestamp,
+    ) -> (Timestamp, Duration) {
+        let r = self.rare();
+        let (first, since) = match &r.missing_since {
+            Some((u, first, since)) if u == uid => (*first, *since),
+            _ => {
+                r.missing_since = Some((uid.to_owned(), at, now));
+                (at, now)
+            }
+        };
+        (since, at.saturating_duration_since(first))
+    }
+
+    /// The first time the holder of `uid` was seen dead without a container
+    /// finish time (`now` if this is it).
+    pub fn stale_since(&mut self, uid: &str, now: Timestamp) -> Timestamp {
+        let r = self.rare();
+        match &r.stale_since {
+            Some((u, t)) if u == uid => *t,
+            _ => {
+                r.stale_since = Some((uid.to_owned(), now));
+                now
+            }
+        }
+    }
 }
 
 /// What a reconcile writes for a verdict.
@@ -425,5 +467,46 @@ mod tests {
         let (s, _) = after(s, &j, &Done::default(), RESYNC);
         assert_eq!(s.holder, Some(new));
         assert_eq!(s.version.as_deref(), Some("8"));
+    }
+
+    /// The owner-gone grace runs on the monotonic clock from the first time
+    /// this holder was seen missing; it stops when the holder is found and
+    /// starts again for another holder. A death time is the first one seen
+    /// for that holder.
+    #[test]
+    fn a_holder_s_clocks_run_from_the_first_sighting_of_that_holder() {
+        let t0 = Instant::now();
+        let (w0, w1) = (
+            Timestamp::from_second(1_000).unwrap(),
+            Timestamp::from_second(1_030).unwrap(),
+        );
+        let mut s = State::default();
+        assert_eq!(s.holder_missing("u", t0, w0), (w0, Duration::ZERO));
+        let later = t0 + Duration::from_secs(30);
+        assert_eq!(
+            s.holder_missing("u", later, w1),
+            (w0, Duration::from_secs(30))
+        );
+        // Another holder (a new uid) starts its own clock.
+        assert_eq!(s.holder_missing("v", later, w1), (w1, Duration::ZERO));
+        // Found again: the clock stops, and nothing rare is left.
+        s.holder_present();
+        assert!(s.rare.is_none());
+        assert_eq!(
+            s.holder_missing("v", later + Duration::from_secs(5), w1),
+            (w1, Duration::ZERO)
+        );
+
+        let mut s = State::default();
+        assert_eq!(s.stale_since("u", w0), w0);
+        assert_eq!(
+            s.stale_since("u", w1),
+            w0,
+            "the first death time seen stands"
+        );
+        assert_eq!(s.stale_since("v", w1), w1, "another holder's is its own");
+        // A found holder stops the missing clock only.
+        s.holder_present();
+        assert_eq!(s.stale_since("v", w0), w1);
     }
 }

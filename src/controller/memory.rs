@@ -202,7 +202,7 @@ impl Memory {
         Clock {
             memory: self,
             key,
-            state: Mutex::new(state),
+            state,
         }
     }
 }
@@ -230,61 +230,30 @@ fn count(
     metrics.set_lock_counts(i.counts.iter().map(|(s, n)| (*s, *n)));
 }
 
-/// The clocks of one lock's judgement, kept in the state it ends with.
+/// The clocks of one lock's judgement: its state's (`State::holder_missing`,
+/// `State::stale_since`), and the Lease renewals kept here.
 pub struct Clock<'a> {
     memory: &'a Memory,
     key: &'a LockKey,
-    state: Mutex<&'a mut State>,
-}
-
-impl Clock<'_> {
-    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let out = f(&mut s);
-        s.tidy();
-        out
-    }
+    state: &'a mut State,
 }
 
 impl HolderClock for Clock<'_> {
-    fn holder_present(&self, _lock: &Lock) {
-        self.with(|s| {
-            if let Some(r) = s.rare.as_mut() {
-                r.missing_since = None;
-            }
-        });
+    fn holder_present(&mut self, _lock: &Lock) {
+        self.state.holder_present();
     }
 
-    fn holder_missing(&self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration) {
-        self.with(|s| {
-            let r = s.rare();
-            let (since, at) = match &r.missing_since {
-                Some((u, since, at)) if *u == lock.holder.uid => (*since, *at),
-                _ => {
-                    let first = (Instant::now(), now);
-                    r.missing_since = Some((lock.holder.uid.clone(), first.0, first.1));
-                    first
-                }
-            };
-            (at, since.elapsed())
-        })
+    fn holder_missing(&mut self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration) {
+        self.state
+            .holder_missing(&lock.holder.uid, Instant::now(), now)
     }
 
-    fn lease_renewals(&self, lease: &Lease) -> Renewals {
+    fn lease_renewals(&mut self, lease: &Lease) -> Renewals {
         self.memory.saw_lease(self.key, lease)
     }
 
-    fn stale_since(&self, lock: &Lock, now: Timestamp) -> Timestamp {
-        self.with(|s| {
-            let r = s.rare();
-            match &r.stale_since {
-                Some((u, t)) if *u == lock.holder.uid => *t,
-                _ => {
-                    r.stale_since = Some((lock.holder.uid.clone(), now));
-                    now
-                }
-            }
-        })
+    fn stale_since(&mut self, lock: &Lock, now: Timestamp) -> Timestamp {
+        self.state.stale_since(&lock.holder.uid, now)
     }
 }
 

@@ -175,7 +175,7 @@ impl Context {
         state: &mut State,
         watched: Option<&Lease>,
     ) -> Result<Option<Judgement>, Error> {
-        let clock = self.memory.clock(key, state);
+        let mut clock = self.memory.clock(key, state);
         let now = k8s_openapi::jiff::Timestamp::now();
         if let Some(lease) = watched
             .filter(|l| !lock::lease::held_for_life(l))
@@ -183,7 +183,7 @@ impl Context {
         {
             let j = self
                 .observer
-                .judge_watched_lease(key, lease, &clock)
+                .judge_watched_lease(key, lease, &mut clock)
                 .await?;
             // Only a copy held as released or expired stands; anything
             // else (a clock that stepped back) is judged from live reads.
@@ -197,7 +197,7 @@ impl Context {
                 return Ok(Some(j));
             }
         }
-        self.observer.judge_live(key, &clock).await
+        self.observer.judge_live(key, &mut clock).await
     }
 
     /// Forgets a lock that no longer exists (or no longer carries the
