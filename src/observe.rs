@@ -40,6 +40,24 @@ pub struct Judgement {
 }
 
 impl Judgement {
+    /// A lock that cannot be managed (`why`): never written.
+    fn unmanageable(
+        key: LockKey,
+        meta: ObjectMeta,
+        why: lock::Unmanageable,
+        lease: Option<Lease>,
+    ) -> Self {
+        Judgement {
+            key,
+            meta,
+            lock: None,
+            holder: None,
+            verdict: Verdict::Unmanageable(why),
+            died_at: None,
+            lease,
+        }
+    }
+
     /// The version judged, as `Watched::version` names it: a ConfigMap's
     /// resourceVersion; a Lease's uid and holder identity (its renewals
     /// change nothing a judgement depends on, and would repeat its Event
@@ -203,17 +221,7 @@ impl Observer {
     ) -> Result<Judgement, Error> {
         let lock = match lock::parse_shaped(&meta, holds_data) {
             Ok(lock) => lock,
-            Err(why) => {
-                return Ok(Judgement {
-                    key,
-                    meta,
-                    lock: None,
-                    holder: None,
-                    verdict: Verdict::Unmanageable(why),
-                    died_at: None,
-                    lease: None,
-                })
-            }
+            Err(why) => return Ok(Judgement::unmanageable(key, meta, why, None)),
         };
         let mut holder = match holder {
             Some(h) => h,
@@ -410,17 +418,7 @@ impl Observer {
         let meta = live.metadata.clone();
         let parsed = match lock::lease::parse(&live) {
             Ok(l) => l,
-            Err(why) => {
-                return Ok(Judgement {
-                    key,
-                    meta,
-                    lock: None,
-                    holder: None,
-                    verdict: Verdict::Unmanageable(why),
-                    died_at: None,
-                    lease: Some(live),
-                })
-            }
+            Err(why) => return Ok(Judgement::unmanageable(key, meta, why, Some(live))),
         };
         let now = Timestamp::now();
         let listed;
