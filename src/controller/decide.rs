@@ -487,6 +487,12 @@ mod tests {
             s.holder_missing("u", later, w1),
             (w0, Duration::from_secs(30))
         );
+        // A wall clock stepped back shortens nothing: the grace is monotonic.
+        let stepped_back = Timestamp::from_second(10).unwrap();
+        assert_eq!(
+            s.holder_missing("u", later, stepped_back),
+            (w0, Duration::from_secs(30))
+        );
         // Another holder (a new uid) starts its own clock.
         assert_eq!(s.holder_missing("v", later, w1), (w1, Duration::ZERO));
         // Found again: the clock stops, and nothing rare is left.

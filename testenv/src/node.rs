@@ -335,6 +335,9 @@ state = "{state}"
   # them to its own (0) instead, as for rootless. Only the kernel OOM
   # killer's order changes; the kubelet's eviction ranking does not use it.
   restrict_oom_score_adj = true
+  # The pods' network namespaces are mounted under the node dir, not
+  # /var/run/netns: what a killed run leaves is unmounted with the rest.
+  netns_mounts_under_state_dir = true
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -1011,8 +1014,65 @@ fn reap_stale() {
         if std::fs::read_to_string(e.path().join("detached")).is_ok() {
             continue;
         }
+        kill_left_behind(&e.path());
         cleanup_host(&e.path());
         let _ = std::fs::remove_dir_all(e.path());
+    }
+}
+
+/// Kills what a node killed without its shutdown left running: containerd
+/// and the kubelet die with the test (their death signal), but each pod's
+/// shim (started with its containerd's address, under `dir`) and the
+/// pod's processes under it do not.
+fn kill_left_behind(dir: &Path) {
+    let Some(dir) = dir.to_str().map(|d| format!("{d}/")) else {
+        return;
+    };
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    // (pid, parent) of every process, and the shims of this dir.
+    let mut parents = Vec::new();
+    let mut doomed = Vec::new();
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let ppid: Option<u32> = std::fs::read_to_string(p.path().join("stat"))
+            .ok()
+            .and_then(|st| {
+                st.rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse()
+                    .ok()
+            });
+        if let Some(ppid) = ppid {
+            parents.push((pid, ppid));
+        }
+        let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&dir) {
+            doomed.push(pid);
+        }
+    }
+    // With their descendants, found before any dies (an orphan is reparented).
+    let mut i = 0;
+    while i < doomed.len() {
+        let parent = doomed[i];
+        doomed.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(c, _)| *c),
+        );
+        i += 1;
+    }
+    for pid in doomed {
+        // SAFETY: plain kill(2) of a pid > 0.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGKILL);
+        }
     }
 }
 
