@@ -149,7 +149,9 @@ test-node: node-build janitor-musl
 ## request of 200m and no CPU limit, 192Mi of memory) on the real node, 10,000 locks, bursts of 100 and 1,000 deaths and 100
 ## Leases; its latency beside the same binary as a bare process and the floor, its CPU
 ## throttling and memory peak (with a re-list). Root; not part of `make test`.
-## Smaller: make bench-node BENCH_NODE_ARGS="--locks 500 --bursts 20,50 --lease-burst 20"
+## Then real kubelet evictions of operator-lib leaders under memory pressure, as shipped and
+## with a priority class (--evictions N, default 3; 0 skips them).
+## Smaller: make bench-node BENCH_NODE_ARGS="--locks 500 --bursts 20,50 --lease-burst 20 --evictions 3"
 BENCH_NODE_ARGS ?=
 bench-node: node-build janitor-musl
 	$(CARGO) build --locked -q --release --example bench_node
