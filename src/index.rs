@@ -67,19 +67,15 @@ impl<T: std::hash::Hash + Eq + Clone> Relist<T> {
 type Holders = Box<[(Box<str>, Box<str>)]>;
 
 /// Kept for every watched lock, so it is compact (10,000 locks in the memory
-/// budget): each lock's key is stored once and shared, and the reverse maps
-/// are keyed by a hash of (namespace, uid) and (namespace, name). A hash
-/// that collides only brings more candidates, which `locks_of` checks
-/// against the lock's own holders; `names_a_holder` may say yes for a pod
-/// that holds nothing, which costs a sweep one more map entry.
+/// budget): each lock's key is stored once and shared, and the reverse map
+/// is keyed by a hash of (namespace, uid). A hash that collides only brings
+/// more candidates, which `locks_of` checks against the lock's own holders.
 #[derive(Default)]
 struct Inner {
     hasher: RandomState,
     by_lock: HashMap<Arc<LockKey>, Holders>,
     /// hash(namespace, holder uid) -> the locks that may name it.
     by_holder: HashMap<u64, Vec<Arc<LockKey>>>,
-    /// hash(namespace, holder name) -> how many (lock, holder) pairs.
-    names: HashMap<u64, u32>,
     relisting: Relist<Arc<LockKey>>,
 }
 
@@ -122,14 +118,12 @@ impl HolderIndex {
                 return;
             }
             unindex(i, &key);
-            for (name, uid) in holders.iter() {
+            for (_, uid) in holders.iter() {
                 let h = i.hash(&key.namespace, uid);
                 let keys = i.by_holder.entry(h).or_default();
                 if !keys.iter().any(|k| Arc::ptr_eq(k, &key)) {
                     keys.push(key.clone());
                 }
-                let n = i.hash(&key.namespace, name);
-                *i.names.entry(n).or_default() += 1;
             }
             i.by_lock.insert(key, holders);
         });
@@ -151,12 +145,6 @@ impl HolderIndex {
                 .map(|k| LockKey::clone(k))
                 .collect()
         })
-    }
-
-    /// Whether some lock names a pod of this name in this namespace (or,
-    /// rarely, a pod whose hash collides with one's).
-    pub fn names_a_holder(&self, namespace: &str, name: &str) -> bool {
-        self.with(|i| i.names.contains_key(&i.hash(namespace, name)))
     }
 
     /// The locks for which `holder_is_there(namespace, name, uid)` is false
@@ -227,19 +215,12 @@ fn unindex(i: &mut Inner, key: &LockKey) {
     let Some(holders) = i.by_lock.remove(key) else {
         return;
     };
-    for (name, uid) in holders.iter() {
+    for (_, uid) in holders.iter() {
         let h = i.hash(&key.namespace, uid);
         if let Some(keys) = i.by_holder.get_mut(&h) {
             keys.retain(|k| **k != *key);
             if keys.is_empty() {
                 i.by_holder.remove(&h);
-            }
-        }
-        let n = i.hash(&key.namespace, name);
-        if let Some(count) = i.names.get_mut(&n) {
-            *count -= 1;
-            if *count == 0 {
-                i.names.remove(&n);
             }
         }
     }
@@ -387,10 +368,15 @@ mod tests {
         assert_eq!(idx.locks_of("ops", "u1"), vec![key("b")]);
         assert_eq!(idx.locks_of("ops", "u9"), vec![key("a")]);
 
-        assert!(idx.names_a_holder("ops", "p1") && idx.names_a_holder("ops", "p9"));
+        let names = |idx: &HolderIndex| {
+            let mut by_ns = BTreeMap::new();
+            idx.holder_names(&mut by_ns);
+            by_ns.remove("ops").unwrap_or_default()
+        };
+        assert!(names(&idx).contains("p1") && names(&idx).contains("p9"));
         idx.delete(&key("b"));
         assert!(idx.locks_of("ops", "u1").is_empty());
-        assert!(!idx.names_a_holder("ops", "p1"));
+        assert!(!names(&idx).contains("p1"));
 
         // A re-list that no longer lists "c" forgets it.
         idx.relist_started();
