@@ -93,7 +93,7 @@ pub struct HolderIndex {
 
 impl HolderIndex {
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
-        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&mut crate::locked(&self.inner))
     }
 
     /// Indexes every Pod a lock names.
@@ -242,7 +242,7 @@ struct LeaseInner {
 
 impl LeaseIndex {
     fn with<T>(&self, f: impl FnOnce(&mut LeaseInner) -> T) -> T {
-        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&mut crate::locked(&self.inner))
     }
 
     /// Indexes the host a Lease's holder identity names.

@@ -267,7 +267,7 @@ impl Metrics {
             .map(|d| d.as_secs() as i64)
             .unwrap_or_default();
         self.last_reclaim.with_label_values(&labels).set(now);
-        let mut seen = self.reclaimed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = crate::locked(&self.reclaimed);
         seen.insert(labels.map(str::to_owned), std::time::Instant::now());
         // Pruned at each sweep; here only when it has grown.
         if seen.len().is_multiple_of(1024) {
@@ -277,7 +277,7 @@ impl Metrics {
 
     /// Removes the reclaim series last touched more than `ttl` ago.
     pub fn prune_reclaims(&self, ttl: std::time::Duration) {
-        let mut seen = self.reclaimed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = crate::locked(&self.reclaimed);
         self.prune(&mut seen, ttl);
     }
 
