@@ -304,19 +304,9 @@ async fn try_acquire_or_renew(
                 ..Default::default()
             }),
         };
-        return match call(
-            "creating the leader lease",
-            api.create(&PostParams::default(), &lease),
-        )
-        .await
-        {
-            Ok(_) => {
-                locked(state).took = true;
-                Ok(true)
-            }
-            Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => Ok(false),
-            Err(err) => Err(err),
-        };
+        let pp = PostParams::default();
+        let created = call("creating the leader lease", api.create(&pp, &lease)).await;
+        return won(created, state, true);
     };
     let spec = current.spec.clone().unwrap_or_default();
     let holder = spec.holder_identity.clone().unwrap_or_default();
@@ -364,14 +354,20 @@ async fn try_acquire_or_renew(
         ..spec
     });
     // replace carries metadata.resourceVersion: a concurrent change is a 409.
-    match call(
+    let replaced = call(
         "renewing the leader lease",
         api.replace(&e.lease, &PostParams::default(), &next),
     )
-    .await
-    {
+    .await;
+    won(replaced, state, !mine)
+}
+
+/// Ok(true) when the write went through (`took`: the lease was not this
+/// replica's before it), Ok(false) on a 409: another wrote first.
+fn won(written: Result<Lease, Error>, state: &Mutex<State>, took: bool) -> Result<bool, Error> {
+    match written {
         Ok(_) => {
-            locked(state).took = !mine;
+            locked(state).took = took;
             Ok(true)
         }
         Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => Ok(false),
