@@ -99,9 +99,7 @@ pub fn hostname(pod: &Pod) -> String {
         // under it is ambiguous, never released.
         return spec.and_then(|s| s.node_name.clone()).unwrap_or_default();
     }
-    if let Some(h) = pod
-        .spec
-        .as_ref()
+    if let Some(h) = spec
         .and_then(|s| s.hostname.as_deref())
         .filter(|h| !h.is_empty())
     {
