@@ -165,15 +165,17 @@ impl HolderIndex {
         })
     }
 
-    /// Adds, per namespace, the name of every pod some lock names (what a
-    /// sweep asks about).
-    pub fn holder_names(&self, out: &mut BTreeMap<String, BTreeSet<String>>) {
+    /// Per namespace, the name of every pod some lock names (what a sweep
+    /// asks about).
+    pub fn holder_names(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let mut out: BTreeMap<_, BTreeSet<_>> = BTreeMap::new();
         self.with(|i| {
             for (k, hs) in &i.by_lock {
                 let names = out.entry(k.namespace.clone()).or_default();
                 names.extend(hs.iter().map(|(name, _)| name.to_string()));
             }
-        })
+        });
+        out
     }
 
     pub fn len(&self) -> usize {
@@ -258,13 +260,15 @@ impl LeaseIndex {
         })
     }
 
-    /// Adds, per namespace, every host some Lease names.
-    pub fn hosts(&self, out: &mut BTreeMap<String, BTreeSet<String>>) {
+    /// Per namespace, every host some Lease names.
+    pub fn hosts(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let mut out: BTreeMap<_, BTreeSet<_>> = BTreeMap::new();
         self.with(|i| {
             for (ns, host) in i.by_host.keys() {
                 out.entry(ns.clone()).or_default().insert(host.clone());
             }
-        })
+        });
+        out
     }
 
     /// The Leases a pod of this name may hold: by its name, and by its
@@ -368,11 +372,7 @@ mod tests {
         assert_eq!(idx.locks_of("ops", "u1"), vec![key("b")]);
         assert_eq!(idx.locks_of("ops", "u9"), vec![key("a")]);
 
-        let names = |idx: &HolderIndex| {
-            let mut by_ns = BTreeMap::new();
-            idx.holder_names(&mut by_ns);
-            by_ns.remove("ops").unwrap_or_default()
-        };
+        let names = |idx: &HolderIndex| idx.holder_names().remove("ops").unwrap_or_default();
         assert!(names(&idx).contains("p1") && names(&idx).contains("p9"));
         idx.delete(&key("b"));
         assert!(idx.locks_of("ops", "u1").is_empty());
@@ -397,8 +397,6 @@ mod tests {
         idx.relist_done();
         assert_eq!(idx.leases_of("ops", "op-0"), vec![a]);
         assert!(idx.leases_of("ops", "op-1").is_empty());
-        let mut hosts = BTreeMap::new();
-        idx.hosts(&mut hosts);
-        assert_eq!(hosts["ops"].len(), 1);
+        assert_eq!(idx.hosts()["ops"].len(), 1);
     }
 }

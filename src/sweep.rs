@@ -76,19 +76,15 @@ pub async fn sweep(
     out: &mut Sweep,
 ) -> Result<(), Error> {
     let mut named: BTreeMap<String, Named> = BTreeMap::new();
-    if let Some(cms) = watched.configmaps {
-        let mut by_ns = BTreeMap::new();
-        cms.holder_names(&mut by_ns);
-        for (ns, names) in by_ns {
-            named.entry(ns).or_default().holders = names;
-        }
+    for (ns, names) in watched
+        .configmaps
+        .map(HolderIndex::holder_names)
+        .unwrap_or_default()
+    {
+        named.entry(ns).or_default().holders = names;
     }
-    if let Some(leases) = watched.leases {
-        let mut by_ns = BTreeMap::new();
-        leases.hosts(&mut by_ns);
-        for (ns, hosts) in by_ns {
-            named.entry(ns).or_default().hosts = hosts;
-        }
+    for (ns, hosts) in watched.leases.map(LeaseIndex::hosts).unwrap_or_default() {
+        named.entry(ns).or_default().hosts = hosts;
     }
     if let Some(ns) = scope {
         named.retain(|n, _| n == ns);
