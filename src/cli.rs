@@ -304,21 +304,18 @@ fn parse_lease_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// An object name: a DNS-1123 subdomain.
 fn parse_kind(s: &str) -> Result<LockKind, String> {
     LockKind::parse(s.trim())
         .ok_or_else(|| format!("{s:?} is not a lock kind (configmap or lease)"))
 }
 
+/// An object name: a DNS-1123 subdomain.
 fn parse_name(s: &str) -> Result<String, String> {
-    let ok = crate::dns_subdomain(s);
-    if ok {
-        Ok(s.to_owned())
-    } else {
-        Err(format!(
-            "{s:?} is not an object name (lowercase letters, digits, '-' and '.')"
-        ))
-    }
+    crate::dns_subdomain(s)
+        .then(|| s.to_owned())
+        .ok_or_else(|| {
+            format!("{s:?} is not an object name (lowercase letters, digits, '-' and '.')")
+        })
 }
 
 fn parse_qps(s: &str) -> Result<f64, String> {
@@ -337,14 +334,9 @@ fn parse_glob(s: &str) -> Result<glob::Pattern, String> {
 
 /// A namespace is a DNS-1123 label.
 fn parse_namespace(s: &str) -> Result<String, String> {
-    let ok = crate::dns_label(s);
-    if ok {
-        Ok(s.to_owned())
-    } else {
-        Err(format!(
-            "{s:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
-        ))
-    }
+    crate::dns_label(s).then(|| s.to_owned()).ok_or_else(|| {
+        format!("{s:?} is not a namespace name (lowercase letters, digits and '-', at most 63)")
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::client::ClientBuilder;
 use kube::{Client, Config};
+use tower::layer::{layer_fn, Layer};
 
 use crate::metrics::Metrics;
 
@@ -53,7 +54,7 @@ pub async fn build(budget: Budget, metrics: &Metrics) -> Result<Client, kube::Er
 pub async fn control(metrics: &Metrics) -> Result<Client, kube::Error> {
     let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
     Ok(ClientBuilder::try_from(config)?
-        .with_layer(&CountLayer::new(metrics))
+        .with_layer(&counted(metrics))
         .build())
 }
 
@@ -62,8 +63,8 @@ fn budgeted(config: Config, budget: Budget, metrics: &Metrics) -> Result<Client,
         // A buffer of our own, so that requests wait for the budget side
         // by side rather than in one line (a DELETE must not queue behind).
         .with_layer(&tower::buffer::BufferLayer::new(1024))
-        .with_layer(&BudgetLayer::new(budget).observed_by(metrics))
-        .with_layer(&CountLayer::new(metrics))
+        .with_layer(&budgeted_by(budget, Some(metrics.api_budget_wait.clone())))
+        .with_layer(&counted(metrics))
         .build())
 }
 
@@ -108,27 +109,12 @@ pub fn verb_of<B>(req: &http::Request<B>) -> &'static str {
 }
 
 /// Counts every request by verb and answer code.
-#[derive(Clone)]
-pub struct CountLayer {
-    requests: prometheus::IntCounterVec,
-}
-
-impl CountLayer {
-    pub fn new(metrics: &Metrics) -> Self {
-        CountLayer {
-            requests: metrics.api_requests.clone(),
-        }
-    }
-}
-
-impl<S> tower::Layer<S> for CountLayer {
-    type Service = Counted<S>;
-    fn layer(&self, inner: S) -> Counted<S> {
-        Counted {
-            inner,
-            requests: self.requests.clone(),
-        }
-    }
+fn counted<S>(metrics: &Metrics) -> impl Layer<S, Service = Counted<S>> {
+    let requests = metrics.api_requests.clone();
+    layer_fn(move |inner| Counted {
+        inner,
+        requests: requests.clone(),
+    })
 }
 
 #[derive(Clone)]
@@ -167,37 +153,19 @@ where
     }
 }
 
-/// A tower layer that holds each request until the budget has a token.
-#[derive(Clone)]
-pub struct BudgetLayer {
-    limiter: Arc<DefaultDirectRateLimiter>,
+/// A tower layer that holds each request until the budget has a token,
+/// observing how long each read waited in `waited`
+/// (`lock_janitor_api_budget_wait_seconds`).
+fn budgeted_by<S>(
+    budget: Budget,
     waited: Option<prometheus::Histogram>,
-}
-
-impl BudgetLayer {
-    pub fn new(budget: Budget) -> Self {
-        BudgetLayer {
-            limiter: Arc::new(RateLimiter::direct(budget.quota())),
-            waited: None,
-        }
-    }
-
-    /// Observes how long each read waited in `lock_janitor_api_budget_wait_seconds`.
-    pub fn observed_by(mut self, metrics: &Metrics) -> Self {
-        self.waited = Some(metrics.api_budget_wait.clone());
-        self
-    }
-}
-
-impl<S> tower::Layer<S> for BudgetLayer {
-    type Service = Budgeted<S>;
-    fn layer(&self, inner: S) -> Budgeted<S> {
-        Budgeted {
-            inner,
-            limiter: self.limiter.clone(),
-            waited: self.waited.clone(),
-        }
-    }
+) -> impl Layer<S, Service = Budgeted<S>> {
+    let limiter = Arc::new(RateLimiter::direct(budget.quota()));
+    layer_fn(move |inner| Budgeted {
+        inner,
+        limiter: limiter.clone(),
+        waited: waited.clone(),
+    })
 }
 
 /// The service. Every read (GET, LIST, WATCH) waits for a token. A write
@@ -255,7 +223,7 @@ mod tests {
     use super::*;
     use futures::FutureExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tower::{Layer, Service, ServiceExt};
+    use tower::{Service, ServiceExt};
 
     /// Answers at once and counts what reached it.
     #[derive(Clone, Default)]
@@ -291,7 +259,7 @@ mod tests {
             burst: 5,
         };
         let counter = Counter::default();
-        let svc = BudgetLayer::new(budget).layer(counter.clone());
+        let svc = budgeted_by(budget, None).layer(counter.clone());
         for _ in 0..5 {
             svc.clone().oneshot(req(http::Method::GET)).await.unwrap();
         }

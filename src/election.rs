@@ -24,7 +24,7 @@ use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
-use crate::{api_code, call, Error};
+use crate::{api_code, call, locked, Error};
 
 /// Which Lease, held as whom, for how long.
 #[derive(Clone, Debug)]
@@ -89,11 +89,7 @@ impl Gate {
     pub fn may_write(&self) -> bool {
         match &self.state {
             None => true,
-            Some(s) => s
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .deadline
-                .is_some_and(|d| Instant::now() < d),
+            Some(s) => locked(s).deadline.is_some_and(|d| Instant::now() < d),
         }
     }
 }
@@ -143,7 +139,7 @@ pub fn start(
                     offering = true;
                     warn!(lease = %election.lease, failing = ?failing,
                           "not ready (watches failing for over a minute): offering the leader lease to a ready replica; taken back if none takes it within a lease duration");
-                    state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
+                    locked(&state).deadline = None;
                     match release(&api, &election).await {
                         Ok(()) => {
                             offered = Some((failing.clone(), Instant::now()));
@@ -181,13 +177,8 @@ pub fn start(
                     }
                 };
                 match result {
-                    Ok(true) => {
-                        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-                        s.deadline = Some(started + election.renew_deadline());
-                    }
-                    Ok(false) => {
-                        state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
-                    }
+                    Ok(true) => locked(&state).deadline = Some(started + election.renew_deadline()),
+                    Ok(false) => locked(&state).deadline = None,
                     Err(e) => {
                         metrics.leader_renew_errors.inc();
                         warn!(lease = %election.lease, error = %e,
@@ -199,8 +190,7 @@ pub fn start(
                     leading = now_leading;
                     metrics.leader.set(i64::from(leading));
                     let _ = changed.send(leading);
-                    let took =
-                        std::mem::take(&mut state.lock().unwrap_or_else(|e| e.into_inner()).took);
+                    let took = std::mem::take(&mut locked(&state).took);
                     if leading && took && !failing.is_empty() {
                         // Taken back: nobody ready took it. Not offered
                         // again until another watch fails, or REOFFER_EVERY.
@@ -218,7 +208,7 @@ pub fn start(
                 let wait = if leading {
                     election.retry_period()
                 } else {
-                    let s = state.lock().unwrap_or_else(|e| e.into_inner());
+                    let s = locked(&state);
                     match &s.observed {
                         Some((holder, _, seen)) if !holder.is_empty() => {
                             // Not ready: it may take it only a lease
@@ -252,7 +242,7 @@ pub fn start(
             // writes only a Lease this identity holds, guarded by its
             // resourceVersion.
             if leading || offered.is_some() || gate.may_write() {
-                state.lock().unwrap_or_else(|e| e.into_inner()).deadline = None;
+                locked(&state).deadline = None;
                 metrics.leader.set(0);
                 match release(&api, &election).await {
                     Ok(()) => info!(lease = %election.lease, "released the leader lease"),
@@ -314,19 +304,9 @@ async fn try_acquire_or_renew(
                 ..Default::default()
             }),
         };
-        return match call(
-            "creating the leader lease",
-            api.create(&PostParams::default(), &lease),
-        )
-        .await
-        {
-            Ok(_) => {
-                state.lock().unwrap_or_else(|e| e.into_inner()).took = true;
-                Ok(true)
-            }
-            Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => Ok(false),
-            Err(err) => Err(err),
-        };
+        let pp = PostParams::default();
+        let created = call("creating the leader lease", api.create(&pp, &lease)).await;
+        return won(created, state, true);
     };
     let spec = current.spec.clone().unwrap_or_default();
     let holder = spec.holder_identity.clone().unwrap_or_default();
@@ -336,7 +316,7 @@ async fn try_acquire_or_renew(
         .map(|s| Duration::from_secs(s.max(0) as u64))
         .unwrap_or(e.lease_duration);
     let seen = {
-        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = locked(state);
         let changed = !matches!(&s.observed, Some((h, r, _)) if *h == holder && *r == renewed);
         if changed {
             s.observed = Some((holder.clone(), renewed, Instant::now()));
@@ -374,14 +354,20 @@ async fn try_acquire_or_renew(
         ..spec
     });
     // replace carries metadata.resourceVersion: a concurrent change is a 409.
-    match call(
+    let replaced = call(
         "renewing the leader lease",
         api.replace(&e.lease, &PostParams::default(), &next),
     )
-    .await
-    {
+    .await;
+    won(replaced, state, !mine)
+}
+
+/// Ok(true) when the write went through (`took`: the lease was not this
+/// replica's before it), Ok(false) on a 409: another wrote first.
+fn won(written: Result<Lease, Error>, state: &Mutex<State>, took: bool) -> Result<bool, Error> {
+    match written {
         Ok(_) => {
-            state.lock().unwrap_or_else(|e| e.into_inner()).took = !mine;
+            locked(state).took = took;
             Ok(true)
         }
         Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => Ok(false),

@@ -48,11 +48,6 @@ fn truncate(mut note: String) -> String {
     note
 }
 
-/// A reference to a ConfigMap lock as read (its exact version).
-pub fn lock_ref(meta: &ObjectMeta) -> ObjectReference {
-    ref_of(LockKind::ConfigMap, meta)
-}
-
 /// A reference to a lock of `kind` as read (its exact version).
 pub fn ref_of(kind: LockKind, meta: &ObjectMeta) -> ObjectReference {
     let api_version = match kind {

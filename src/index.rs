@@ -67,19 +67,15 @@ impl<T: std::hash::Hash + Eq + Clone> Relist<T> {
 type Holders = Box<[(Box<str>, Box<str>)]>;
 
 /// Kept for every watched lock, so it is compact (10,000 locks in the memory
-/// budget): each lock's key is stored once and shared, and the reverse maps
-/// are keyed by a hash of (namespace, uid) and (namespace, name). A hash
-/// that collides only brings more candidates, which `locks_of` checks
-/// against the lock's own holders; `names_a_holder` may say yes for a pod
-/// that holds nothing, which costs a sweep one more map entry.
+/// budget): each lock's key is stored once and shared, and the reverse map
+/// is keyed by a hash of (namespace, uid). A hash that collides only brings
+/// more candidates, which `locks_of` checks against the lock's own holders.
 #[derive(Default)]
 struct Inner {
     hasher: RandomState,
     by_lock: HashMap<Arc<LockKey>, Holders>,
     /// hash(namespace, holder uid) -> the locks that may name it.
     by_holder: HashMap<u64, Vec<Arc<LockKey>>>,
-    /// hash(namespace, holder name) -> how many (lock, holder) pairs.
-    names: HashMap<u64, u32>,
     relisting: Relist<Arc<LockKey>>,
 }
 
@@ -97,7 +93,7 @@ pub struct HolderIndex {
 
 impl HolderIndex {
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
-        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&mut crate::locked(&self.inner))
     }
 
     /// Indexes every Pod a lock names.
@@ -122,14 +118,12 @@ impl HolderIndex {
                 return;
             }
             unindex(i, &key);
-            for (name, uid) in holders.iter() {
+            for (_, uid) in holders.iter() {
                 let h = i.hash(&key.namespace, uid);
                 let keys = i.by_holder.entry(h).or_default();
                 if !keys.iter().any(|k| Arc::ptr_eq(k, &key)) {
                     keys.push(key.clone());
                 }
-                let n = i.hash(&key.namespace, name);
-                *i.names.entry(n).or_default() += 1;
             }
             i.by_lock.insert(key, holders);
         });
@@ -153,12 +147,6 @@ impl HolderIndex {
         })
     }
 
-    /// Whether some lock names a pod of this name in this namespace (or,
-    /// rarely, a pod whose hash collides with one's).
-    pub fn names_a_holder(&self, namespace: &str, name: &str) -> bool {
-        self.with(|i| i.names.contains_key(&i.hash(namespace, name)))
-    }
-
     /// The locks for which `holder_is_there(namespace, name, uid)` is false
     /// for some pod they name.
     pub fn missing_holders(
@@ -177,23 +165,22 @@ impl HolderIndex {
         })
     }
 
-    /// Adds, per namespace, the name of every pod some lock names (what a
-    /// sweep asks about).
-    pub fn holder_names(&self, out: &mut BTreeMap<String, BTreeSet<String>>) {
+    /// Per namespace, the name of every pod some lock names (what a sweep
+    /// asks about).
+    pub fn holder_names(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let mut out: BTreeMap<_, BTreeSet<_>> = BTreeMap::new();
         self.with(|i| {
             for (k, hs) in &i.by_lock {
                 let names = out.entry(k.namespace.clone()).or_default();
                 names.extend(hs.iter().map(|(name, _)| name.to_string()));
             }
-        })
+        });
+        out
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.with(|i| i.by_lock.len())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -227,19 +214,12 @@ fn unindex(i: &mut Inner, key: &LockKey) {
     let Some(holders) = i.by_lock.remove(key) else {
         return;
     };
-    for (name, uid) in holders.iter() {
+    for (_, uid) in holders.iter() {
         let h = i.hash(&key.namespace, uid);
         if let Some(keys) = i.by_holder.get_mut(&h) {
             keys.retain(|k| **k != *key);
             if keys.is_empty() {
                 i.by_holder.remove(&h);
-            }
-        }
-        let n = i.hash(&key.namespace, name);
-        if let Some(count) = i.names.get_mut(&n) {
-            *count -= 1;
-            if *count == 0 {
-                i.names.remove(&n);
             }
         }
     }
@@ -261,7 +241,7 @@ struct LeaseInner {
 
 impl LeaseIndex {
     fn with<T>(&self, f: impl FnOnce(&mut LeaseInner) -> T) -> T {
-        f(&mut self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&mut crate::locked(&self.inner))
     }
 
     /// Indexes the host a Lease's holder identity names.
@@ -277,13 +257,15 @@ impl LeaseIndex {
         })
     }
 
-    /// Adds, per namespace, every host some Lease names.
-    pub fn hosts(&self, out: &mut BTreeMap<String, BTreeSet<String>>) {
+    /// Per namespace, every host some Lease names.
+    pub fn hosts(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let mut out: BTreeMap<_, BTreeSet<_>> = BTreeMap::new();
         self.with(|i| {
             for (ns, host) in i.by_host.keys() {
                 out.entry(ns.clone()).or_default().insert(host.clone());
             }
-        })
+        });
+        out
     }
 
     /// The Leases a pod of this name may hold: by its name, and by its
@@ -387,10 +369,11 @@ mod tests {
         assert_eq!(idx.locks_of("ops", "u1"), vec![key("b")]);
         assert_eq!(idx.locks_of("ops", "u9"), vec![key("a")]);
 
-        assert!(idx.names_a_holder("ops", "p1") && idx.names_a_holder("ops", "p9"));
+        let names = |idx: &HolderIndex| idx.holder_names().remove("ops").unwrap_or_default();
+        assert!(names(&idx).contains("p1") && names(&idx).contains("p9"));
         idx.delete(&key("b"));
         assert!(idx.locks_of("ops", "u1").is_empty());
-        assert!(!idx.names_a_holder("ops", "p1"));
+        assert!(!names(&idx).contains("p1"));
 
         // A re-list that no longer lists "c" forgets it.
         idx.relist_started();
@@ -411,8 +394,6 @@ mod tests {
         idx.relist_done();
         assert_eq!(idx.leases_of("ops", "op-0"), vec![a]);
         assert!(idx.leases_of("ops", "op-1").is_empty());
-        let mut hosts = BTreeMap::new();
-        idx.hosts(&mut hosts);
-        assert_eq!(hosts["ops"].len(), 1);
+        assert_eq!(idx.hosts()["ops"].len(), 1);
     }
 }

@@ -108,6 +108,12 @@ impl Error {
     }
 }
 
+/// A mutex's guard, also after a panic while it was held: what it guards
+/// is plain state, whole at every step.
+pub(crate) fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The HTTP status of an API error, if the server answered.
 pub fn api_code(err: &kube::Error) -> Option<u16> {
     match err {

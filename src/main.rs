@@ -36,6 +36,13 @@ fn init_logs(format: LogFormat, level: LogLevel) {
     }
 }
 
+/// Sorted, each value once.
+fn sorted_once<T: Ord>(mut v: Vec<T>) -> Vec<T> {
+    v.sort();
+    v.dedup();
+    v
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     // Usage errors print a message and exit 2.
@@ -94,12 +101,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let shared = Shared::new().context("registering metrics")?;
     tokio::spawn(watch_signals(shutdown.clone(), shared.clone()));
 
-    let mut namespaces = args.scope.namespaces;
-    namespaces.sort();
-    namespaces.dedup();
     let settings = Settings {
         selector: args.scope.selector,
-        namespaces,
+        namespaces: sorted_once(args.scope.namespaces),
         dry_run: args.dry_run,
         delete_pod: args.delete_pod,
         policy: Policy {
@@ -107,12 +111,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         resync: args.resync,
         takeover_timeout: args.takeover_timeout,
-        kinds: {
-            let mut k = args.lock_kinds.clone();
-            k.sort();
-            k.dedup();
-            k
-        },
+        kinds: sorted_once(args.lock_kinds),
     };
     info!(
         version = env!("CARGO_PKG_VERSION"),

@@ -1,8 +1,10 @@
 //! Every metric named in docs/design.md, on a registry of our own (no global
 //! state, so tests can run several janitors in one process).
 
+use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, Result, TextEncoder,
 };
 
 use crate::lock::{LockKey, LockKind};
@@ -22,17 +24,16 @@ pub struct Metrics {
     pub pod_deletions: IntCounterVec,
     pub reconcile_errors: IntCounterVec,
     pub reconcile_duration: Histogram,
-    pub build_info: IntGaugeVec,
     pub watch_errors: IntCounterVec,
-    pub ready: prometheus::IntGauge,
+    pub ready: IntGauge,
     pub scope_ready: IntGaugeVec,
-    pub leader: prometheus::IntGauge,
+    pub leader: IntGauge,
     pub takeover: Histogram,
     pub awaiting_takeover: IntGaugeVec,
     pub takeover_timeouts: IntCounterVec,
     pub last_reclaim: IntGaugeVec,
-    pub leader_renew_errors: prometheus::IntCounter,
-    pub restore_failures: prometheus::IntCounter,
+    pub leader_renew_errors: IntCounter,
+    pub restore_failures: IntCounter,
     pub api_requests: IntCounterVec,
     pub api_budget_wait: Histogram,
     /// Per-lock reclaim series and when they were last touched, so that
@@ -49,239 +50,200 @@ pub const RECLAIM_SERIES_TTL: std::time::Duration = std::time::Duration::from_se
 /// The bounded values of `lock_janitor_watch_errors_total{resource}`.
 pub const WATCHED_RESOURCES: [&str; 3] = ["configmaps", "pods", "leases"];
 
+/// Registers each metric as it is made, and keeps the names of its families.
+struct Registrar {
+    registry: Registry,
+    names: Vec<String>,
+}
+
+impl Registrar {
+    fn register(&mut self, c: Box<dyn Collector>) -> Result<()> {
+        self.names
+            .extend(c.desc().iter().map(|d| d.fq_name.clone()));
+        self.registry.register(c)
+    }
+
+    fn add<C: Collector + Clone + 'static>(&mut self, c: C) -> Result<C> {
+        self.register(Box::new(c.clone()))?;
+        Ok(c)
+    }
+
+    fn counter(&mut self, name: &str, help: &str) -> Result<IntCounter> {
+        self.add(IntCounter::new(name, help)?)
+    }
+
+    fn gauge(&mut self, name: &str, help: &str) -> Result<IntGauge> {
+        self.add(IntGauge::new(name, help)?)
+    }
+
+    fn counters(&mut self, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels)?)
+    }
+
+    fn gauges(&mut self, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec> {
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels)?)
+    }
+
+    fn histogram(&mut self, name: &str, help: &str, buckets: &[f64]) -> Result<Histogram> {
+        self.add(Histogram::with_opts(
+            HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        )?)
+    }
+}
+
 impl Metrics {
-    pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
-        let mut names = Vec::new();
-        let reclaims = IntCounterVec::new(
-            Opts::new(
-                "lock_janitor_reclaims_total",
-                "Stale locks reclaimed (ConfigMaps deleted, Leases released), by lock and reason.",
-            ),
-            &["kind", "namespace", "lock", "reason"],
-        )?;
-        let stale_locks = IntGaugeVec::new(
-            Opts::new(
-                "lock_janitor_stale_locks",
-                "Locks that are stale now and not reclaimed (dry-run or errors).",
-            ),
-            &["kind", "namespace", "lock", "reason"],
-        )?;
-        let locks = IntGaugeVec::new(
-            Opts::new(
-                "lock_janitor_locks",
-                "Watched locks by kind and verdict state.",
-            ),
-            &["kind", "state"],
-        )?;
-        let reclaim_latency = Histogram::with_opts(
-            HistogramOpts::new(
-                "lock_janitor_reclaim_latency_seconds",
-                "Time from the holder's death to the acknowledged delete of its lock.",
-            )
-            // 5 ms (a watch event and one DELETE) to an hour (a grace, a
-            // backlog, a janitor that was down).
-            .buckets(vec![
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-                300.0, 900.0, 1800.0, 3600.0,
-            ]),
-        )?;
-        let pod_deletions = IntCounterVec::new(
-            Opts::new(
-                "lock_janitor_pod_deletions_total",
-                "Dead holder pods deleted (--delete-pod), by namespace and reason.",
-            ),
-            &["namespace", "reason"],
-        )?;
-        let reconcile_errors = IntCounterVec::new(
-            Opts::new(
-                "lock_janitor_reconcile_errors_total",
-                "Reconcile failures by error kind.",
-            ),
-            &["error"],
-        )?;
-        let reconcile_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "lock_janitor_reconcile_duration_seconds",
-                "Time spent judging (and possibly reclaiming) one lock.",
-            )
-            .buckets(vec![
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-            ]),
-        )?;
-        let build_info = IntGaugeVec::new(
-            Opts::new("lock_janitor_build_info", "Always 1; carries the version."),
+    pub fn new() -> Result<Self> {
+        let mut r = Registrar {
+            registry: Registry::new(),
+            names: Vec::new(),
+        };
+        // process_cpu_seconds_total, process_resident_memory_bytes, ...
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        let lock_labels = &["kind", "namespace", "lock", "reason"];
+        let takeover_labels = &["namespace", "lock"];
+        let build_info = r.gauges(
+            "lock_janitor_build_info",
+            "Always 1; carries the version.",
             &["version"],
         )?;
-        let watch_errors = IntCounterVec::new(
-            Opts::new(
-                "lock_janitor_watch_errors_total",
-                "Errors answered to the janitor's watches, by resource.",
-            ),
-            &["resource"],
-        )?;
-        let leader = prometheus::IntGauge::new(
-            "lock_janitor_leader",
-            "1 on the replica that may write (holds the leader lease, or runs without election).",
-        )?;
-        let takeover = Histogram::with_opts(
-            HistogramOpts::new(
-                "lock_janitor_takeover_seconds",
-                "Time from a watched lock's deletion to a lock of another holder under its name.",
-            )
-            .buckets(vec![
-                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
-                3600.0,
-            ]),
-        )?;
-        let awaiting_takeover = IntGaugeVec::new(
-            Opts::new(
-                "lock_janitor_awaiting_takeover",
-                "1 while a deleted lock awaits a new holder.",
-            ),
-            &["namespace", "lock"],
-        )?;
-        let takeover_timeouts = IntCounterVec::new(
-            Opts::new(
-                "lock_janitor_takeover_timeouts_total",
-                "Deleted locks that no new holder created within --takeover-timeout.",
-            ),
-            &["namespace", "lock"],
-        )?;
-        let last_reclaim = IntGaugeVec::new(
-            Opts::new(
-                "lock_janitor_last_reclaim_timestamp_seconds",
-                "Unix time of the lock's last reclaim (series removed an hour later).",
-            ),
-            &["kind", "namespace", "lock", "reason"],
-        )?;
-        let reclaims_by_reason = IntCounterVec::new(
-            Opts::new(
-                "lock_janitor_reclaims_by_reason_total",
-                "Stale locks reclaimed, by kind and reason; every series starts at 0, so increase() counts a first reclaim.",
-            ),
-            &["kind", "reason"],
-        )?;
-        let ready = prometheus::IntGauge::new(
-            "lock_janitor_ready",
-            "1 exactly when /readyz answers 200 (watches synced and working, not shutting down).",
-        )?;
-        let scope_ready = IntGaugeVec::new(
-            Opts::new(
-                "lock_janitor_scope_ready",
-                "Per scope watched (a namespace, or \"\" for the whole cluster): 1 when its watches have listed and none has been failing for more than a minute.",
-            ),
-            &["scope"],
-        )?;
-        let leader_renew_errors = prometheus::IntCounter::new(
-            "lock_janitor_leader_renew_errors_total",
-            "Rounds of the leader election that failed to read, acquire or renew the janitor's own Lease.",
-        )?;
-        let restore_failures = prometheus::IntCounter::new(
-            "lock_janitor_restore_failures_total",
-            "Takeovers the janitor could not restore after a restart or failover, and opt-in label carry-overs it gave up.",
-        )?;
-        let api_requests = IntCounterVec::new(
-            Opts::new(
-                "lock_janitor_api_requests_total",
-                "Requests the janitor made to the API server, by verb and answer code (none: no answer).",
-            ),
-            &["verb", "code"],
-        )?;
-        let api_budget_wait = Histogram::with_opts(
-            HistogramOpts::new(
-                "lock_janitor_api_budget_wait_seconds",
-                "Time a read waited for the client-side budget (--api-qps, --api-burst) before it was sent.",
-            )
-            .buckets(vec![
-                0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-            ]),
-        )?;
-        #[cfg(target_os = "linux")]
-        {
-            // process_cpu_seconds_total, process_resident_memory_bytes, ...
-            let pc = prometheus::process_collector::ProcessCollector::for_self();
-            names.extend(
-                prometheus::core::Collector::desc(&pc)
-                    .iter()
-                    .map(|d| d.fq_name.clone()),
-            );
-            registry.register(Box::new(pc))?;
-        }
-        for c in [
-            Box::new(watch_errors.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(api_requests.clone()),
-            Box::new(api_budget_wait.clone()),
-            Box::new(leader_renew_errors.clone()),
-            Box::new(restore_failures.clone()),
-            Box::new(ready.clone()),
-            Box::new(scope_ready.clone()),
-            Box::new(leader.clone()),
-            Box::new(takeover.clone()),
-            Box::new(awaiting_takeover.clone()),
-            Box::new(takeover_timeouts.clone()),
-            Box::new(last_reclaim.clone()),
-            Box::new(reclaims.clone()),
-            Box::new(reclaims_by_reason.clone()),
-            Box::new(stale_locks.clone()),
-            Box::new(locks.clone()),
-            Box::new(reclaim_latency.clone()),
-            Box::new(pod_deletions.clone()),
-            Box::new(reconcile_errors.clone()),
-            Box::new(reconcile_duration.clone()),
-            Box::new(build_info.clone()),
-        ] {
-            names.extend(c.desc().iter().map(|d| d.fq_name.clone()));
-            registry.register(c)?;
-        }
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        let m = Metrics {
+            reclaims: r.counters(
+                "lock_janitor_reclaims_total",
+                "Stale locks reclaimed (ConfigMaps deleted, Leases released), by lock and reason.",
+                lock_labels,
+            )?,
+            stale_locks: r.gauges(
+                "lock_janitor_stale_locks",
+                "Locks that are stale now and not reclaimed (dry-run or errors).",
+                lock_labels,
+            )?,
+            locks: r.gauges(
+                "lock_janitor_locks",
+                "Watched locks by kind and verdict state.",
+                &["kind", "state"],
+            )?,
+            // 5 ms (a watch event and one DELETE) to an hour (a grace, a
+            // backlog, a janitor that was down).
+            reclaim_latency: r.histogram(
+                "lock_janitor_reclaim_latency_seconds",
+                "Time from the holder's death to the acknowledged delete of its lock.",
+                &[
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    120.0, 300.0, 900.0, 1800.0, 3600.0,
+                ],
+            )?,
+            pod_deletions: r.counters(
+                "lock_janitor_pod_deletions_total",
+                "Dead holder pods deleted (--delete-pod), by namespace and reason.",
+                &["namespace", "reason"],
+            )?,
+            reconcile_errors: r.counters(
+                "lock_janitor_reconcile_errors_total",
+                "Reconcile failures by error kind.",
+                &["error"],
+            )?,
+            reconcile_duration: r.histogram(
+                "lock_janitor_reconcile_duration_seconds",
+                "Time spent judging (and possibly reclaiming) one lock.",
+                &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
+            )?,
+            watch_errors: r.counters(
+                "lock_janitor_watch_errors_total",
+                "Errors answered to the janitor's watches, by resource.",
+                &["resource"],
+            )?,
+            leader: r.gauge(
+                "lock_janitor_leader",
+                "1 on the replica that may write (holds the leader lease, or runs without election).",
+            )?,
+            takeover: r.histogram(
+                "lock_janitor_takeover_seconds",
+                "Time from a watched lock's deletion to a lock of another holder under its name.",
+                &[
+                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+                    1800.0, 3600.0,
+                ],
+            )?,
+            awaiting_takeover: r.gauges(
+                "lock_janitor_awaiting_takeover",
+                "1 while a deleted lock awaits a new holder.",
+                takeover_labels,
+            )?,
+            takeover_timeouts: r.counters(
+                "lock_janitor_takeover_timeouts_total",
+                "Deleted locks that no new holder created within --takeover-timeout.",
+                takeover_labels,
+            )?,
+            last_reclaim: r.gauges(
+                "lock_janitor_last_reclaim_timestamp_seconds",
+                "Unix time of the lock's last reclaim (series removed an hour later).",
+                lock_labels,
+            )?,
+            reclaims_by_reason: r.counters(
+                "lock_janitor_reclaims_by_reason_total",
+                "Stale locks reclaimed, by kind and reason; every series starts at 0, so increase() counts a first reclaim.",
+                &["kind", "reason"],
+            )?,
+            ready: r.gauge(
+                "lock_janitor_ready",
+                "1 exactly when /readyz answers 200 (watches synced and working, not shutting down).",
+            )?,
+            scope_ready: r.gauges(
+                "lock_janitor_scope_ready",
+                "Per scope watched (a namespace, or \"\" for the whole cluster): 1 when its watches have listed and none has been failing for more than a minute.",
+                &["scope"],
+            )?,
+            leader_renew_errors: r.counter(
+                "lock_janitor_leader_renew_errors_total",
+                "Rounds of the leader election that failed to read, acquire or renew the janitor's own Lease.",
+            )?,
+            restore_failures: r.counter(
+                "lock_janitor_restore_failures_total",
+                "Takeovers the janitor could not restore after a restart or failover, and opt-in label carry-overs it gave up.",
+            )?,
+            api_requests: r.counters(
+                "lock_janitor_api_requests_total",
+                "Requests the janitor made to the API server, by verb and answer code (none: no answer).",
+                &["verb", "code"],
+            )?,
+            api_budget_wait: r.histogram(
+                "lock_janitor_api_budget_wait_seconds",
+                "Time a read waited for the client-side budget (--api-qps, --api-burst) before it was sent.",
+                &[
+                    0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ],
+            )?,
+            registry: r.registry,
+            names: {
+                r.names.sort();
+                std::sync::Arc::new(r.names)
+            },
+            reclaimed: Default::default(),
+        };
         // Bounded label sets start at zero, so rate() and absence-based
         // alerts work from the first scrape.
         for k in LockKind::ALL {
             for s in LockState::ALL {
-                locks.with_label_values(&[k.as_str(), s.as_str()]).set(0);
+                m.locks.with_label_values(&[k.as_str(), s.as_str()]).set(0);
             }
-        }
-        for k in LockKind::ALL {
             for r in StaleReason::ALL {
-                reclaims_by_reason.with_label_values(&[k.as_str(), r.as_str()]);
+                m.reclaims_by_reason
+                    .with_label_values(&[k.as_str(), r.as_str()]);
             }
         }
         for k in ErrorKind::ALL {
-            reconcile_errors.with_label_values(&[k.as_str()]);
+            m.reconcile_errors.with_label_values(&[k.as_str()]);
         }
         for r in WATCHED_RESOURCES {
-            watch_errors.with_label_values(&[r]);
+            m.watch_errors.with_label_values(&[r]);
         }
-        names.sort();
-        Ok(Metrics {
-            registry,
-            names: std::sync::Arc::new(names),
-            reclaims,
-            reclaims_by_reason,
-            stale_locks,
-            locks,
-            reclaim_latency,
-            pod_deletions,
-            leader_renew_errors,
-            restore_failures,
-            api_requests,
-            api_budget_wait,
-            reconcile_errors,
-            reconcile_duration,
-            build_info,
-            watch_errors,
-            ready,
-            scope_ready,
-            leader,
-            takeover,
-            awaiting_takeover,
-            takeover_timeouts,
-            last_reclaim,
-            reclaimed: Default::default(),
-        })
+        Ok(m)
     }
 
     /// Counts a reclaim: `lock_janitor_reclaims_total` (its series is born
@@ -305,7 +267,7 @@ impl Metrics {
             .map(|d| d.as_secs() as i64)
             .unwrap_or_default();
         self.last_reclaim.with_label_values(&labels).set(now);
-        let mut seen = self.reclaimed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = crate::locked(&self.reclaimed);
         seen.insert(labels.map(str::to_owned), std::time::Instant::now());
         // Pruned at each sweep; here only when it has grown.
         if seen.len().is_multiple_of(1024) {
@@ -315,7 +277,7 @@ impl Metrics {
 
     /// Removes the reclaim series last touched more than `ttl` ago.
     pub fn prune_reclaims(&self, ttl: std::time::Duration) {
-        let mut seen = self.reclaimed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = crate::locked(&self.reclaimed);
         self.prune(&mut seen, ttl);
     }
 
@@ -362,7 +324,7 @@ impl Metrics {
     }
 
     /// The text exposition format for `/metrics`.
-    pub fn render(&self) -> Result<String, prometheus::Error> {
+    pub fn render(&self) -> Result<String> {
         let mut buf = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
         Ok(String::from_utf8_lossy(&buf).into_owned())

@@ -22,10 +22,7 @@ pub enum Plan {
 
 /// Decides what to do with a ConfigMap; `None`: not a candidate, never touched.
 pub fn plan_label(meta: &ObjectMeta, key: &str, value: &str) -> Option<Plan> {
-    if !looks_like_lock(meta) {
-        return None;
-    }
-    Some(plan_for(meta, key, value))
+    looks_like_lock(meta).then(|| plan_for(meta, key, value))
 }
 
 /// What to do with an object already known to be a lock candidate.

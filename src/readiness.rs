@@ -78,12 +78,12 @@ impl Readiness {
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Health>) -> T) -> T {
-        f(&mut self.watches.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&mut crate::locked(&self.watches))
     }
 
     /// The scopes watched: each namespace, or "" for the whole cluster.
     pub fn scopes(&self, scopes: Vec<String>) {
-        *self.scopes.lock().unwrap_or_else(|e| e.into_inner()) = scopes;
+        *crate::locked(&self.scopes) = scopes;
     }
 
     /// The watch `name`, of scope `scope` (a namespace, or "" for the
@@ -160,12 +160,8 @@ impl Readiness {
                 .collect()
         });
         let synced = self.is_synced();
-        let scopes = self
-            .scopes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        scopes
+        crate::locked(&self.scopes)
+            .clone()
             .into_iter()
             .map(|s| {
                 let ok = synced && !failing.contains(&s);

@@ -62,9 +62,6 @@ struct Named {
     hosts: BTreeSet<String>,
 }
 
-/// namespace -> name -> uid of the ConfigMap holders that exist.
-type Found = HashMap<String, HashMap<String, String>>;
-
 /// Sweeps one scope (a namespace, or all) for the locks of `watched`,
 /// reading only the namespaces they name pods in (see the module's words),
 /// into `out`. On an error, `out` holds the suspects found before it (the
@@ -76,30 +73,31 @@ pub async fn sweep(
     out: &mut Sweep,
 ) -> Result<(), Error> {
     let mut named: BTreeMap<String, Named> = BTreeMap::new();
-    if let Some(cms) = watched.configmaps {
-        let mut by_ns = BTreeMap::new();
-        cms.holder_names(&mut by_ns);
-        for (ns, names) in by_ns {
-            named.entry(ns).or_default().holders = names;
-        }
+    for (ns, names) in watched
+        .configmaps
+        .map(HolderIndex::holder_names)
+        .unwrap_or_default()
+    {
+        named.entry(ns).or_default().holders = names;
     }
-    if let Some(leases) = watched.leases {
-        let mut by_ns = BTreeMap::new();
-        leases.hosts(&mut by_ns);
-        for (ns, hosts) in by_ns {
-            named.entry(ns).or_default().hosts = hosts;
-        }
+    for (ns, hosts) in watched.leases.map(LeaseIndex::hosts).unwrap_or_default() {
+        named.entry(ns).or_default().hosts = hosts;
     }
     if let Some(ns) = scope {
         named.retain(|n, _| n == ns);
     }
-    let mut found = Found::new();
+    let mut pass = Pass {
+        client,
+        watched,
+        out,
+        found: HashMap::new(),
+    };
     let mut refused = Vec::new();
     for (ns, wanted) in &named {
-        out.namespaces += 1;
+        pass.out.namespaces += 1;
         let by_name = wanted.holders.len() <= BY_NAME_UP_TO;
         if !wanted.hosts.is_empty() || !by_name {
-            match list(client, ns, watched, wanted, !by_name, out, &mut found).await {
+            match pass.list(ns, wanted, !by_name).await {
                 Ok(()) => {}
                 // A cluster-wide scope goes on past one namespace that
                 // refuses it: the others must still be swept (and the
@@ -115,86 +113,160 @@ pub async fn sweep(
             }
         }
         if by_name {
-            read_by_name(
-                client,
-                ns,
-                scope.is_some(),
-                watched,
-                wanted,
-                out,
-                &mut found,
-            )
-            .await?;
+            pass.read_by_name(ns, scope.is_some(), wanted).await?;
         }
     }
     // Nothing read there: none of its holders is taken for missing.
     for ns in refused {
         named.remove(&ns);
     }
-    finish(watched, &found, &named, out);
+    // The ConfigMap locks whose holder is not there under its uid, among
+    // the namespaces read.
+    if let Some(cms) = watched.configmaps {
+        let found = &pass.found;
+        pass.out
+            .configmaps
+            .extend(cms.missing_holders(|ns, name, uid| {
+                // A namespace not read this time (none: every one a lock names
+                // is) says nothing against its locks.
+                !named.contains_key(ns)
+                    || found
+                        .get(ns)
+                        .and_then(|n| n.get(name))
+                        .is_some_and(|u| u == uid)
+            }));
+    }
     Ok(())
 }
 
-/// Reads a namespace's ConfigMap holders one by one (a few at a time).
-async fn read_by_name(
-    client: &Client,
-    ns: &str,
-    // The scope is this namespace: a refusal of it fails the sweep.
-    namespace_scope: bool,
-    watched: Watched<'_>,
-    wanted: &Named,
-    out: &mut Sweep,
-    found: &mut Found,
-) -> Result<(), Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    // A name no pod can have is not read: its locks are suspects (judged
-    // from live reads, which say what they are).
-    let names: Vec<&String> = wanted.holders.iter().filter(|n| dns_subdomain(n)).collect();
-    for chunk in names.chunks(4) {
-        let reads = futures::future::join_all(
-            chunk
-                .iter()
-                .map(|n| call("sweeping a holder pod by name", api.get_opt(n))),
+/// One sweep under way.
+struct Pass<'a> {
+    client: &'a Client,
+    watched: Watched<'a>,
+    out: &'a mut Sweep,
+    /// namespace -> name -> uid of the ConfigMap holders that exist.
+    found: HashMap<String, HashMap<String, String>>,
+}
+
+impl Pass<'_> {
+    /// Reads a namespace's ConfigMap holders one by one (a few at a time).
+    /// `namespace_scope`: the scope is this namespace, and a refusal of it
+    /// fails the sweep.
+    async fn read_by_name(
+        &mut self,
+        ns: &str,
+        namespace_scope: bool,
+        wanted: &Named,
+    ) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        // A name no pod can have is not read: its locks are suspects (judged
+        // from live reads, which say what they are).
+        let names: Vec<&String> = wanted.holders.iter().filter(|n| dns_subdomain(n)).collect();
+        for chunk in names.chunks(4) {
+            let reads = futures::future::join_all(
+                chunk
+                    .iter()
+                    .map(|n| call("sweeping a holder pod by name", api.get_opt(n))),
+            )
+            .await;
+            for pod in reads {
+                self.out.requests += 1;
+                let pod = match pod {
+                    Ok(Some(pod)) => pod,
+                    Ok(None) => continue,
+                    // Refused for this pod alone (400, 422, ...; and 401/403
+                    // in a cluster-wide scope, where one namespace refused
+                    // must not stop the sweep of all the others): its locks
+                    // are suspects, judged from live reads. Refused for the
+                    // namespace that is the scope (401, 403: RBAC is per
+                    // namespace), throttled (429), a server or network
+                    // error: the sweep fails, and the scope's health says so.
+                    Err(Error::Kube {
+                        source: kube::Error::Api(s),
+                        ..
+                    }) if (400..500).contains(&s.code)
+                        && s.code != 429
+                        && !(namespace_scope && [401, 403].contains(&s.code)) =>
+                    {
+                        continue
+                    }
+                    Err(e) => return Err(e),
+                };
+                self.out.pods += 1;
+                let (name, uid) = (
+                    pod.metadata.name.unwrap_or_default(),
+                    pod.metadata.uid.unwrap_or_default(),
+                );
+                let phase = pod.status.and_then(|s| s.phase);
+                if matches!(phase.as_deref(), Some("Failed" | "Succeeded")) {
+                    if let Some(cms) = self.watched.configmaps {
+                        self.out.configmaps.extend(cms.locks_of(ns, &uid));
+                    }
+                }
+                self.found
+                    .entry(ns.to_owned())
+                    .or_default()
+                    .insert(name, uid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lists a namespace's terminal pods, then, if `all`, all of them,
+    /// keeping of those only the pods some ConfigMap lock names.
+    async fn list(&mut self, ns: &str, wanted: &Named, all: bool) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let api = &api;
+        let list = |lp: ListParams| async move { api.list_metadata(&lp).await };
+        let terminal = ListParams::default().fields(TERMINAL_PODS);
+        let (watched, out) = (self.watched, &mut *self.out);
+        // What was seen before a start-over is seen again: it only repeats
+        // suspects.
+        let requests = crate::for_each_page(
+            "sweeping terminal pods",
+            &terminal,
+            PAGE_SIZE,
+            list,
+            |page| {
+                let Paged::Items(pods) = page else { return };
+                out.pods += pods.len();
+                for p in &pods {
+                    let (ns, name, uid) = id(p);
+                    if let Some(index) = watched.configmaps {
+                        out.configmaps.extend(index.locks_of(ns, uid));
+                    }
+                    if let Some(index) = watched.leases {
+                        out.leases.extend(index.leases_of(ns, name));
+                    }
+                }
+            },
         )
         .await;
-        for pod in reads {
-            out.requests += 1;
-            let pod = match pod {
-                Ok(Some(pod)) => pod,
-                Ok(None) => continue,
-                // Refused for this pod alone (400, 422, ...; and 401/403 in
-                // a cluster-wide scope, where one namespace refused must
-                // not stop the sweep of all the others): its locks are
-                // suspects, judged from live reads. Refused for the
-                // namespace that is the scope (401, 403: RBAC is per
-                // namespace), throttled (429), a server or network error:
-                // the sweep fails, and the scope's health says so.
-                Err(Error::Kube {
-                    source: kube::Error::Api(s),
-                    ..
-                }) if (400..500).contains(&s.code)
-                    && s.code != 429
-                    && !(namespace_scope && [401, 403].contains(&s.code)) =>
-                {
-                    continue
-                }
-                Err(e) => return Err(e),
-            };
-            out.pods += 1;
-            let (name, uid) = (
-                pod.metadata.name.unwrap_or_default(),
-                pod.metadata.uid.unwrap_or_default(),
-            );
-            let phase = pod.status.and_then(|s| s.phase);
-            if matches!(phase.as_deref(), Some("Failed" | "Succeeded")) {
-                if let Some(cms) = watched.configmaps {
-                    out.configmaps.extend(cms.locks_of(ns, &uid));
-                }
-            }
-            found.entry(ns.to_owned()).or_default().insert(name, uid);
+        out.requests += requests?;
+        if all {
+            let mut seen = 0;
+            let mut here = HashMap::new();
+            let every = ListParams::default();
+            out.requests +=
+                crate::for_each_page("sweeping pods", &every, PAGE_SIZE, list, |page| {
+                    let Paged::Items(pods) = page else {
+                        (here, seen) = (HashMap::new(), 0);
+                        return;
+                    };
+                    seen += pods.len();
+                    for p in &pods {
+                        let (_, name, uid) = id(p);
+                        if wanted.holders.contains(name) {
+                            here.insert(name.to_owned(), uid.to_owned());
+                        }
+                    }
+                })
+                .await?;
+            out.pods += seen;
+            self.found.entry(ns.to_owned()).or_default().extend(here);
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The namespace and name and uid of a pod in a metadata list.
@@ -205,89 +277,6 @@ fn id(p: &PartialObjectMeta<Pod>) -> (&str, &str, &str) {
         m.name.as_deref().unwrap_or_default(),
         m.uid.as_deref().unwrap_or_default(),
     )
-}
-
-/// Lists a namespace's terminal pods, then, if `all`, all of them, keeping
-/// of those only the pods some ConfigMap lock names.
-async fn list(
-    client: &Client,
-    ns: &str,
-    watched: Watched<'_>,
-    wanted: &Named,
-    all: bool,
-    out: &mut Sweep,
-    found: &mut Found,
-) -> Result<(), Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let api = &api;
-    let list = |lp: ListParams| async move { api.list_metadata(&lp).await };
-    let terminal = ListParams::default().fields(TERMINAL_PODS);
-    let (mut cms, mut leases, mut seen) = (Vec::new(), Vec::new(), 0);
-    // What was seen before a start-over is seen again: it only repeats
-    // suspects.
-    let requests = crate::for_each_page(
-        "sweeping terminal pods",
-        &terminal,
-        PAGE_SIZE,
-        list,
-        |page| {
-            let Paged::Items(pods) = page else { return };
-            seen += pods.len();
-            for p in &pods {
-                let (ns, name, uid) = id(p);
-                if let Some(index) = watched.configmaps {
-                    cms.extend(index.locks_of(ns, uid));
-                }
-                if let Some(index) = watched.leases {
-                    leases.extend(index.leases_of(ns, name));
-                }
-            }
-        },
-    )
-    .await;
-    out.configmaps.extend(cms);
-    out.leases.extend(leases);
-    out.pods += seen;
-    out.requests += requests?;
-    if all {
-        let mut seen = 0;
-        let mut here = HashMap::new();
-        let every = ListParams::default();
-        out.requests += crate::for_each_page("sweeping pods", &every, PAGE_SIZE, list, |page| {
-            let Paged::Items(pods) = page else {
-                (here, seen) = (HashMap::new(), 0);
-                return;
-            };
-            seen += pods.len();
-            for p in &pods {
-                let (_, name, uid) = id(p);
-                if wanted.holders.contains(name) {
-                    here.insert(name.to_owned(), uid.to_owned());
-                }
-            }
-        })
-        .await?;
-        out.pods += seen;
-        found.entry(ns.to_owned()).or_default().extend(here);
-    }
-    Ok(())
-}
-
-/// The ConfigMap locks whose holder is not there under its uid, among the
-/// namespaces read.
-fn finish(watched: Watched<'_>, found: &Found, named: &BTreeMap<String, Named>, out: &mut Sweep) {
-    let Some(cms) = watched.configmaps else {
-        return;
-    };
-    out.configmaps.extend(cms.missing_holders(|ns, name, uid| {
-        // A namespace not read this time (none: every one a lock names is)
-        // says nothing against its locks.
-        !named.contains_key(ns)
-            || found
-                .get(ns)
-                .and_then(|n| n.get(name))
-                .is_some_and(|u| u == uid)
-    }));
 }
 
 #[cfg(test)]

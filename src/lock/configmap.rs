@@ -5,18 +5,11 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{non_empty, Holder, Lock, Unmanageable};
+use super::{identity, Holder, Lock, Unmanageable};
 
 /// Reads a ConfigMap's metadata as a lock.
 pub fn parse(meta: &ObjectMeta) -> Result<Lock, Unmanageable> {
-    let (Some(namespace), Some(name), Some(uid), Some(resource_version)) = (
-        non_empty(&meta.namespace),
-        non_empty(&meta.name),
-        non_empty(&meta.uid),
-        non_empty(&meta.resource_version),
-    ) else {
-        return Err(Unmanageable::IncompleteMetadata);
-    };
+    let (namespace, name, uid, resource_version) = identity(meta)?;
     let owners = meta.owner_references.as_deref().unwrap_or_default();
     let owner = match owners {
         [] => return Err(Unmanageable::NoOwner),
@@ -39,10 +32,10 @@ pub fn parse(meta: &ObjectMeta) -> Result<Lock, Unmanageable> {
         return Err(Unmanageable::EmptyOwnerUid);
     }
     Ok(Lock {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-        uid: uid.to_owned(),
-        resource_version: resource_version.to_owned(),
+        namespace,
+        name,
+        uid,
+        resource_version,
         created: meta.creation_timestamp.as_ref().map(|t| t.0),
         holder: Holder {
             name: owner.name.clone(),

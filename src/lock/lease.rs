@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
-use super::{non_empty, Unmanageable};
+use super::Unmanageable;
 use crate::{dns_label, dns_subdomain};
 
 /// How far the janitor's clock may run ahead of a holder's before a Lease
@@ -99,9 +99,7 @@ pub fn hostname(pod: &Pod) -> String {
         // under it is ambiguous, never released.
         return spec.and_then(|s| s.node_name.clone()).unwrap_or_default();
     }
-    if let Some(h) = pod
-        .spec
-        .as_ref()
+    if let Some(h) = spec
         .and_then(|s| s.hostname.as_deref())
         .filter(|h| !h.is_empty())
     {
@@ -191,14 +189,7 @@ pub fn held_for_life(lease: &Lease) -> bool {
 /// Reads a Lease as a lock.
 pub fn parse(lease: &Lease) -> Result<LeaseLock, Unmanageable> {
     let meta = &lease.metadata;
-    let (Some(namespace), Some(name), Some(uid), Some(resource_version)) = (
-        non_empty(&meta.namespace),
-        non_empty(&meta.name),
-        non_empty(&meta.uid),
-        non_empty(&meta.resource_version),
-    ) else {
-        return Err(Unmanageable::IncompleteMetadata);
-    };
+    let (namespace, name, uid, resource_version) = super::identity(meta)?;
     if let Some(why) = not_an_application_lock(lease) {
         return Err(why);
     }
@@ -218,10 +209,10 @@ pub fn parse(lease: &Lease) -> Result<LeaseLock, Unmanageable> {
         return Err(Unmanageable::NoRenewTime);
     }
     Ok(LeaseLock {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-        uid: uid.to_owned(),
-        resource_version: resource_version.to_owned(),
+        namespace,
+        name,
+        uid,
+        resource_version,
         created: meta.creation_timestamp.as_ref().map(|t| t.0),
         identity,
         host,

@@ -10,6 +10,7 @@ pub use configmap::{holds_data, lock_shaped, looks_like_lock, parse, parse_shape
 
 use std::fmt;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 /// The kinds of lock; `as_str` is the `kind` label of the metrics and the
@@ -76,8 +77,19 @@ impl LockKey {
     }
 }
 
-pub(crate) fn non_empty(s: &Option<String>) -> Option<&str> {
-    s.as_deref().filter(|s| !s.is_empty())
+/// The namespace, name, uid and resourceVersion every stored object has,
+/// or `IncompleteMetadata` (only a broken or fake read lacks one).
+fn identity(meta: &ObjectMeta) -> Result<(String, String, String, String), Unmanageable> {
+    let get = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
+    match (
+        get(&meta.namespace),
+        get(&meta.name),
+        get(&meta.uid),
+        get(&meta.resource_version),
+    ) {
+        (Some(ns), Some(name), Some(uid), Some(rv)) => Ok((ns, name, uid, rv)),
+        _ => Err(Unmanageable::IncompleteMetadata),
+    }
 }
 
 impl fmt::Display for LockKey {

@@ -229,7 +229,7 @@ async fn look_configmap(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look,
     Ok(Look::Taken(Box::new(TakenBy {
         // When the new lock was created, not when this follower looked.
         at: cm.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        lock: events::lock_ref(&cm.metadata),
+        lock: events::ref_of(LockKind::ConfigMap, &cm.metadata),
         holder: new,
         new: Some(New::ConfigMap(cm)),
     })))
