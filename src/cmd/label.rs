@@ -15,7 +15,7 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use anyhow::{anyhow, Context as _};
+use anyhow::anyhow;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -26,8 +26,8 @@ use super::label_report::{LabelCounts, LabelResult, LabelRow, LabelSummary};
 use super::report::{kubectl_name, LockList};
 use super::table::{render_label, Style};
 use super::{
-    connect, explain, list_candidates, missing_namespaces, missing_note, print_stdout, scope_text,
-    CONCURRENCY,
+    connect, encode, explain, list_candidates, missing_namespaces, missing_note, print_stdout,
+    scope_text, CONCURRENCY,
 };
 use crate::cli::{LabelArgs, Output};
 use crate::lock::LockKind as Kind;
@@ -59,35 +59,15 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     } else {
         "list and get on configmaps"
     };
-    let listing = list_candidates(&cluster, &args.admin.scope, selector, needs).await?;
+    let listing = list_candidates(&cluster, &args.admin.scope, needs).await?;
 
     // Lease locks too: those whose holder identity names exactly one pod.
-    // A janitor installed for ConfigMaps only may not list Leases: said.
-    let observer = crate::observe::Observer::new(
-        cluster.client.clone(),
-        selector.clone(),
-        args.admin.scope.namespaces.clone(),
-        crate::verdict::Policy {
-            owner_gone_grace: std::time::Duration::ZERO,
-        },
-    );
-    let leases = match super::leases::list_lease_candidates(
+    let leases = super::leases::lease_candidates_if_allowed(
         &cluster,
-        &observer,
         &args.admin.scope,
-        selector,
+        "list on leases and pods",
     )
-    .await
-    {
-        Ok(found) => found,
-        Err(e) if e.kind() == ErrorKind::Forbidden => {
-            eprintln!(
-                "lock-janitor: Lease locks left out (list on leases and pods is not allowed): {e}"
-            );
-            super::leases::LeaseListing::default()
-        }
-        Err(e) => return Err(explain(e, &cluster, "list on leases and pods")),
-    };
+    .await?;
     let leases_scanned = leases.scanned;
 
     let mut excluded = 0;
@@ -212,14 +192,10 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     };
     let mut stderr = String::new();
     let out = match args.output {
-        Output::Json => {
-            let list = LockList::new(&summary, rows.iter().map(LabelRow::item).collect());
-            serde_json::to_string_pretty(&list).context("encoding the report")? + "\n"
-        }
-        Output::Yaml => {
-            let list = LockList::new(&summary, rows.iter().map(LabelRow::item).collect());
-            serde_saphyr::to_string(&list).context("encoding the report")?
-        }
+        Output::Json | Output::Yaml => encode(
+            &LockList::new(&summary, rows.iter().map(LabelRow::item).collect()),
+            args.output == Output::Yaml,
+        )?,
         Output::Name => rows
             .iter()
             .filter(|r| r.result.adds())

@@ -10,8 +10,6 @@ pub mod report;
 pub mod scan;
 pub mod table;
 
-use std::collections::BTreeSet;
-
 use anyhow::{anyhow, Context as _};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -39,6 +37,8 @@ pub struct Cluster {
     /// list of all namespaces suggests it. `check` reads the install's own
     /// scope, so it does not.
     pub takes_namespaces: bool,
+    /// What the client was built from (`check` impersonates with it).
+    pub config: kube::Config,
 }
 
 /// kube's reason for an error response whose body is no Kubernetes
@@ -50,20 +50,6 @@ const SHOWN_BODY: usize = 100;
 /// Connects as kubectl would: `--kubeconfig` (else $KUBECONFIG, then
 /// ~/.kube/config, then the in-cluster service account) and `--context`.
 pub async fn connect(flags: &crate::cli::Cluster) -> anyhow::Result<Cluster> {
-    let config = config(flags).await?;
-    let url = config.cluster_url.to_string();
-    let client = Client::try_from(config)
-        .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
-    Ok(Cluster {
-        client,
-        url,
-        takes_namespaces: true,
-    })
-}
-
-/// The client configuration [`connect`] uses (`check` also impersonates
-/// with it).
-pub async fn config(flags: &crate::cli::Cluster) -> anyhow::Result<kube::Config> {
     let options = kube::config::KubeConfigOptions {
         context: flags.context.clone(),
         ..Default::default()
@@ -86,7 +72,15 @@ pub async fn config(flags: &crate::cli::Cluster) -> anyhow::Result<kube::Config>
             )
         })?,
     };
-    Ok(config)
+    let url = config.cluster_url.to_string();
+    let client = Client::try_from(config.clone())
+        .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
+    Ok(Cluster {
+        client,
+        url,
+        takes_namespaces: true,
+        config,
+    })
 }
 
 /// An answer that is no Kubernetes `Status`: its HTTP status, the server,
@@ -230,28 +224,42 @@ pub fn scope_text(scope: &Scope) -> String {
     }
 }
 
+/// The namespaces of `scope`, each once and in order; `[None]` (all of
+/// them) when it names none.
+pub fn namespaces(scope: &Scope) -> Vec<Option<String>> {
+    let mut namespaces: Vec<Option<String>> = scope.namespaces.iter().cloned().map(Some).collect();
+    namespaces.sort();
+    namespaces.dedup();
+    if namespaces.is_empty() {
+        namespaces.push(None);
+    }
+    namespaces
+}
+
+/// `-o json|yaml`: `value` pretty-printed, ending with a newline.
+pub fn encode(value: &impl serde::Serialize, yaml: bool) -> anyhow::Result<String> {
+    Ok(if yaml {
+        serde_saphyr::to_string(value).context("encoding the report")?
+    } else {
+        serde_json::to_string_pretty(value).context("encoding the report")? + "\n"
+    })
+}
+
 /// Lists every ConfigMap in scope (paged, metadata only) and keeps the
-/// candidates. Each namespace is listed once (deduplicated).
+/// candidates (those matching the scope's selector, or lock-shaped).
 pub async fn list_candidates(
     cluster: &Cluster,
     scope: &Scope,
-    selector: &Selector,
     needs: &str,
 ) -> anyhow::Result<Listing> {
-    let namespaces: Vec<Option<String>> = if scope.namespaces.is_empty() {
-        vec![None]
-    } else {
-        let set: BTreeSet<&String> = scope.namespaces.iter().collect();
-        set.into_iter().cloned().map(Some).collect()
-    };
     let mut listing = Listing {
         candidates: Vec::new(),
         scanned: 0,
         skipped_with_data: 0,
         empty_namespaces: Vec::new(),
     };
-    for ns in namespaces {
-        list_namespace(cluster, ns.as_deref(), selector, &mut listing)
+    for ns in namespaces(scope) {
+        list_namespace(cluster, ns.as_deref(), &scope.selector, &mut listing)
             .await
             .map_err(|e| explain(e, cluster, needs))?;
     }

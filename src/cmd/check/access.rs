@@ -30,13 +30,7 @@ type Need = (
 /// What `run` with these flags does with the API (the chart's rules).
 pub fn needs(i: &Install) -> Vec<Need> {
     let r = &i.run;
-    let mut namespaces: Vec<Option<String>> =
-        r.scope.namespaces.iter().cloned().map(Some).collect();
-    namespaces.sort();
-    namespaces.dedup();
-    if namespaces.is_empty() {
-        namespaces.push(None);
-    }
+    let namespaces = crate::cmd::namespaces(&r.scope);
     let mut rules: Vec<(&str, &str, &[&str])> = Vec::new();
     if r.lock_kinds.contains(&LockKind::ConfigMap) {
         rules.push((

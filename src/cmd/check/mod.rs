@@ -21,7 +21,6 @@ use std::process::ExitCode;
 
 use std::collections::BTreeMap;
 
-use anyhow::Context as _;
 use clap::parser::ValueSource;
 use clap::{CommandFactory as _, FromArgMatches as _};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -392,7 +391,7 @@ fn run_flags(d: &Deployment) -> Flags {
     }
 }
 
-async fn load(cluster: &Cluster, config: &kube::Config, d: Deployment) -> anyhow::Result<Install> {
+async fn load(cluster: &Cluster, d: Deployment) -> anyhow::Result<Install> {
     let namespace = d.metadata.namespace.clone().unwrap_or_default();
     let name = d.metadata.name.clone().unwrap_or_default();
     let release = d
@@ -419,7 +418,7 @@ async fn load(cluster: &Cluster, config: &kube::Config, d: Deployment) -> anyhow
         from_env: flags.from_env,
         unread_env: flags.unread_env,
         client: cluster.client.clone(),
-        config: config.clone(),
+        config: cluster.config.clone(),
     };
     let api: Api<Pod> = Api::namespaced(cluster.client.clone(), &install.namespace);
     let selector = install.pod_selector();
@@ -512,14 +511,9 @@ pub fn summary(checks: &[Check], dry_run: bool) -> String {
 
 /// `lock-janitor check`.
 pub async fn check_command(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let config = super::config(&args.cluster).await?;
-    let url = config.cluster_url.to_string();
-    let client = Client::try_from(config.clone())
-        .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
     let cluster = Cluster {
-        client,
-        url,
         takes_namespaces: false,
+        ..super::connect(&args.cluster).await?
     };
     let found = find_installs(&cluster, &args).await?;
     let where_ = match &args.namespace {
@@ -531,7 +525,7 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<ExitCode> {
         0 => vec![no_install(&args, &where_)],
         1 => {
             let d = found.into_iter().next().expect("one");
-            let install = load(&cluster, &config, d).await?;
+            let install = load(&cluster, d).await?;
             dry_run = install.run.dry_run;
             run_checks(&cluster, &install).await
         }
@@ -554,16 +548,14 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let out = match args.output {
-        CheckOutput::Json => {
-            let report = CheckReport {
+        CheckOutput::Json => super::encode(
+            &CheckReport {
                 api_version: API_VERSION,
                 kind: "CheckReport",
                 checks: &checks,
-            };
-            let mut s = serde_json::to_string_pretty(&report).context("encoding the report")?;
-            s.push('\n');
-            s
-        }
+            },
+            false,
+        )?,
         CheckOutput::Table => render_table(&checks),
     };
     print_stdout(&out)?;
