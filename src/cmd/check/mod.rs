@@ -87,18 +87,15 @@ impl Check {
     }
     pub fn warn(name: &'static str, detail: impl Into<String>, hint: impl Into<String>) -> Check {
         Check {
-            name,
             status: Status::Warn,
-            detail: detail.into(),
             hint: Some(hint.into()),
+            ..Check::ok(name, detail)
         }
     }
     pub fn fail(name: &'static str, detail: impl Into<String>, hint: impl Into<String>) -> Check {
         Check {
-            name,
             status: Status::Fail,
-            detail: detail.into(),
-            hint: Some(hint.into()),
+            ..Check::warn(name, detail, hint)
         }
     }
     /// A check that could not read what it needs fails, saying why.
@@ -275,8 +272,12 @@ struct Flags {
     unread_env: Vec<String>,
 }
 
+/// The first line of a clap error: what is wrong, without the usage.
+fn first_line(e: clap::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_owned()
+}
+
 fn parse_run(argv: Vec<String>) -> Result<RunArgs, String> {
-    let first_line = |e: clap::Error| e.to_string().lines().next().unwrap_or_default().to_owned();
     let mut matches = run_command()
         .try_get_matches_from(argv)
         .map_err(first_line)?;
@@ -330,21 +331,16 @@ fn run_flags(d: &Deployment) -> Flags {
         unread_env: Vec::new(),
     };
     // Which flags the args set.
-    let cmd = run_command();
-    let set_by_args: Vec<String> = match cmd.clone().try_get_matches_from(argv(&[])) {
+    let set_by_args: Vec<String> = match run_command().try_get_matches_from(argv(&[])) {
         Ok(m) => match m.subcommand() {
-            Some(("run", sub)) => cmd
-                .find_subcommand("run")
-                .map(|run| {
-                    run.get_arguments()
-                        .map(|a| a.get_id().as_str().to_owned())
-                        .filter(|id| sub.value_source(id) == Some(ValueSource::CommandLine))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            Some(("run", sub)) => sub
+                .ids()
+                .filter(|id| sub.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+                .map(|id| id.as_str().to_owned())
+                .collect(),
             _ => return fail("not the run command".to_owned()),
         },
-        Err(e) => return fail(e.to_string().lines().next().unwrap_or_default().to_owned()),
+        Err(e) => return fail(first_line(e)),
     };
     let (mut extra, mut from_env, mut unread_env) = (Vec::new(), Vec::new(), Vec::new());
     let run_cmd = Cli::command();
