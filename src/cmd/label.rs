@@ -176,12 +176,11 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     }
     drop(results);
 
-    let counts = LabelCounts::count(&rows);
     let summary = LabelSummary {
         dry_run: !args.apply,
         label,
         total: rows.len(),
-        results: counts.clone(),
+        results: LabelCounts::count(&rows),
         excluded,
         skipped_with_data: listing.skipped_with_data,
         configmaps_scanned: listing.scanned,
@@ -214,7 +213,6 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     }
     stderr.push_str(&summary_line(
         &summary,
-        &counts,
         planned.len() + excluded,
         &args.admin.scope,
         fatal.is_some(),
@@ -227,9 +225,10 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     if let Some(error) = fatal {
         return Err(anyhow!(error));
     }
+    let c = &summary.results;
     let (unlabeled, tried) = (
-        counts.conflict + counts.failed,
-        counts.labeled + counts.conflict + counts.failed + counts.gone,
+        c.conflict + c.failed,
+        c.labeled + c.conflict + c.failed + c.gone,
     );
     if unlabeled > 0 {
         anyhow::bail!(
@@ -254,11 +253,11 @@ struct Planned<'a> {
 /// write.`
 fn summary_line(
     s: &LabelSummary,
-    c: &LabelCounts,
     candidates: usize,
     scope: &crate::cli::Scope,
     stopped: bool,
 ) -> String {
+    let c = &s.results;
     let mut line = if s.dry_run {
         format!(
             "dry run: {} would be labeled, {} unchanged, {} skipped",

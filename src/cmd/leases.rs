@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 
-use super::report::{row, Identity, Row};
+use super::report::{row, Row};
 use super::Cluster;
 use crate::cli::Scope;
 use crate::lock::{self, LockKey};
@@ -134,13 +134,16 @@ pub async fn judge_all(
 /// A report row for a Lease (the holder is the identity's host).
 pub fn lease_row(c: &LeaseCandidate, j: &Judgement, now: Timestamp) -> Row {
     let holder = lock::lease::parse(&c.lease).ok().and_then(|p| p.host);
-    let lock = Identity {
-        kind: "lease",
-        meta: &c.lease.metadata,
-        labeled: c.labeled,
+    Row {
         holder_found: holder.as_ref().map(|_| j.holder.is_some()),
-        holder,
-        holder_uid: None,
-    };
-    row(lock, j.holder.as_ref(), &j.verdict, now)
+        ..row(
+            "lease",
+            &c.lease.metadata,
+            c.labeled,
+            holder,
+            j.holder.as_ref(),
+            &j.verdict,
+            now,
+        )
+    }
 }

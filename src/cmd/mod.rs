@@ -172,6 +172,7 @@ pub struct Candidate {
 }
 
 /// What the ConfigMap lists found.
+#[derive(Default)]
 pub struct Listing {
     pub candidates: Vec<Candidate>,
     /// ConfigMaps read, candidates or not.
@@ -252,12 +253,7 @@ pub async fn list_candidates(
     scope: &Scope,
     needs: &str,
 ) -> anyhow::Result<Listing> {
-    let mut listing = Listing {
-        candidates: Vec::new(),
-        scanned: 0,
-        skipped_with_data: 0,
-        empty_namespaces: Vec::new(),
-    };
+    let mut listing = Listing::default();
     for ns in namespaces(scope) {
         list_namespace(cluster, ns.as_deref(), &scope.selector, &mut listing)
             .await

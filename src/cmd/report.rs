@@ -10,6 +10,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use super::Candidate;
 use crate::lock::{Lock, Unmanageable};
 use crate::verdict::Verdict;
@@ -225,30 +227,25 @@ pub fn build_row(
     let holder_found = found
         .map(|f| matches!(f, Found::Pod(_)))
         .filter(|_| parsed.is_ok());
-    let lock = Identity {
-        kind: "configmap",
-        meta,
-        labeled: c.labeled,
-        holder,
+    Row {
         holder_uid,
         holder_found,
-    };
-    row(lock, pod, verdict, now)
+        ..row("configmap", meta, c.labeled, holder, pod, verdict, now)
+    }
 }
 
-/// What a row says of the lock itself, whatever its kind.
-pub struct Identity<'a> {
-    pub kind: &'static str,
-    pub meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    pub labeled: bool,
-    pub holder: Option<String>,
-    pub holder_uid: Option<String>,
-    pub holder_found: Option<bool>,
-}
-
-/// A row: the lock, the holder pod found (if any) and the verdict.
-pub fn row(lock: Identity<'_>, pod: Option<&Pod>, verdict: &Verdict, now: Timestamp) -> Row {
-    let meta = lock.meta;
+/// A row: the lock (of `kind`, opted in or not, naming `holder`), the
+/// holder pod found (if any) and the verdict. The holder's uid and whether
+/// it was looked up are the caller's to add.
+pub fn row(
+    kind: &'static str,
+    meta: &ObjectMeta,
+    labeled: bool,
+    holder: Option<String>,
+    pod: Option<&Pod>,
+    verdict: &Verdict,
+    now: Timestamp,
+) -> Row {
     let status = pod.and_then(|p| p.status.as_ref());
     let created = meta.creation_timestamp.as_ref().map(|t| t.0);
     let age = age_of(created, now);
@@ -256,15 +253,15 @@ pub fn row(lock: Identity<'_>, pod: Option<&Pod>, verdict: &Verdict, now: Timest
         Verdict::Stale { died_at, .. } => died_at.map(|t| t.to_string()),
         _ => None,
     };
-    let holder_name = lock.holder.clone().unwrap_or_default();
+    let holder_name = holder.clone().unwrap_or_default();
     Row {
-        kind: lock.kind.into(),
+        kind: kind.into(),
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
-        labeled: lock.labeled,
-        holder: lock.holder,
-        holder_uid: lock.holder_uid,
-        holder_found: lock.holder_found,
+        labeled,
+        holder,
+        holder_uid: None,
+        holder_found: None,
         holder_pod_uid: pod.and_then(|p| p.metadata.uid.clone()),
         phase: status.and_then(|s| s.phase.clone()),
         phase_reason: status.and_then(|s| s.reason.clone()),
