@@ -52,7 +52,6 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(super::EXIT_USAGE));
     };
     let started = std::time::Instant::now();
-    let selector = &args.admin.scope.selector;
     let cluster = connect(&args.admin.cluster).await?;
     let needs = if args.apply {
         "list, get and patch on configmaps"
@@ -70,8 +69,6 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     .await?;
     let leases_scanned = leases.scanned;
 
-    let mut excluded = 0;
-    let mut planned: Vec<Planned> = Vec::new();
     let configmaps = listing.candidates.iter().filter_map(|c| {
         let owner = c.meta.owner_references.as_deref().and_then(|o| o.first());
         Some(Planned {
@@ -93,18 +90,16 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
             .and_then(|l| l.host),
         holder_uid: None,
     });
-    for p in configmaps.chain(leases) {
-        let name = p.meta.name.as_deref().unwrap_or_default();
-        let from = args
-            .from_selector
-            .as_ref()
-            .is_none_or(|old| old.matches(p.meta.labels.as_ref()));
-        if from && name_selected(name, &args.include, &args.exclude) {
-            planned.push(p);
-        } else {
-            excluded += 1;
-        }
-    }
+    let (planned, left_out): (Vec<Planned>, Vec<Planned>) =
+        configmaps.chain(leases).partition(|p| {
+            let name = p.meta.name.as_deref().unwrap_or_default();
+            let from = args
+                .from_selector
+                .as_ref()
+                .is_none_or(|old| old.matches(p.meta.labels.as_ref()));
+            from && name_selected(name, &args.include, &args.exclude)
+        });
+    let excluded = left_out.len();
 
     // Writes run CONCURRENCY at a time; results are kept in order.
     let mut results = futures::stream::iter(&planned)
@@ -186,7 +181,7 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
         configmaps_scanned: listing.scanned,
         leases_scanned,
         namespaces: args.admin.scope.namespaces.clone(),
-        selector: selector.to_string(),
+        selector: args.admin.scope.selector.to_string(),
         duration_seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
     };
     let mut stderr = String::new();

@@ -171,30 +171,24 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
         locks.push(super::leases::lease_row(c, &j, now));
         verdicts.push(j.verdict);
     }
-    let mut summary = Summary {
+    let labeled = locks.iter().filter(|r| r.labeled).count();
+    let count = |s: LockState| verdicts.iter().filter(|v| v.state() == s).count();
+    let summary = Summary {
         total: locks.len(),
+        labeled,
+        unlabeled: locks.len() - labeled,
+        held: count(LockState::Held),
+        stale: count(LockState::Stale),
+        ambiguous: count(LockState::Ambiguous),
+        unmanageable: count(LockState::Unmanageable),
         configmaps_scanned: listing.scanned,
         leases_scanned: found.scanned,
         skipped_with_data: listing.skipped_with_data,
         namespaces: args.admin.scope.namespaces.clone(),
         selector: args.admin.scope.selector.to_string(),
         owner_gone_grace_seconds: args.owner_gone_grace.as_secs_f64(),
-        ..Default::default()
+        duration_seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
     };
-    for (r, v) in locks.iter().zip(&verdicts) {
-        if r.labeled {
-            summary.labeled += 1;
-        } else {
-            summary.unlabeled += 1;
-        }
-        match v.state() {
-            LockState::Held => summary.held += 1,
-            LockState::Stale => summary.stale += 1,
-            LockState::Ambiguous => summary.ambiguous += 1,
-            LockState::Unmanageable => summary.unmanageable += 1,
-        }
-    }
-    summary.duration_seconds = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
     Ok(Report {
         locks,
         summary,
