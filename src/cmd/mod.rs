@@ -29,15 +29,15 @@ pub const CONCURRENCY: usize = 16;
 /// Exit code for usage errors, as clap's.
 pub const EXIT_USAGE: u8 = 2;
 
-/// A client and where it points, for error messages.
+/// A client and the configuration it was built from.
 pub struct Cluster {
     pub client: Client,
-    pub url: String,
     /// The command narrows its scope with `-n` (scan, label): a forbidden
     /// list of all namespaces suggests it. `check` reads the install's own
     /// scope, so it does not.
     pub takes_namespaces: bool,
-    /// What the client was built from (`check` impersonates with it).
+    /// What the client was built from: where it points, for error
+    /// messages (`check` also impersonates with it).
     pub config: kube::Config,
 }
 
@@ -72,12 +72,14 @@ pub async fn connect(flags: &crate::cli::Cluster) -> anyhow::Result<Cluster> {
             )
         })?,
     };
-    let url = config.cluster_url.to_string();
-    let client = Client::try_from(config.clone())
-        .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
+    let client = Client::try_from(config.clone()).with_context(|| {
+        format!(
+            "cannot build a client for the cluster at {}",
+            config.cluster_url
+        )
+    })?;
     Ok(Cluster {
         client,
-        url,
         takes_namespaces: true,
         config,
     })
@@ -111,17 +113,15 @@ fn not_kubernetes(action: &str, url: &str, code: u16, body: &str) -> String {
 
 /// Turns an API error into a message that says what failed and what to do.
 pub fn explain(err: Error, cluster: &Cluster, needs: &str) -> anyhow::Error {
+    let url = cluster.config.cluster_url.to_string();
     match err {
         Error::Kube {
             action,
             source: kube::Error::Api(status),
         } => match status.code {
-            _ if status.reason == NOT_A_STATUS => anyhow!(not_kubernetes(
-                &action,
-                &cluster.url,
-                status.code,
-                &status.message
-            )),
+            _ if status.reason == NOT_A_STATUS => {
+                anyhow!(not_kubernetes(&action, &url, status.code, &status.message))
+            }
             403 => {
                 let mut msg = format!(
                     "{action} was forbidden: {}. This command needs {needs}.",
@@ -137,9 +137,8 @@ pub fn explain(err: Error, cluster: &Cluster, needs: &str) -> anyhow::Error {
                 anyhow!(msg)
             }
             401 => anyhow!(
-                "{action}: the API server at {} rejected the credentials (401 Unauthorized): {}. \
+                "{action}: the API server at {url} rejected the credentials (401 Unauthorized): {}. \
                  Check the user in your kubeconfig.",
-                cluster.url,
                 status.message
             ),
             code => anyhow!(
@@ -149,13 +148,11 @@ pub fn explain(err: Error, cluster: &Cluster, needs: &str) -> anyhow::Error {
             ),
         },
         Error::Kube { action, source } => anyhow!(
-            "{action}: cannot reach the Kubernetes API server at {}: {}",
-            cluster.url,
+            "{action}: cannot reach the Kubernetes API server at {url}: {}",
             crate::error_chain(&source)
         ),
         Error::Timeout { action, after } => anyhow!(
-            "{action}: no answer from the Kubernetes API server at {} within {after:?}",
-            cluster.url
+            "{action}: no answer from the Kubernetes API server at {url} within {after:?}"
         ),
         other => anyhow!(other),
     }
