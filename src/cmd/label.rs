@@ -26,8 +26,7 @@ use super::label_report::{LabelCounts, LabelResult, LabelRow, LabelSummary};
 use super::report::{kubectl_name, LockList};
 use super::table::{render_label, Style};
 use super::{
-    connect, encode, explain, list_candidates, missing_namespaces, missing_note, print_stdout,
-    scope_text, CONCURRENCY,
+    connect, encode, explain, list_candidates, missing_note, print_stdout, scope_text, CONCURRENCY,
 };
 use crate::cli::{LabelArgs, Output};
 use crate::lock::LockKind as Kind;
@@ -213,8 +212,7 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
         fatal.is_some(),
     ));
     // `-n typo` lists nothing: say so rather than only "0 scanned".
-    let missing = missing_namespaces(&cluster, &listing.empty_namespaces).await;
-    stderr.push_str(&missing_note(&missing));
+    stderr.push_str(&missing_note(&cluster, &listing.empty_namespaces).await);
     // The notes and summary go to stderr: stdout is the report alone.
     eprint!("{stderr}");
     if let Some(error) = fatal {

@@ -178,35 +178,25 @@ pub struct Listing {
     /// lock-shaped (operator-lib's locks are empty), so never candidates.
     pub skipped_with_data: usize,
     /// Namespaces named in the scope whose list held no ConfigMap at all:
-    /// maybe a typo ([`missing_namespaces`] tells).
+    /// maybe a typo ([`missing_note`] tells).
     pub empty_namespaces: Vec<String>,
 }
 
-/// Of `empty` (named namespaces where nothing was listed), those that do
-/// not exist. Every real namespace holds a ConfigMap (kube-root-ca.crt),
-/// so only the empty ones are looked up. One that may not be read, or
-/// whose read fails, is not called missing.
-pub async fn missing_namespaces(cluster: &Cluster, empty: &[String]) -> Vec<String> {
+/// A stderr note on each of `empty` (named namespaces where nothing was
+/// listed) that does not exist. Every real namespace holds a ConfigMap
+/// (kube-root-ca.crt), so only the empty ones are looked up. One that may
+/// not be read, or whose read fails, is not called missing.
+pub async fn missing_note(cluster: &Cluster, empty: &[String]) -> String {
     let api: Api<Namespace> = Api::all(cluster.client.clone());
-    let mut missing = Vec::new();
+    let mut note = String::new();
     for ns in empty {
         if let Ok(None) = call(format!("reading namespace {ns}"), api.get_opt(ns)).await {
-            missing.push(ns.clone());
+            note.push_str(&format!(
+                "lock-janitor: namespace {ns} does not exist (a typo? kubectl get namespaces lists them)\n"
+            ));
         }
     }
-    missing
-}
-
-/// The stderr note on each named namespace that does not exist.
-pub fn missing_note(missing: &[String]) -> String {
-    missing
-        .iter()
-        .map(|ns| {
-            format!(
-                "lock-janitor: namespace {ns} does not exist (a typo? kubectl get namespaces lists them)\n"
-            )
-        })
-        .collect()
+    note
 }
 
 pub fn scope_text(scope: &Scope) -> String {

@@ -200,11 +200,6 @@ pub enum Found {
     Missing,
 }
 
-fn age_of(created: Option<Timestamp>, now: Timestamp) -> Option<Duration> {
-    let d = now.duration_since(created?);
-    Some(Duration::try_from(d).unwrap_or(Duration::ZERO))
-}
-
 /// Builds a row from what was read. Pure, for tests.
 pub fn build_row(
     c: &Candidate,
@@ -248,7 +243,7 @@ pub fn row(
 ) -> Row {
     let status = pod.and_then(|p| p.status.as_ref());
     let created = meta.creation_timestamp.as_ref().map(|t| t.0);
-    let age = age_of(created, now);
+    let age = created.map(|c| Duration::try_from(now.duration_since(c)).unwrap_or(Duration::ZERO));
     let died_at = match verdict {
         Verdict::Stale { died_at, .. } => died_at.map(|t| t.to_string()),
         _ => None,
@@ -319,25 +314,18 @@ impl Row {
         }
     }
 
-    /// `-o name`: as kubectl prints a name (`configmap/<name>`,
-    /// `lease.coordination.k8s.io/<name>`).
-    pub fn kubectl_name(&self) -> String {
-        kubectl_name(&self.kind, &self.name)
-    }
-
     /// The PHASE column: `Failed/Evicted`, `(gone)`, `Terminating`, `-`.
     pub fn phase_cell(&self) -> String {
-        let r = self;
-        match (r.holder_found, &r.phase) {
+        match (self.holder_found, &self.phase) {
             (None, _) => "-".into(),
             (Some(false), _) => "(gone)".into(),
             (Some(true), phase) => {
                 let terminal = matches!(phase.as_deref(), Some("Failed" | "Succeeded"));
-                if r.holder_deleting && !terminal {
+                if self.holder_deleting && !terminal {
                     return "Terminating".into();
                 }
                 let mut s = phase.clone().unwrap_or_else(|| "?".into());
-                if let Some(reason) = &r.phase_reason {
+                if let Some(reason) = &self.phase_reason {
                     let _ = write!(s, "/{reason}");
                 }
                 s
@@ -346,7 +334,7 @@ impl Row {
     }
 }
 
-/// A lock as kubectl names it: `configmap/<name>`,
+/// A lock as kubectl names it (`-o name`): `configmap/<name>`,
 /// `lease.coordination.k8s.io/<name>`.
 pub fn kubectl_name(kind: &str, name: &str) -> String {
     match kind {

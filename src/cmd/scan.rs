@@ -43,11 +43,10 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 
-use super::report::{build_row, Found, Report, Row, Summary};
+use super::report::{build_row, kubectl_name, Found, Report, Row, Summary};
 use super::table::{render_report, Style};
 use super::{
-    connect, encode, explain, list_candidates, missing_namespaces, missing_note, print_stdout,
-    Cluster, CONCURRENCY,
+    connect, encode, explain, list_candidates, missing_note, print_stdout, Cluster, CONCURRENCY,
 };
 use crate::cli::{Output, ScanArgs};
 use crate::lock::{self, Lock, LockKey, Unmanageable};
@@ -206,7 +205,7 @@ pub async fn scan_command(args: ScanArgs) -> anyhow::Result<ExitCode> {
         Output::Name => report
             .locks
             .iter()
-            .map(|r| r.kubectl_name() + "\n")
+            .map(|r| kubectl_name(&r.kind, &r.name) + "\n")
             .collect(),
         Output::Table | Output::Wide => {
             let style = Style::for_stdout(args.output == Output::Wide, args.no_headers);
@@ -218,8 +217,7 @@ pub async fn scan_command(args: ScanArgs) -> anyhow::Result<ExitCode> {
     print_stdout(&out)?;
     eprint!("{hints}");
     // `-n typo` lists nothing: say so rather than only "0 scanned".
-    let missing = missing_namespaces(&cluster, &report.empty_namespaces).await;
-    eprint!("{}", missing_note(&missing));
+    eprint!("{}", missing_note(&cluster, &report.empty_namespaces).await);
     Ok(if report.summary.stale > 0 {
         ExitCode::from(EXIT_STALE)
     } else {
