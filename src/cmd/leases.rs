@@ -111,20 +111,15 @@ pub async fn judge_all(
 ) -> Result<Vec<Judgement>, Error> {
     let mut out = Vec::new();
     for c in &listing.candidates {
-        let ns = c.lease.metadata.namespace.clone().unwrap_or_default();
-        let key = LockKey::lease(
-            ns.clone(),
-            c.lease.metadata.name.clone().unwrap_or_default(),
-        );
+        let meta = &c.lease.metadata;
+        let ns = meta.namespace.clone().unwrap_or_default();
         let pods = listing.pods.get(&ns).map(Vec::as_slice).unwrap_or_default();
+        let key = LockKey::lease(ns, meta.name.clone().unwrap_or_default());
+        let renewals = crate::verdict::Renewals::default();
+        let lease = c.lease.clone();
         out.push(
             observer
-                .judge_lease(
-                    key,
-                    c.lease.clone(),
-                    Some(pods),
-                    &crate::verdict::Renewals::default(),
-                )
+                .judge_lease(key, lease, Some(pods), &renewals)
                 .await?,
         );
     }

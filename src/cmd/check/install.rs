@@ -8,7 +8,7 @@ use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, Client};
 
-use super::{Check, Install, INSTANCE_LABEL};
+use super::{release_selector, Check, Install, PART_OF_LABEL};
 use crate::call;
 
 /// Whether the API server serves `resource` (plural) in `group_version`.
@@ -336,10 +336,7 @@ pub async fn monitoring(i: &Install) -> Check {
                 "skipped: the Prometheus Operator is not installed (monitoring.coreos.com/v1 not served)",
             ));
         }
-        let mut selector = super::PART_OF_LABEL.to_owned();
-        if let Some(r) = &i.release {
-            selector.push_str(&format!(",{INSTANCE_LABEL}={r}"));
-        }
+        let selector = release_selector(PART_OF_LABEL, i.release.as_deref());
         let lp = ListParams::default().labels(&selector);
         let mut found = Vec::new();
         let mut missing = Vec::new();

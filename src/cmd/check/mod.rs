@@ -226,6 +226,14 @@ fn chart_of(label: &str) -> Option<(String, String)> {
     (!name.is_empty()).then(|| (name.to_owned(), version.replace('_', "+")))
 }
 
+/// `label`, narrowed to the Helm release `release` if one is named.
+fn release_selector(label: &str, release: Option<&str>) -> String {
+    match release {
+        Some(r) => format!("{label},{INSTANCE_LABEL}={r}"),
+        None => label.to_owned(),
+    }
+}
+
 /// The Deployments labeled as the janitor's, in `-n` or everywhere: those
 /// of the chart (part-of, whatever their nameOverride) and those named
 /// lock-janitor, each once.
@@ -233,10 +241,7 @@ async fn find_installs(cluster: &Cluster, args: &CheckArgs) -> anyhow::Result<Ve
     let api: Api<Deployment> = crate::scoped(&cluster.client, args.namespace.as_deref());
     let mut found: Vec<Deployment> = Vec::new();
     for label in [PART_OF_LABEL, NAME_LABEL] {
-        let mut selector = label.to_owned();
-        if let Some(r) = &args.release {
-            let _ = write!(selector, ",{INSTANCE_LABEL}={r}");
-        }
+        let selector = release_selector(label, args.release.as_deref());
         let list = call(
             "listing deployments",
             api.list(&ListParams::default().labels(&selector)),
