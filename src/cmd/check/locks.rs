@@ -139,7 +139,6 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
         ));
     }
     match outside(cluster, i).await {
-        Outside::NotNamespaced => {}
         Outside::Unknown(why) => detail.push_str(&format!(
             "; opted-in locks outside the watched namespaces not looked for ({why})"
         )),
@@ -174,11 +173,10 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
 
 /// Opted-in locks outside a namespaced install's watched namespaces.
 enum Outside {
-    /// The install watches every namespace.
-    NotNamespaced,
     /// Could not look (you may not list cluster-wide): why.
     Unknown(String),
-    /// (kind prefix as in the details, namespace, name).
+    /// (kind prefix as in the details, namespace, name); none when the
+    /// install watches every namespace.
     Found(Vec<(&'static str, String, String)>),
 }
 
@@ -188,7 +186,7 @@ enum Outside {
 async fn outside(cluster: &Cluster, i: &Install) -> Outside {
     let watched = &i.run.scope.namespaces;
     if watched.is_empty() {
-        return Outside::NotNamespaced;
+        return Outside::Found(Vec::new());
     }
     let lp = ListParams::default().labels(i.run.scope.selector.as_str());
     let mut found = Vec::new();

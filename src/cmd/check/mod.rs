@@ -173,13 +173,6 @@ impl Install {
             .collect::<Vec<_>>()
             .join(",")
     }
-    /// The chart and version the install runs, from its `helm.sh/chart`
-    /// label.
-    pub fn chart(&self) -> Option<(String, String)> {
-        let label = self.deployment.metadata.labels.as_ref()?.get(CHART_LABEL)?;
-        chart_of(label)
-    }
-
     /// `helm upgrade` of this install, for hints: the chart version it runs
     /// pinned (from its `helm.sh/chart` label; without `--version` helm
     /// would take the newest chart), and the new chart's defaults under the
@@ -187,7 +180,8 @@ impl Install {
     /// chart's defaults). The chart reference is the admin's: the release
     /// does not record where its chart came from.
     pub fn helm_upgrade(&self, set: &str) -> String {
-        let (version, from) = match self.chart() {
+        let labels = self.deployment.metadata.labels.as_ref();
+        let (version, from) = match labels.and_then(|l| chart_of(l.get(CHART_LABEL)?)) {
             Some((name, version)) => (
                 version.clone(),
                 format!("{CHART_REFERENCE}: where you installed chart {name} {version} from"),
