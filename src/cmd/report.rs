@@ -186,13 +186,6 @@ pub struct ItemPod<'a> {
     pub node: Option<&'a str>,
 }
 
-impl Report {
-    /// The `LockList` that `-o json|yaml` prints.
-    pub fn lock_list(&self) -> LockList<&Summary, LockItem<'_>> {
-        LockList::new(&self.summary, self.locks.iter().map(Row::item).collect())
-    }
-}
-
 /// What a live read found of a lock's holder.
 #[derive(Clone, Debug)]
 pub enum Found {

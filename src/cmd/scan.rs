@@ -43,7 +43,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 
-use super::report::{build_row, kubectl_name, Found, Report, Row, Summary};
+use super::report::{build_row, kubectl_name, Found, LockList, Report, Row, Summary};
 use super::table::{render_report, Style};
 use super::{
     connect, encode, explain, list_candidates, missing_note, print_stdout, Cluster, CONCURRENCY,
@@ -201,7 +201,13 @@ pub async fn scan_command(args: ScanArgs) -> anyhow::Result<ExitCode> {
     let report = build_report(&cluster, &args).await?;
     let mut hints = String::new();
     let out = match args.output {
-        Output::Json | Output::Yaml => encode(&report.lock_list(), args.output == Output::Yaml)?,
+        Output::Json | Output::Yaml => encode(
+            &LockList::new(
+                &report.summary,
+                report.locks.iter().map(Row::item).collect(),
+            ),
+            args.output == Output::Yaml,
+        )?,
         Output::Name => report
             .locks
             .iter()
