@@ -15,7 +15,7 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use anyhow::{anyhow, Context as _};
+use anyhow::anyhow;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -26,8 +26,7 @@ use super::label_report::{LabelCounts, LabelResult, LabelRow, LabelSummary};
 use super::report::{kubectl_name, LockList};
 use super::table::{render_label, Style};
 use super::{
-    connect, explain, list_candidates, missing_namespaces, missing_note, print_stdout, scope_text,
-    CONCURRENCY,
+    connect, encode, explain, list_candidates, missing_note, print_stdout, scope_text, CONCURRENCY,
 };
 use crate::cli::{LabelArgs, Output};
 use crate::lock::LockKind as Kind;
@@ -52,46 +51,23 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(super::EXIT_USAGE));
     };
     let started = std::time::Instant::now();
-    let selector = &args.admin.scope.selector;
     let cluster = connect(&args.admin.cluster).await?;
     let needs = if args.apply {
         "list, get and patch on configmaps"
     } else {
         "list and get on configmaps"
     };
-    let listing = list_candidates(&cluster, &args.admin.scope, selector, needs).await?;
+    let listing = list_candidates(&cluster, &args.admin.scope, needs).await?;
 
     // Lease locks too: those whose holder identity names exactly one pod.
-    // A janitor installed for ConfigMaps only may not list Leases: said.
-    let observer = crate::observe::Observer::new(
-        cluster.client.clone(),
-        selector.clone(),
-        args.admin.scope.namespaces.clone(),
-        crate::verdict::Policy {
-            owner_gone_grace: std::time::Duration::ZERO,
-        },
-    );
-    let leases = match super::leases::list_lease_candidates(
+    let leases = super::leases::lease_candidates_if_allowed(
         &cluster,
-        &observer,
         &args.admin.scope,
-        selector,
+        "list on leases and pods",
     )
-    .await
-    {
-        Ok(found) => found,
-        Err(e) if e.kind() == ErrorKind::Forbidden => {
-            eprintln!(
-                "lock-janitor: Lease locks left out (list on leases and pods is not allowed): {e}"
-            );
-            super::leases::LeaseListing::default()
-        }
-        Err(e) => return Err(explain(e, &cluster, "list on leases and pods")),
-    };
+    .await?;
     let leases_scanned = leases.scanned;
 
-    let mut excluded = 0;
-    let mut planned: Vec<Planned> = Vec::new();
     let configmaps = listing.candidates.iter().filter_map(|c| {
         let owner = c.meta.owner_references.as_deref().and_then(|o| o.first());
         Some(Planned {
@@ -113,18 +89,16 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
             .and_then(|l| l.host),
         holder_uid: None,
     });
-    for p in configmaps.chain(leases) {
-        let name = p.meta.name.as_deref().unwrap_or_default();
-        let from = args
-            .from_selector
-            .as_ref()
-            .is_none_or(|old| old.matches(p.meta.labels.as_ref()));
-        if from && name_selected(name, &args.include, &args.exclude) {
-            planned.push(p);
-        } else {
-            excluded += 1;
-        }
-    }
+    let (planned, left_out): (Vec<Planned>, Vec<Planned>) =
+        configmaps.chain(leases).partition(|p| {
+            let name = p.meta.name.as_deref().unwrap_or_default();
+            let from = args
+                .from_selector
+                .as_ref()
+                .is_none_or(|old| old.matches(p.meta.labels.as_ref()));
+            from && name_selected(name, &args.include, &args.exclude)
+        });
+    let excluded = left_out.len();
 
     // Writes run CONCURRENCY at a time; results are kept in order.
     let mut results = futures::stream::iter(&planned)
@@ -196,30 +170,25 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     }
     drop(results);
 
-    let counts = LabelCounts::count(&rows);
     let summary = LabelSummary {
         dry_run: !args.apply,
         label,
         total: rows.len(),
-        results: counts.clone(),
+        results: LabelCounts::count(&rows),
         excluded,
         skipped_with_data: listing.skipped_with_data,
         configmaps_scanned: listing.scanned,
         leases_scanned,
         namespaces: args.admin.scope.namespaces.clone(),
-        selector: selector.to_string(),
+        selector: args.admin.scope.selector.to_string(),
         duration_seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
     };
     let mut stderr = String::new();
     let out = match args.output {
-        Output::Json => {
-            let list = LockList::new(&summary, rows.iter().map(LabelRow::item).collect());
-            serde_json::to_string_pretty(&list).context("encoding the report")? + "\n"
-        }
-        Output::Yaml => {
-            let list = LockList::new(&summary, rows.iter().map(LabelRow::item).collect());
-            serde_saphyr::to_string(&list).context("encoding the report")?
-        }
+        Output::Json | Output::Yaml => encode(
+            &LockList::new(&summary, rows.iter().map(LabelRow::item).collect()),
+            args.output == Output::Yaml,
+        )?,
         Output::Name => rows
             .iter()
             .filter(|r| r.result.adds())
@@ -238,22 +207,21 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     }
     stderr.push_str(&summary_line(
         &summary,
-        &counts,
         planned.len() + excluded,
         &args.admin.scope,
         fatal.is_some(),
     ));
     // `-n typo` lists nothing: say so rather than only "0 scanned".
-    let missing = missing_namespaces(&cluster, &listing.empty_namespaces).await;
-    stderr.push_str(&missing_note(&missing));
+    stderr.push_str(&missing_note(&cluster, &listing.empty_namespaces).await);
     // The notes and summary go to stderr: stdout is the report alone.
     eprint!("{stderr}");
     if let Some(error) = fatal {
         return Err(anyhow!(error));
     }
+    let c = &summary.results;
     let (unlabeled, tried) = (
-        counts.conflict + counts.failed,
-        counts.labeled + counts.conflict + counts.failed + counts.gone,
+        c.conflict + c.failed,
+        c.labeled + c.conflict + c.failed + c.gone,
     );
     if unlabeled > 0 {
         anyhow::bail!(
@@ -278,11 +246,11 @@ struct Planned<'a> {
 /// write.`
 fn summary_line(
     s: &LabelSummary,
-    c: &LabelCounts,
     candidates: usize,
     scope: &crate::cli::Scope,
     stopped: bool,
 ) -> String {
+    let c = &s.results;
     let mut line = if s.dry_run {
         format!(
             "dry run: {} would be labeled, {} unchanged, {} skipped",

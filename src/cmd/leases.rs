@@ -13,12 +13,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 
-use super::report::{row, Identity, Row};
+use super::report::{row, Row};
 use super::Cluster;
 use crate::cli::Scope;
 use crate::lock::{self, LockKey};
 use crate::observe::{Judgement, Observer};
-use crate::selector::Selector;
 use crate::Error;
 
 /// One Lease that `scan` reports and `label` may opt in.
@@ -37,29 +36,19 @@ pub struct LeaseListing {
     pub scanned: usize,
 }
 
-async fn list_leases(cluster: &Cluster, ns: Option<&str>) -> Result<Vec<Lease>, Error> {
-    let api: Api<Lease> = crate::scoped(&cluster.client, ns);
-    let what = format!("listing leases in {}", ns.unwrap_or("all namespaces"));
-    crate::list_all(&api, &what).await
-}
-
 /// Lists the Leases in scope and the pods their identities may name.
 pub async fn list_lease_candidates(
     cluster: &Cluster,
-    observer: &Observer,
     scope: &Scope,
-    selector: &Selector,
 ) -> Result<LeaseListing, Error> {
-    let namespaces: Vec<Option<String>> = if scope.namespaces.is_empty() {
-        vec![None]
-    } else {
-        let set: BTreeSet<&String> = scope.namespaces.iter().collect();
-        set.into_iter().cloned().map(Some).collect()
-    };
     let mut leases = Vec::new();
-    for ns in namespaces {
-        let found = list_leases(cluster, ns.as_deref()).await?;
-        leases.extend(found);
+    for ns in super::namespaces(scope) {
+        let api: Api<Lease> = crate::scoped(&cluster.client, ns.as_deref());
+        let what = format!(
+            "listing leases in {}",
+            ns.as_deref().unwrap_or("all namespaces")
+        );
+        leases.extend(crate::list_all(&api, &what).await?);
     }
     let scanned = leases.len();
     let hosts = |l: &Lease| lock::lease::parse(l).ok().and_then(|p| p.host);
@@ -70,13 +59,14 @@ pub async fn list_lease_candidates(
         .collect();
     let mut pods = BTreeMap::new();
     for ns in wanted {
-        let list = observer.pods_in(&ns).await?;
+        let api: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns);
+        let list = crate::list_all(&api, &format!("listing pods in {ns}")).await?;
         pods.insert(ns, list);
     }
     let mut candidates: Vec<LeaseCandidate> = leases
         .into_iter()
         .filter_map(|lease| {
-            let labeled = selector.matches(lease.metadata.labels.as_ref());
+            let labeled = scope.selector.matches(lease.metadata.labels.as_ref());
             let names_one_pod = hosts(&lease).is_some_and(|h| {
                 let ns = lease.metadata.namespace.as_deref().unwrap_or_default();
                 pods.get(ns).map_or(0, |ps| {
@@ -97,6 +87,23 @@ pub async fn list_lease_candidates(
     })
 }
 
+/// [`list_lease_candidates`], or none when Leases or pods may not be
+/// listed (a janitor installed for ConfigMaps only): said on stderr.
+pub async fn lease_candidates_if_allowed(
+    cluster: &Cluster,
+    scope: &Scope,
+    needs: &str,
+) -> anyhow::Result<LeaseListing> {
+    match list_lease_candidates(cluster, scope).await {
+        Ok(found) => Ok(found),
+        Err(e) if e.kind() == crate::ErrorKind::Forbidden => {
+            eprintln!("lock-janitor: Lease locks left out ({needs} is not allowed): {e}");
+            Ok(LeaseListing::default())
+        }
+        Err(e) => Err(super::explain(e, cluster, needs)),
+    }
+}
+
 /// Judges every candidate through the controller's own path.
 pub async fn judge_all(
     observer: &Observer,
@@ -104,20 +111,15 @@ pub async fn judge_all(
 ) -> Result<Vec<Judgement>, Error> {
     let mut out = Vec::new();
     for c in &listing.candidates {
-        let ns = c.lease.metadata.namespace.clone().unwrap_or_default();
-        let key = LockKey::lease(
-            ns.clone(),
-            c.lease.metadata.name.clone().unwrap_or_default(),
-        );
+        let meta = &c.lease.metadata;
+        let ns = meta.namespace.clone().unwrap_or_default();
         let pods = listing.pods.get(&ns).map(Vec::as_slice).unwrap_or_default();
+        let key = LockKey::lease(ns, meta.name.clone().unwrap_or_default());
+        let renewals = crate::verdict::Renewals::default();
+        let lease = c.lease.clone();
         out.push(
             observer
-                .judge_lease(
-                    key,
-                    c.lease.clone(),
-                    Some(pods),
-                    &crate::verdict::Renewals::default(),
-                )
+                .judge_lease(key, lease, Some(pods), &renewals)
                 .await?,
         );
     }
@@ -127,13 +129,16 @@ pub async fn judge_all(
 /// A report row for a Lease (the holder is the identity's host).
 pub fn lease_row(c: &LeaseCandidate, j: &Judgement, now: Timestamp) -> Row {
     let holder = lock::lease::parse(&c.lease).ok().and_then(|p| p.host);
-    let lock = Identity {
-        kind: "lease",
-        meta: &c.lease.metadata,
-        labeled: c.labeled,
+    Row {
         holder_found: holder.as_ref().map(|_| j.holder.is_some()),
-        holder,
-        holder_uid: None,
-    };
-    row(lock, j.holder.as_ref(), &j.verdict, now)
+        ..row(
+            "lease",
+            &c.lease.metadata,
+            c.labeled,
+            holder,
+            j.holder.as_ref(),
+            &j.verdict,
+            now,
+        )
+    }
 }

@@ -10,8 +10,6 @@ pub mod report;
 pub mod scan;
 pub mod table;
 
-use std::collections::BTreeSet;
-
 use anyhow::{anyhow, Context as _};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -31,14 +29,16 @@ pub const CONCURRENCY: usize = 16;
 /// Exit code for usage errors, as clap's.
 pub const EXIT_USAGE: u8 = 2;
 
-/// A client and where it points, for error messages.
+/// A client and the configuration it was built from.
 pub struct Cluster {
     pub client: Client,
-    pub url: String,
     /// The command narrows its scope with `-n` (scan, label): a forbidden
     /// list of all namespaces suggests it. `check` reads the install's own
     /// scope, so it does not.
     pub takes_namespaces: bool,
+    /// What the client was built from: where it points, for error
+    /// messages (`check` also impersonates with it).
+    pub config: kube::Config,
 }
 
 /// kube's reason for an error response whose body is no Kubernetes
@@ -50,20 +50,6 @@ const SHOWN_BODY: usize = 100;
 /// Connects as kubectl would: `--kubeconfig` (else $KUBECONFIG, then
 /// ~/.kube/config, then the in-cluster service account) and `--context`.
 pub async fn connect(flags: &crate::cli::Cluster) -> anyhow::Result<Cluster> {
-    let config = config(flags).await?;
-    let url = config.cluster_url.to_string();
-    let client = Client::try_from(config)
-        .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
-    Ok(Cluster {
-        client,
-        url,
-        takes_namespaces: true,
-    })
-}
-
-/// The client configuration [`connect`] uses (`check` also impersonates
-/// with it).
-pub async fn config(flags: &crate::cli::Cluster) -> anyhow::Result<kube::Config> {
     let options = kube::config::KubeConfigOptions {
         context: flags.context.clone(),
         ..Default::default()
@@ -86,7 +72,17 @@ pub async fn config(flags: &crate::cli::Cluster) -> anyhow::Result<kube::Config>
             )
         })?,
     };
-    Ok(config)
+    let client = Client::try_from(config.clone()).with_context(|| {
+        format!(
+            "cannot build a client for the cluster at {}",
+            config.cluster_url
+        )
+    })?;
+    Ok(Cluster {
+        client,
+        takes_namespaces: true,
+        config,
+    })
 }
 
 /// An answer that is no Kubernetes `Status`: its HTTP status, the server,
@@ -117,17 +113,15 @@ fn not_kubernetes(action: &str, url: &str, code: u16, body: &str) -> String {
 
 /// Turns an API error into a message that says what failed and what to do.
 pub fn explain(err: Error, cluster: &Cluster, needs: &str) -> anyhow::Error {
+    let url = cluster.config.cluster_url.to_string();
     match err {
         Error::Kube {
             action,
             source: kube::Error::Api(status),
         } => match status.code {
-            _ if status.reason == NOT_A_STATUS => anyhow!(not_kubernetes(
-                &action,
-                &cluster.url,
-                status.code,
-                &status.message
-            )),
+            _ if status.reason == NOT_A_STATUS => {
+                anyhow!(not_kubernetes(&action, &url, status.code, &status.message))
+            }
             403 => {
                 let mut msg = format!(
                     "{action} was forbidden: {}. This command needs {needs}.",
@@ -143,9 +137,8 @@ pub fn explain(err: Error, cluster: &Cluster, needs: &str) -> anyhow::Error {
                 anyhow!(msg)
             }
             401 => anyhow!(
-                "{action}: the API server at {} rejected the credentials (401 Unauthorized): {}. \
+                "{action}: the API server at {url} rejected the credentials (401 Unauthorized): {}. \
                  Check the user in your kubeconfig.",
-                cluster.url,
                 status.message
             ),
             code => anyhow!(
@@ -155,13 +148,11 @@ pub fn explain(err: Error, cluster: &Cluster, needs: &str) -> anyhow::Error {
             ),
         },
         Error::Kube { action, source } => anyhow!(
-            "{action}: cannot reach the Kubernetes API server at {}: {}",
-            cluster.url,
+            "{action}: cannot reach the Kubernetes API server at {url}: {}",
             crate::error_chain(&source)
         ),
         Error::Timeout { action, after } => anyhow!(
-            "{action}: no answer from the Kubernetes API server at {} within {after:?}",
-            cluster.url
+            "{action}: no answer from the Kubernetes API server at {url} within {after:?}"
         ),
         other => anyhow!(other),
     }
@@ -178,6 +169,7 @@ pub struct Candidate {
 }
 
 /// What the ConfigMap lists found.
+#[derive(Default)]
 pub struct Listing {
     pub candidates: Vec<Candidate>,
     /// ConfigMaps read, candidates or not.
@@ -186,35 +178,25 @@ pub struct Listing {
     /// lock-shaped (operator-lib's locks are empty), so never candidates.
     pub skipped_with_data: usize,
     /// Namespaces named in the scope whose list held no ConfigMap at all:
-    /// maybe a typo ([`missing_namespaces`] tells).
+    /// maybe a typo ([`missing_note`] tells).
     pub empty_namespaces: Vec<String>,
 }
 
-/// Of `empty` (named namespaces where nothing was listed), those that do
-/// not exist. Every real namespace holds a ConfigMap (kube-root-ca.crt),
-/// so only the empty ones are looked up. One that may not be read, or
-/// whose read fails, is not called missing.
-pub async fn missing_namespaces(cluster: &Cluster, empty: &[String]) -> Vec<String> {
+/// A stderr note on each of `empty` (named namespaces where nothing was
+/// listed) that does not exist. Every real namespace holds a ConfigMap
+/// (kube-root-ca.crt), so only the empty ones are looked up. One that may
+/// not be read, or whose read fails, is not called missing.
+pub async fn missing_note(cluster: &Cluster, empty: &[String]) -> String {
     let api: Api<Namespace> = Api::all(cluster.client.clone());
-    let mut missing = Vec::new();
+    let mut note = String::new();
     for ns in empty {
         if let Ok(None) = call(format!("reading namespace {ns}"), api.get_opt(ns)).await {
-            missing.push(ns.clone());
+            note.push_str(&format!(
+                "lock-janitor: namespace {ns} does not exist (a typo? kubectl get namespaces lists them)\n"
+            ));
         }
     }
-    missing
-}
-
-/// The stderr note on each named namespace that does not exist.
-pub fn missing_note(missing: &[String]) -> String {
-    missing
-        .iter()
-        .map(|ns| {
-            format!(
-                "lock-janitor: namespace {ns} does not exist (a typo? kubectl get namespaces lists them)\n"
-            )
-        })
-        .collect()
+    note
 }
 
 pub fn scope_text(scope: &Scope) -> String {
@@ -230,28 +212,37 @@ pub fn scope_text(scope: &Scope) -> String {
     }
 }
 
+/// The namespaces of `scope`, each once and in order; `[None]` (all of
+/// them) when it names none.
+pub fn namespaces(scope: &Scope) -> Vec<Option<String>> {
+    let mut namespaces: Vec<Option<String>> = scope.namespaces.iter().cloned().map(Some).collect();
+    namespaces.sort();
+    namespaces.dedup();
+    if namespaces.is_empty() {
+        namespaces.push(None);
+    }
+    namespaces
+}
+
+/// `-o json|yaml`: `value` pretty-printed, ending with a newline.
+pub fn encode(value: &impl serde::Serialize, yaml: bool) -> anyhow::Result<String> {
+    Ok(if yaml {
+        serde_saphyr::to_string(value).context("encoding the report")?
+    } else {
+        serde_json::to_string_pretty(value).context("encoding the report")? + "\n"
+    })
+}
+
 /// Lists every ConfigMap in scope (paged, metadata only) and keeps the
-/// candidates. Each namespace is listed once (deduplicated).
+/// candidates (those matching the scope's selector, or lock-shaped).
 pub async fn list_candidates(
     cluster: &Cluster,
     scope: &Scope,
-    selector: &Selector,
     needs: &str,
 ) -> anyhow::Result<Listing> {
-    let namespaces: Vec<Option<String>> = if scope.namespaces.is_empty() {
-        vec![None]
-    } else {
-        let set: BTreeSet<&String> = scope.namespaces.iter().collect();
-        set.into_iter().cloned().map(Some).collect()
-    };
-    let mut listing = Listing {
-        candidates: Vec::new(),
-        scanned: 0,
-        skipped_with_data: 0,
-        empty_namespaces: Vec::new(),
-    };
-    for ns in namespaces {
-        list_namespace(cluster, ns.as_deref(), selector, &mut listing)
+    let mut listing = Listing::default();
+    for ns in namespaces(scope) {
+        list_namespace(cluster, ns.as_deref(), &scope.selector, &mut listing)
             .await
             .map_err(|e| explain(e, cluster, needs))?;
     }

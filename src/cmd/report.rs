@@ -10,6 +10,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use super::Candidate;
 use crate::lock::{Lock, Unmanageable};
 use crate::verdict::Verdict;
@@ -184,23 +186,11 @@ pub struct ItemPod<'a> {
     pub node: Option<&'a str>,
 }
 
-impl Report {
-    /// The `LockList` that `-o json|yaml` prints.
-    pub fn lock_list(&self) -> LockList<&Summary, LockItem<'_>> {
-        LockList::new(&self.summary, self.locks.iter().map(Row::item).collect())
-    }
-}
-
 /// What a live read found of a lock's holder.
 #[derive(Clone, Debug)]
 pub enum Found {
     Pod(Box<Pod>),
     Missing,
-}
-
-fn age_of(created: Option<Timestamp>, now: Timestamp) -> Option<Duration> {
-    let d = now.duration_since(created?);
-    Some(Duration::try_from(d).unwrap_or(Duration::ZERO))
 }
 
 /// Builds a row from what was read. Pure, for tests.
@@ -225,46 +215,41 @@ pub fn build_row(
     let holder_found = found
         .map(|f| matches!(f, Found::Pod(_)))
         .filter(|_| parsed.is_ok());
-    let lock = Identity {
-        kind: "configmap",
-        meta,
-        labeled: c.labeled,
-        holder,
+    Row {
         holder_uid,
         holder_found,
-    };
-    row(lock, pod, verdict, now)
+        ..row("configmap", meta, c.labeled, holder, pod, verdict, now)
+    }
 }
 
-/// What a row says of the lock itself, whatever its kind.
-pub struct Identity<'a> {
-    pub kind: &'static str,
-    pub meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    pub labeled: bool,
-    pub holder: Option<String>,
-    pub holder_uid: Option<String>,
-    pub holder_found: Option<bool>,
-}
-
-/// A row: the lock, the holder pod found (if any) and the verdict.
-pub fn row(lock: Identity<'_>, pod: Option<&Pod>, verdict: &Verdict, now: Timestamp) -> Row {
-    let meta = lock.meta;
+/// A row: the lock (of `kind`, opted in or not, naming `holder`), the
+/// holder pod found (if any) and the verdict. The holder's uid and whether
+/// it was looked up are the caller's to add.
+pub fn row(
+    kind: &'static str,
+    meta: &ObjectMeta,
+    labeled: bool,
+    holder: Option<String>,
+    pod: Option<&Pod>,
+    verdict: &Verdict,
+    now: Timestamp,
+) -> Row {
     let status = pod.and_then(|p| p.status.as_ref());
     let created = meta.creation_timestamp.as_ref().map(|t| t.0);
-    let age = age_of(created, now);
+    let age = created.map(|c| Duration::try_from(now.duration_since(c)).unwrap_or(Duration::ZERO));
     let died_at = match verdict {
         Verdict::Stale { died_at, .. } => died_at.map(|t| t.to_string()),
         _ => None,
     };
-    let holder_name = lock.holder.clone().unwrap_or_default();
+    let holder_name = holder.clone().unwrap_or_default();
     Row {
-        kind: lock.kind.into(),
+        kind: kind.into(),
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
-        labeled: lock.labeled,
-        holder: lock.holder,
-        holder_uid: lock.holder_uid,
-        holder_found: lock.holder_found,
+        labeled,
+        holder,
+        holder_uid: None,
+        holder_found: None,
         holder_pod_uid: pod.and_then(|p| p.metadata.uid.clone()),
         phase: status.and_then(|s| s.phase.clone()),
         phase_reason: status.and_then(|s| s.reason.clone()),
@@ -322,25 +307,18 @@ impl Row {
         }
     }
 
-    /// `-o name`: as kubectl prints a name (`configmap/<name>`,
-    /// `lease.coordination.k8s.io/<name>`).
-    pub fn kubectl_name(&self) -> String {
-        kubectl_name(&self.kind, &self.name)
-    }
-
     /// The PHASE column: `Failed/Evicted`, `(gone)`, `Terminating`, `-`.
     pub fn phase_cell(&self) -> String {
-        let r = self;
-        match (r.holder_found, &r.phase) {
+        match (self.holder_found, &self.phase) {
             (None, _) => "-".into(),
             (Some(false), _) => "(gone)".into(),
             (Some(true), phase) => {
                 let terminal = matches!(phase.as_deref(), Some("Failed" | "Succeeded"));
-                if r.holder_deleting && !terminal {
+                if self.holder_deleting && !terminal {
                     return "Terminating".into();
                 }
                 let mut s = phase.clone().unwrap_or_else(|| "?".into());
-                if let Some(reason) = &r.phase_reason {
+                if let Some(reason) = &self.phase_reason {
                     let _ = write!(s, "/{reason}");
                 }
                 s
@@ -349,7 +327,7 @@ impl Row {
     }
 }
 
-/// A lock as kubectl names it: `configmap/<name>`,
+/// A lock as kubectl names it (`-o name`): `configmap/<name>`,
 /// `lease.coordination.k8s.io/<name>`.
 pub fn kubectl_name(kind: &str, name: &str) -> String {
     match kind {

@@ -38,17 +38,15 @@ use std::collections::{BTreeSet, HashMap};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::Context as _;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 
-use super::report::{build_row, Found, Report, Row, Summary};
+use super::report::{build_row, kubectl_name, Found, LockList, Report, Row, Summary};
 use super::table::{render_report, Style};
 use super::{
-    connect, explain, list_candidates, missing_namespaces, missing_note, print_stdout, Cluster,
-    CONCURRENCY,
+    connect, encode, explain, list_candidates, missing_note, print_stdout, Cluster, CONCURRENCY,
 };
 use crate::cli::{Output, ScanArgs};
 use crate::lock::{self, Lock, LockKey, Unmanageable};
@@ -91,7 +89,7 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
     let started = Instant::now();
     let needs = "list and get on configmaps and get and list on pods";
     let selector = &args.admin.scope.selector;
-    let listing = list_candidates(cluster, &args.admin.scope, selector, needs).await?;
+    let listing = list_candidates(cluster, &args.admin.scope, needs).await?;
 
     let parsed: Vec<Result<Lock, Unmanageable>> = listing
         .candidates
@@ -163,49 +161,33 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
     // The Lease locks, judged the same way. A janitor installed for
     // ConfigMaps only may not list Leases: said, and left out.
     let lease_needs = "list on leases and list on pods";
-    let mut leases_scanned = 0;
-    match super::leases::list_lease_candidates(cluster, &observer, &args.admin.scope, selector)
+    let found =
+        super::leases::lease_candidates_if_allowed(cluster, &args.admin.scope, lease_needs).await?;
+    let judged = super::leases::judge_all(&observer, &found)
         .await
-    {
-        Ok(found) => {
-            leases_scanned = found.scanned;
-            let judged = super::leases::judge_all(&observer, &found)
-                .await
-                .map_err(|e| explain(e, cluster, lease_needs))?;
-            for (c, j) in found.candidates.iter().zip(judged) {
-                locks.push(super::leases::lease_row(c, &j, now));
-                verdicts.push(j.verdict);
-            }
-        }
-        Err(e) if e.kind() == crate::ErrorKind::Forbidden => {
-            eprintln!("lock-janitor: Lease locks left out ({lease_needs} is not allowed): {e}");
-        }
-        Err(e) => return Err(explain(e, cluster, lease_needs)),
+        .map_err(|e| explain(e, cluster, lease_needs))?;
+    for (c, j) in found.candidates.iter().zip(judged) {
+        locks.push(super::leases::lease_row(c, &j, now));
+        verdicts.push(j.verdict);
     }
-    let mut summary = Summary {
+    let labeled = locks.iter().filter(|r| r.labeled).count();
+    let count = |s: LockState| verdicts.iter().filter(|v| v.state() == s).count();
+    let summary = Summary {
         total: locks.len(),
+        labeled,
+        unlabeled: locks.len() - labeled,
+        held: count(LockState::Held),
+        stale: count(LockState::Stale),
+        ambiguous: count(LockState::Ambiguous),
+        unmanageable: count(LockState::Unmanageable),
         configmaps_scanned: listing.scanned,
-        leases_scanned,
+        leases_scanned: found.scanned,
         skipped_with_data: listing.skipped_with_data,
         namespaces: args.admin.scope.namespaces.clone(),
         selector: args.admin.scope.selector.to_string(),
         owner_gone_grace_seconds: args.owner_gone_grace.as_secs_f64(),
-        ..Default::default()
+        duration_seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
     };
-    for (r, v) in locks.iter().zip(&verdicts) {
-        if r.labeled {
-            summary.labeled += 1;
-        } else {
-            summary.unlabeled += 1;
-        }
-        match v.state() {
-            LockState::Held => summary.held += 1,
-            LockState::Stale => summary.stale += 1,
-            LockState::Ambiguous => summary.ambiguous += 1,
-            LockState::Unmanageable => summary.unmanageable += 1,
-        }
-    }
-    summary.duration_seconds = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
     Ok(Report {
         locks,
         summary,
@@ -219,19 +201,17 @@ pub async fn scan_command(args: ScanArgs) -> anyhow::Result<ExitCode> {
     let report = build_report(&cluster, &args).await?;
     let mut hints = String::new();
     let out = match args.output {
-        Output::Json => {
-            let mut s =
-                serde_json::to_string_pretty(&report.lock_list()).context("encoding the report")?;
-            s.push('\n');
-            s
-        }
-        Output::Yaml => {
-            serde_saphyr::to_string(&report.lock_list()).context("encoding the report")?
-        }
+        Output::Json | Output::Yaml => encode(
+            &LockList::new(
+                &report.summary,
+                report.locks.iter().map(Row::item).collect(),
+            ),
+            args.output == Output::Yaml,
+        )?,
         Output::Name => report
             .locks
             .iter()
-            .map(|r| r.kubectl_name() + "\n")
+            .map(|r| kubectl_name(&r.kind, &r.name) + "\n")
             .collect(),
         Output::Table | Output::Wide => {
             let style = Style::for_stdout(args.output == Output::Wide, args.no_headers);
@@ -243,8 +223,7 @@ pub async fn scan_command(args: ScanArgs) -> anyhow::Result<ExitCode> {
     print_stdout(&out)?;
     eprint!("{hints}");
     // `-n typo` lists nothing: say so rather than only "0 scanned".
-    let missing = missing_namespaces(&cluster, &report.empty_namespaces).await;
-    eprint!("{}", missing_note(&missing));
+    eprint!("{}", missing_note(&cluster, &report.empty_namespaces).await);
     Ok(if report.summary.stale > 0 {
         ExitCode::from(EXIT_STALE)
     } else {

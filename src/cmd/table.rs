@@ -13,27 +13,20 @@ use crate::cli::Scope;
 pub fn human_age(secs: u64) -> String {
     let (m, h, d) = (60, 3600, 86400);
     let y = 365 * d;
+    // In `unit`s, and the rest in `small`s unless none.
+    let two = |unit: u64, u: &str, small: u64, sm: &str| match (secs % unit) / small {
+        0 => format!("{}{u}", secs / unit),
+        r => format!("{}{u}{r}{sm}", secs / unit),
+    };
     match secs {
         s if s < 2 * m => format!("{s}s"),
-        s if s < 10 * m => match s % m {
-            0 => format!("{}m", s / m),
-            r => format!("{}m{r}s", s / m),
-        },
+        s if s < 10 * m => two(m, "m", 1, "s"),
         s if s < 3 * h => format!("{}m", s / m),
-        s if s < 8 * h => match (s % h) / m {
-            0 => format!("{}h", s / h),
-            r => format!("{}h{r}m", s / h),
-        },
+        s if s < 8 * h => two(h, "h", m, "m"),
         s if s < 2 * d => format!("{}h", s / h),
-        s if s < 8 * d => match (s % d) / h {
-            0 => format!("{}d", s / d),
-            r => format!("{}d{r}h", s / d),
-        },
+        s if s < 8 * d => two(d, "d", h, "h"),
         s if s < 2 * y => format!("{}d", s / d),
-        s if s < 8 * y => match (s % y) / d {
-            0 => format!("{}y", s / y),
-            r => format!("{}y{r}d", s / y),
-        },
+        s if s < 8 * y => two(y, "y", d, "d"),
         s => format!("{}y", s / y),
     }
 }
@@ -263,17 +256,20 @@ pub fn skipped_line(out: &mut String, skipped_with_data: usize) {
     }
 }
 
+/// The NAME cell: a Lease lock says so; a ConfigMap lock is the default.
+fn name_cell(kind: &str, name: &str) -> String {
+    match kind {
+        "lease" => format!("lease/{name}"),
+        _ => name.to_owned(),
+    }
+}
+
 /// The cells of one row of the `scan` table.
 fn cells(r: &Row, wide: bool) -> Vec<String> {
     let dash = || "-".to_owned();
     let mut cells = vec![
         r.namespace.clone(),
-        // A Lease lock says so; a ConfigMap lock is the default.
-        if r.kind == "lease" {
-            format!("lease/{}", r.name)
-        } else {
-            r.name.clone()
-        },
+        name_cell(&r.kind, &r.name),
         if r.labeled { "yes" } else { "no" }.into(),
         r.holder.clone().unwrap_or_else(dash),
         r.phase_cell(),
@@ -381,10 +377,7 @@ pub fn render_label(rows: &[LabelRow], style: Style) -> Rendered {
         .map(|r| {
             let mut c = vec![
                 r.namespace.clone(),
-                match r.kind {
-                    "lease" => format!("lease/{}", r.name),
-                    _ => r.name.clone(),
-                },
+                name_cell(r.kind, &r.name),
                 r.holder.clone().unwrap_or_else(dash),
                 r.result.as_str().to_owned(),
             ];

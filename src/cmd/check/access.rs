@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 
-use super::install::{dynamic, served};
+use super::install::{policy_and_binding, served};
 use super::{Check, Install};
 use crate::call;
 use crate::lock::LockKind;
@@ -30,13 +30,7 @@ type Need = (
 /// What `run` with these flags does with the API (the chart's rules).
 pub fn needs(i: &Install) -> Vec<Need> {
     let r = &i.run;
-    let mut namespaces: Vec<Option<String>> =
-        r.scope.namespaces.iter().cloned().map(Some).collect();
-    namespaces.sort();
-    namespaces.dedup();
-    if namespaces.is_empty() {
-        namespaces.push(None);
-    }
+    let namespaces = crate::cmd::namespaces(&r.scope);
     let mut rules: Vec<(&str, &str, &[&str])> = Vec::new();
     if r.lock_kinds.contains(&LockKind::ConfigMap) {
         rules.push((
@@ -234,31 +228,15 @@ pub async fn delete_guard(i: &Install) -> Check {
             i.scope_text()
         );
         let restore = i.helm_upgrade("--set admissionPolicies.deleteGuard.enabled=true");
-        let policies = dynamic(
-            &i.client,
-            gv,
-            "ValidatingAdmissionPolicy",
-            "validatingadmissionpolicies",
-            None,
-        );
-        if call(format!("reading {name}"), policies.get_opt(&name))
-            .await?
-            .is_none()
-        {
+        let Some((_, binding)) =
+            policy_and_binding(i, gv, "ValidatingAdmissionPolicy", &name).await?
+        else {
             return Ok(Check::fail(
                 NAME,
                 format!("no ValidatingAdmissionPolicy {name}: {unguarded}"),
                 restore,
             ));
-        }
-        let bindings = dynamic(
-            &i.client,
-            gv,
-            "ValidatingAdmissionPolicyBinding",
-            "validatingadmissionpolicybindings",
-            None,
-        );
-        let binding = call(format!("reading binding {name}"), bindings.get_opt(&name)).await?;
+        };
         let denies = binding.as_ref().is_some_and(|b| {
             b.data["spec"]["policyName"] == name.as_str()
                 && b.data["spec"]["validationActions"]
@@ -312,25 +290,21 @@ pub async fn delete_guard(i: &Install) -> Check {
             Err(crate::Error::Kube {
                 source: kube::Error::Api(s),
                 ..
-            }) if s.code == 403 && s.message.contains(&name) => {
+            }) if s.code == 403 => if s.message.contains(&name) {
                 Check::ok(NAME, format!("ValidatingAdmissionPolicy {name} denies {tried}"))
-            }
-            Err(crate::Error::Kube {
-                source: kube::Error::Api(s),
-                ..
-            }) if s.code == 403 && s.message.contains("impersonate") => Check::warn(
-                NAME,
-                format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: you may not impersonate {} ({})", i.user(), s.message),
-                "run check as a user who may impersonate serviceaccounts, users and groups (cluster-admin may) to see the guard deny",
-            ),
-            Err(crate::Error::Kube {
-                source: kube::Error::Api(s),
-                ..
-            }) if s.code == 403 => Check::warn(
-                NAME,
-                format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: RBAC denied {tried} first ({})", s.message),
-                "see the rbac check",
-            ),
+            } else if s.message.contains("impersonate") {
+                Check::warn(
+                    NAME,
+                    format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: you may not impersonate {} ({})", i.user(), s.message),
+                    "run check as a user who may impersonate serviceaccounts, users and groups (cluster-admin may) to see the guard deny",
+                )
+            } else {
+                Check::warn(
+                    NAME,
+                    format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: RBAC denied {tried} first ({})", s.message),
+                    "see the rbac check",
+                )
+            },
             Err(e) => Check::warn(
                 NAME,
                 format!("ValidatingAdmissionPolicy {name} and its binding exist; {tried} failed: {e}"),

@@ -8,7 +8,7 @@ use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, Client};
 
-use super::{Check, Install, INSTANCE_LABEL};
+use super::{release_selector, Check, Install, PART_OF_LABEL};
 use crate::call;
 
 /// Whether the API server serves `resource` (plural) in `group_version`.
@@ -28,21 +28,33 @@ pub async fn served(client: &Client, group_version: &str, resource: &str) -> any
     }
 }
 
-/// An `Api` of a kind this crate has no type for.
-pub fn dynamic(
-    client: &Client,
-    gv: &str,
-    kind: &str,
-    plural: &str,
-    ns: Option<&str>,
-) -> Api<DynamicObject> {
+/// An `Api` of a kind this crate has no type for (its plural guessed by
+/// kube, right for every kind here).
+pub fn dynamic(client: &Client, gv: &str, kind: &str, ns: Option<&str>) -> Api<DynamicObject> {
     let (group, version) = gv.split_once('/').unwrap_or(("", gv));
-    let ar =
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
     match ns {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
         None => Api::all_with(client.clone(), &ar),
     }
+}
+
+/// The admission policy of `kind` named `name` and, if there is one, its
+/// binding of that name.
+pub async fn policy_and_binding(
+    i: &Install,
+    gv: &str,
+    kind: &str,
+    name: &str,
+) -> anyhow::Result<Option<(DynamicObject, Option<DynamicObject>)>> {
+    let read = |kind: String, action: String| async move {
+        call(action, dynamic(&i.client, gv, &kind, None).get_opt(name)).await
+    };
+    let Some(policy) = read(kind.to_owned(), format!("reading {name}")).await? else {
+        return Ok(None);
+    };
+    let binding = read(format!("{kind}Binding"), format!("reading binding {name}")).await?;
+    Ok(Some((policy, binding)))
 }
 
 fn ready(p: &Pod) -> bool {
@@ -284,30 +296,15 @@ pub async fn auto_opt_in(i: &Install) -> Check {
             ));
         };
         let name = format!("{}-{}-auto-opt-in", i.name, i.namespace);
-        let policy = dynamic(
-            &i.client,
-            gv,
-            "MutatingAdmissionPolicy",
-            "mutatingadmissionpolicies",
-            None,
-        );
-        let Some(p) = call(format!("reading {name}"), policy.get_opt(&name)).await? else {
+        let Some((p, binding)) =
+            policy_and_binding(i, gv, "MutatingAdmissionPolicy", &name).await?
+        else {
             return Ok(Check::ok(
                 NAME,
                 "skipped: not enabled (admissionPolicies.autoOptIn.enabled); new locks are opted in with `lock-janitor label`",
             ));
         };
-        let bindings = dynamic(
-            &i.client,
-            gv,
-            "MutatingAdmissionPolicyBinding",
-            "mutatingadmissionpolicybindings",
-            None,
-        );
-        if call(format!("reading binding {name}"), bindings.get_opt(&name))
-            .await?
-            .is_none()
-        {
+        if binding.is_none() {
             return Ok(Check::warn(
                 NAME,
                 format!("MutatingAdmissionPolicy {name} has no binding {name}: it labels nothing"),
@@ -339,10 +336,7 @@ pub async fn monitoring(i: &Install) -> Check {
                 "skipped: the Prometheus Operator is not installed (monitoring.coreos.com/v1 not served)",
             ));
         }
-        let mut selector = super::PART_OF_LABEL.to_owned();
-        if let Some(r) = &i.release {
-            selector.push_str(&format!(",{INSTANCE_LABEL}={r}"));
-        }
+        let selector = release_selector(PART_OF_LABEL, i.release.as_deref());
         let lp = ListParams::default().labels(&selector);
         let mut found = Vec::new();
         let mut missing = Vec::new();
@@ -360,7 +354,7 @@ pub async fn monitoring(i: &Install) -> Check {
                 missing.push(kind);
                 continue;
             }
-            let api = dynamic(&i.client, gv, kind, plural, ns);
+            let api = dynamic(&i.client, gv, kind, ns);
             // A ServiceMonitor may live in another namespace
             // (serviceMonitor.namespace): this release's scrapes its own.
             let items: Vec<DynamicObject> = call(format!("listing {plural}"), api.list(&lp))

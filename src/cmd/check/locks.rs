@@ -11,7 +11,7 @@ use kube::api::ListParams;
 use kube::Api;
 
 use super::{Check, Install};
-use crate::cli::{AdminScope, Output, ScanArgs, Scope};
+use crate::cli::{AdminScope, Output, ScanArgs};
 use crate::cmd::report::Row;
 use crate::cmd::{list_candidates, Cluster};
 use crate::lock::LockKind;
@@ -32,13 +32,6 @@ fn names(items: &[String]) -> String {
         s.push_str(&format!(" and {} more", items.len() - SHOWN));
     }
     s
-}
-
-fn scope(i: &Install) -> Scope {
-    Scope {
-        selector: i.run.scope.selector.clone(),
-        namespaces: i.run.scope.namespaces.clone(),
-    }
 }
 
 fn selector_flag(i: &Install) -> String {
@@ -70,7 +63,7 @@ pub async fn locks(cluster: &Cluster, i: &Install) -> Vec<Check> {
 /// on purpose, or listed.
 async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
     const NAME: &str = "locks";
-    let scope = scope(i);
+    let scope = i.run.scope.clone();
     let selector = &scope.selector;
     let Some((key, value)) = selector.opt_in_label() else {
         return Ok(Check::warn(
@@ -82,8 +75,7 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
     let kinds = &i.run.lock_kinds;
     let mut metas = Vec::new();
     if kinds.contains(&LockKind::ConfigMap) {
-        let listing =
-            list_candidates(cluster, &scope, selector, "list and get on configmaps").await?;
+        let listing = list_candidates(cluster, &scope, "list and get on configmaps").await?;
         metas.extend(
             listing
                 .candidates
@@ -92,16 +84,7 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
         );
     }
     if kinds.contains(&LockKind::Lease) {
-        let observer = crate::observe::Observer::new(
-            cluster.client.clone(),
-            selector.clone(),
-            scope.namespaces.clone(),
-            crate::verdict::Policy {
-                owner_gone_grace: i.run.owner_gone_grace,
-            },
-        );
-        let found =
-            crate::cmd::leases::list_lease_candidates(cluster, &observer, &scope, selector).await?;
+        let found = crate::cmd::leases::list_lease_candidates(cluster, &scope).await?;
         metas.extend(
             found
                 .candidates
@@ -156,7 +139,6 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
         ));
     }
     match outside(cluster, i).await {
-        Outside::NotNamespaced => {}
         Outside::Unknown(why) => detail.push_str(&format!(
             "; opted-in locks outside the watched namespaces not looked for ({why})"
         )),
@@ -191,11 +173,10 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
 
 /// Opted-in locks outside a namespaced install's watched namespaces.
 enum Outside {
-    /// The install watches every namespace.
-    NotNamespaced,
     /// Could not look (you may not list cluster-wide): why.
     Unknown(String),
-    /// (kind prefix as in the details, namespace, name).
+    /// (kind prefix as in the details, namespace, name); none when the
+    /// install watches every namespace.
     Found(Vec<(&'static str, String, String)>),
 }
 
@@ -205,7 +186,7 @@ enum Outside {
 async fn outside(cluster: &Cluster, i: &Install) -> Outside {
     let watched = &i.run.scope.namespaces;
     if watched.is_empty() {
-        return Outside::NotNamespaced;
+        return Outside::Found(Vec::new());
     }
     let lp = ListParams::default().labels(i.run.scope.selector.as_str());
     let mut found = Vec::new();
@@ -258,7 +239,7 @@ async fn stale(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
     const NAME: &str = "stale-now";
     let args = ScanArgs {
         admin: AdminScope {
-            scope: scope(i),
+            scope: i.run.scope.clone(),
             all_namespaces: false,
             cluster: Default::default(),
         },

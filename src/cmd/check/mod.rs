@@ -21,7 +21,6 @@ use std::process::ExitCode;
 
 use std::collections::BTreeMap;
 
-use anyhow::Context as _;
 use clap::parser::ValueSource;
 use clap::{CommandFactory as _, FromArgMatches as _};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -88,18 +87,15 @@ impl Check {
     }
     pub fn warn(name: &'static str, detail: impl Into<String>, hint: impl Into<String>) -> Check {
         Check {
-            name,
             status: Status::Warn,
-            detail: detail.into(),
             hint: Some(hint.into()),
+            ..Check::ok(name, detail)
         }
     }
     pub fn fail(name: &'static str, detail: impl Into<String>, hint: impl Into<String>) -> Check {
         Check {
-            name,
             status: Status::Fail,
-            detail: detail.into(),
-            hint: Some(hint.into()),
+            ..Check::warn(name, detail, hint)
         }
     }
     /// A check that could not read what it needs fails, saying why.
@@ -177,13 +173,6 @@ impl Install {
             .collect::<Vec<_>>()
             .join(",")
     }
-    /// The chart and version the install runs, from its `helm.sh/chart`
-    /// label.
-    pub fn chart(&self) -> Option<(String, String)> {
-        let label = self.deployment.metadata.labels.as_ref()?.get(CHART_LABEL)?;
-        chart_of(label)
-    }
-
     /// `helm upgrade` of this install, for hints: the chart version it runs
     /// pinned (from its `helm.sh/chart` label; without `--version` helm
     /// would take the newest chart), and the new chart's defaults under the
@@ -191,7 +180,8 @@ impl Install {
     /// chart's defaults). The chart reference is the admin's: the release
     /// does not record where its chart came from.
     pub fn helm_upgrade(&self, set: &str) -> String {
-        let (version, from) = match self.chart() {
+        let labels = self.deployment.metadata.labels.as_ref();
+        let (version, from) = match labels.and_then(|l| chart_of(l.get(CHART_LABEL)?)) {
             Some((name, version)) => (
                 version.clone(),
                 format!("{CHART_REFERENCE}: where you installed chart {name} {version} from"),
@@ -230,6 +220,14 @@ fn chart_of(label: &str) -> Option<(String, String)> {
     (!name.is_empty()).then(|| (name.to_owned(), version.replace('_', "+")))
 }
 
+/// `label`, narrowed to the Helm release `release` if one is named.
+fn release_selector(label: &str, release: Option<&str>) -> String {
+    match release {
+        Some(r) => format!("{label},{INSTANCE_LABEL}={r}"),
+        None => label.to_owned(),
+    }
+}
+
 /// The Deployments labeled as the janitor's, in `-n` or everywhere: those
 /// of the chart (part-of, whatever their nameOverride) and those named
 /// lock-janitor, each once.
@@ -237,10 +235,7 @@ async fn find_installs(cluster: &Cluster, args: &CheckArgs) -> anyhow::Result<Ve
     let api: Api<Deployment> = crate::scoped(&cluster.client, args.namespace.as_deref());
     let mut found: Vec<Deployment> = Vec::new();
     for label in [PART_OF_LABEL, NAME_LABEL] {
-        let mut selector = label.to_owned();
-        if let Some(r) = &args.release {
-            let _ = write!(selector, ",{INSTANCE_LABEL}={r}");
-        }
+        let selector = release_selector(label, args.release.as_deref());
         let list = call(
             "listing deployments",
             api.list(&ListParams::default().labels(&selector)),
@@ -276,8 +271,12 @@ struct Flags {
     unread_env: Vec<String>,
 }
 
+/// The first line of a clap error: what is wrong, without the usage.
+fn first_line(e: clap::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_owned()
+}
+
 fn parse_run(argv: Vec<String>) -> Result<RunArgs, String> {
-    let first_line = |e: clap::Error| e.to_string().lines().next().unwrap_or_default().to_owned();
     let mut matches = run_command()
         .try_get_matches_from(argv)
         .map_err(first_line)?;
@@ -331,21 +330,16 @@ fn run_flags(d: &Deployment) -> Flags {
         unread_env: Vec::new(),
     };
     // Which flags the args set.
-    let cmd = run_command();
-    let set_by_args: Vec<String> = match cmd.clone().try_get_matches_from(argv(&[])) {
+    let set_by_args: Vec<String> = match run_command().try_get_matches_from(argv(&[])) {
         Ok(m) => match m.subcommand() {
-            Some(("run", sub)) => cmd
-                .find_subcommand("run")
-                .map(|run| {
-                    run.get_arguments()
-                        .map(|a| a.get_id().as_str().to_owned())
-                        .filter(|id| sub.value_source(id) == Some(ValueSource::CommandLine))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            Some(("run", sub)) => sub
+                .ids()
+                .filter(|id| sub.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+                .map(|id| id.as_str().to_owned())
+                .collect(),
             _ => return fail("not the run command".to_owned()),
         },
-        Err(e) => return fail(e.to_string().lines().next().unwrap_or_default().to_owned()),
+        Err(e) => return fail(first_line(e)),
     };
     let (mut extra, mut from_env, mut unread_env) = (Vec::new(), Vec::new(), Vec::new());
     let run_cmd = Cli::command();
@@ -392,7 +386,7 @@ fn run_flags(d: &Deployment) -> Flags {
     }
 }
 
-async fn load(cluster: &Cluster, config: &kube::Config, d: Deployment) -> anyhow::Result<Install> {
+async fn load(cluster: &Cluster, d: Deployment) -> anyhow::Result<Install> {
     let namespace = d.metadata.namespace.clone().unwrap_or_default();
     let name = d.metadata.name.clone().unwrap_or_default();
     let release = d
@@ -419,7 +413,7 @@ async fn load(cluster: &Cluster, config: &kube::Config, d: Deployment) -> anyhow
         from_env: flags.from_env,
         unread_env: flags.unread_env,
         client: cluster.client.clone(),
-        config: config.clone(),
+        config: cluster.config.clone(),
     };
     let api: Api<Pod> = Api::namespaced(cluster.client.clone(), &install.namespace);
     let selector = install.pod_selector();
@@ -512,14 +506,9 @@ pub fn summary(checks: &[Check], dry_run: bool) -> String {
 
 /// `lock-janitor check`.
 pub async fn check_command(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let config = super::config(&args.cluster).await?;
-    let url = config.cluster_url.to_string();
-    let client = Client::try_from(config.clone())
-        .with_context(|| format!("cannot build a client for the cluster at {url}"))?;
     let cluster = Cluster {
-        client,
-        url,
         takes_namespaces: false,
+        ..super::connect(&args.cluster).await?
     };
     let found = find_installs(&cluster, &args).await?;
     let where_ = match &args.namespace {
@@ -531,7 +520,7 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<ExitCode> {
         0 => vec![no_install(&args, &where_)],
         1 => {
             let d = found.into_iter().next().expect("one");
-            let install = load(&cluster, &config, d).await?;
+            let install = load(&cluster, d).await?;
             dry_run = install.run.dry_run;
             run_checks(&cluster, &install).await
         }
@@ -554,16 +543,14 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let out = match args.output {
-        CheckOutput::Json => {
-            let report = CheckReport {
+        CheckOutput::Json => super::encode(
+            &CheckReport {
                 api_version: API_VERSION,
                 kind: "CheckReport",
                 checks: &checks,
-            };
-            let mut s = serde_json::to_string_pretty(&report).context("encoding the report")?;
-            s.push('\n');
-            s
-        }
+            },
+            false,
+        )?,
         CheckOutput::Table => render_table(&checks),
     };
     print_stdout(&out)?;
