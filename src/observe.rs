@@ -460,13 +460,6 @@ impl Observer {
         })
     }
 
-    /// Every pod of a namespace, whole, in pages: for `scan`, which judges
-    /// all the Leases of a namespace from one list.
-    pub async fn pods_in(&self, namespace: &str) -> Result<Vec<Pod>, Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        crate::list_all(&api, &format!("listing pods in {namespace}")).await
-    }
-
     /// The pods of a namespace that `host` names, by name or hostname (a
     /// Lease's holder may be named by `spec.hostname`, which no field
     /// selector reaches): every pod is read, in pages of 100, and only the
