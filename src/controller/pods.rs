@@ -20,6 +20,7 @@ use super::wiring::TerminalPod;
 use super::{error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta};
 use crate::index::Index;
 use crate::lock::{self, LockKey};
+use crate::readiness::Report;
 use crate::sweep::{self, Sweep};
 
 /// The kinds a scope watches.
@@ -199,7 +200,9 @@ async fn sweeper(
             match swept {
                 Ok(()) => {
                     failures = 0;
-                    super::sweep_ok(&ctx, &health);
+                    if ctx.shared.readiness.watch_ok(&health) {
+                        info!(sweep = %health, "resync sweep recovered");
+                    }
                     debug!(
                         scope,
                         pods = found.pods,
@@ -236,7 +239,17 @@ async fn sweeper(
                 }
                 Err(e) => {
                     failures += 1;
-                    super::sweep_failed(&ctx, ns.as_deref(), &health, &e);
+                    // Counted as a pod watch error, and in readiness as a
+                    // watch of its own (not ready after a minute of this).
+                    let within = ns.as_deref().unwrap_or_default();
+                    if let Report::Warn {
+                        errors,
+                        failing_for,
+                    } = ctx.shared.watch_failed("pods", within, &health)
+                    {
+                        warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
+                              "resync sweep failed; retrying (not ready after a minute of this)");
+                    }
                     // What it found before the error is judged (never
                     // settled: the first sweep settles only when whole).
                     if !first {

@@ -14,35 +14,7 @@ use tracing::{debug, info, warn};
 
 use super::memory::Memory;
 use super::{error_policy, key_of, reconcile, Context, Watched};
-use crate::{lock::LockKey, Error};
-
-/// A sweep (a list of pods) answered: said once it recovers from failing.
-pub(super) fn sweep_ok(ctx: &Context, health: &str) {
-    if ctx.shared.readiness.watch_ok(health) {
-        info!(sweep = %health, "resync sweep recovered");
-    }
-}
-
-/// A sweep failed: counted as a pod watch error, and in readiness as a
-/// watch of its own (not ready after a minute of failures).
-pub(super) fn sweep_failed(ctx: &Context, namespace: Option<&str>, health: &str, e: &Error) {
-    ctx.shared
-        .metrics
-        .watch_errors
-        .with_label_values(&["pods"])
-        .inc();
-    if let crate::readiness::Report::Warn {
-        errors,
-        failing_for,
-    } = ctx
-        .shared
-        .readiness
-        .watch_failed(namespace.unwrap_or_default(), health)
-    {
-        warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
-              "resync sweep failed; retrying (not ready after a minute of this)");
-    }
-}
+use crate::lock::LockKey;
 
 /// A terminal pod as its watch reads it: who it is and its version,
 /// nothing else. Each event and list page is read into this directly: the
