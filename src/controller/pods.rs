@@ -11,13 +11,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::scope::Side;
+use super::scope::{Kind, Side};
 use super::wiring::TerminalPod;
-use super::{error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta};
+use super::{error_backoff, key_of, resync_after, terminal_pods, Context, LockMeta};
 use crate::index::Index;
 use crate::lock::{self, LockKey};
 use crate::readiness::Report;
@@ -43,29 +44,34 @@ impl Sides {
         let ns = pod.namespace().unwrap_or_default();
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         if let Some(c) = &self.configmaps {
-            for r in suspects::<LockMeta>(ctx, c.index.locks_of(&ns, uid)) {
-                let _ = c.tx.unbounded_send(r);
-            }
+            c.suspect(ctx, c.index.locks_of(&ns, uid));
         }
         if let Some(l) = &self.leases {
             // The Leases whose identity names the pod.
-            for r in suspects::<Lease>(ctx, l.index.leases_of(&ns, &pod.name_any())) {
-                let _ = l.tx.unbounded_send(r);
-            }
+            l.suspect(ctx, l.index.leases_of(&ns, &pod.name_any()));
         }
     }
 
     /// Names a sweep's suspects to their Controllers.
     fn send(&self, ctx: &Context, found: Sweep) {
         if let Some(c) = &self.configmaps {
-            for r in suspects::<LockMeta>(ctx, found.configmaps) {
-                let _ = c.tx.unbounded_send(r);
-            }
+            c.suspect(ctx, found.configmaps);
         }
         if let Some(l) = &self.leases {
-            for r in suspects::<Lease>(ctx, found.leases) {
-                let _ = l.tx.unbounded_send(r);
-            }
+            l.suspect(ctx, found.leases);
+        }
+    }
+}
+
+impl<K: Kind> Side<K> {
+    /// Marks these locks suspect (judged from live reads at their next
+    /// reconcile) and names them to the kind's Controller.
+    fn suspect(&self, ctx: &Context, keys: impl IntoIterator<Item = LockKey>) {
+        for k in keys {
+            ctx.memory.suspect(&k);
+            let _ = self
+                .tx
+                .unbounded_send(ObjectRef::new(&k.name).within(&k.namespace));
         }
     }
 }
