@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::metrics::Metrics;
-use crate::readiness::Readiness;
+use crate::readiness::{Readiness, Report};
 
 /// Process-wide, cheap to clone.
 #[derive(Clone)]
@@ -19,5 +19,15 @@ impl Shared {
             metrics: Metrics::new()?,
             readiness: Arc::default(),
         })
+    }
+    /// A watch failed (or a sweep, counted as a pod watch): counted under
+    /// `resource`, and told to readiness as the watch `name` (not ready
+    /// after a minute of failures). Says whether a WARN line is due.
+    pub fn watch_failed(&self, resource: &str, namespace: &str, name: &str) -> Report {
+        self.metrics
+            .watch_errors
+            .with_label_values(&[resource])
+            .inc();
+        self.readiness.watch_failed(namespace, name)
     }
 }

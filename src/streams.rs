@@ -8,6 +8,7 @@ use kube::runtime::utils::ResetTimerBackoff;
 use kube::runtime::watcher::{self, ExponentialBackoff};
 use tracing::{info, warn};
 
+use crate::readiness::Report;
 use crate::shared::Shared;
 
 /// How a broken watch retries: from 100 ms, doubling up to 500 ms, plus a
@@ -40,15 +41,10 @@ pub fn watch_health<K>(
     let mut listed = false;
     stream.inspect(move |ev| match ev {
         Err(e) => {
-            shared
-                .metrics
-                .watch_errors
-                .with_label_values(&[resource])
-                .inc();
-            if let crate::readiness::Report::Warn {
+            if let Report::Warn {
                 errors,
                 failing_for,
-            } = shared.readiness.watch_failed(&namespace, &name)
+            } = shared.watch_failed(resource, &namespace, &name)
             {
                 warn!(watch = %name, error = %e, errors, failing_seconds = failing_for.as_secs(),
                       "watch failing; retrying with backoff (not ready after a minute of this)");

@@ -42,23 +42,20 @@ pub struct Cadence {
     gaps: [u32; GAPS],
 }
 
-/// The holder identity and the Lease's uid, hashed: a Lease deleted and
-/// made again under the same identity starts a new history too (no gap is
-/// learnt across the two objects).
-fn hash(holder: (&str, &str)) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    holder.hash(&mut h);
-    h.finish()
-}
-
-fn holder_and_renewed(lease: &Lease) -> ((&str, &str), Option<Timestamp>) {
+/// The holder identity and the Lease's uid, hashed (a Lease deleted and
+/// made again under the same identity starts a new history too: no gap is
+/// learnt across the two objects), and the renew time.
+fn identity_and_renewed(lease: &Lease) -> (u64, Option<Timestamp>) {
     let spec = lease.spec.as_ref();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
     (
-        (
-            lease.metadata.uid.as_deref().unwrap_or_default(),
-            spec.and_then(|s| s.holder_identity.as_deref())
-                .unwrap_or_default(),
-        ),
+        lease.metadata.uid.as_deref().unwrap_or_default(),
+        spec.and_then(|s| s.holder_identity.as_deref())
+            .unwrap_or_default(),
+    )
+        .hash(&mut h);
+    (
+        h.finish(),
         spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
     )
 }
@@ -66,9 +63,9 @@ fn holder_and_renewed(lease: &Lease) -> ((&str, &str), Option<Timestamp>) {
 impl Cadence {
     /// The history of a Lease first seen `at`.
     pub fn new(lease: &Lease, at: Instant) -> Cadence {
-        let (identity, renewed) = holder_and_renewed(lease);
+        let (identity, renewed) = identity_and_renewed(lease);
         Cadence {
-            identity: hash(identity),
+            identity,
             renewed,
             last: renewed,
             since: at,
@@ -81,8 +78,8 @@ impl Cadence {
     /// with a clock behind, or a watch event behind a live read: that only
     /// delays a release); only a newer one teaches a gap.
     pub fn observe(&mut self, lease: &Lease, at: Instant) {
-        let (identity, renewed) = holder_and_renewed(lease);
-        if hash(identity) != self.identity {
+        let (identity, renewed) = identity_and_renewed(lease);
+        if identity != self.identity {
             *self = Cadence::new(lease, at);
             return;
         }

@@ -459,6 +459,6 @@ mod pods;
 mod scope;
 mod wiring;
 pub use scope::strip_cached;
-use wiring::{drive, queue_unsettled, suspects, sweep_failed, sweep_ok, terminal_pods, Wiring};
+use wiring::{drive, queue_unsettled, terminal_pods, Wiring};
 #[cfg(test)]
 mod tests;

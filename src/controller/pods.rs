@@ -11,15 +11,17 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::scope::Side;
+use super::scope::{Kind, Side};
 use super::wiring::TerminalPod;
-use super::{error_backoff, key_of, resync_after, suspects, terminal_pods, Context, LockMeta};
+use super::{error_backoff, key_of, resync_after, terminal_pods, Context, LockMeta};
 use crate::index::Index;
 use crate::lock::{self, LockKey};
+use crate::readiness::Report;
 use crate::sweep::{self, Sweep};
 
 /// The kinds a scope watches.
@@ -42,29 +44,34 @@ impl Sides {
         let ns = pod.namespace().unwrap_or_default();
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         if let Some(c) = &self.configmaps {
-            for r in suspects::<LockMeta>(ctx, c.index.locks_of(&ns, uid)) {
-                let _ = c.tx.unbounded_send(r);
-            }
+            c.suspect(ctx, c.index.locks_of(&ns, uid));
         }
         if let Some(l) = &self.leases {
             // The Leases whose identity names the pod.
-            for r in suspects::<Lease>(ctx, l.index.leases_of(&ns, &pod.name_any())) {
-                let _ = l.tx.unbounded_send(r);
-            }
+            l.suspect(ctx, l.index.leases_of(&ns, &pod.name_any()));
         }
     }
 
     /// Names a sweep's suspects to their Controllers.
     fn send(&self, ctx: &Context, found: Sweep) {
         if let Some(c) = &self.configmaps {
-            for r in suspects::<LockMeta>(ctx, found.configmaps) {
-                let _ = c.tx.unbounded_send(r);
-            }
+            c.suspect(ctx, found.configmaps);
         }
         if let Some(l) = &self.leases {
-            for r in suspects::<Lease>(ctx, found.leases) {
-                let _ = l.tx.unbounded_send(r);
-            }
+            l.suspect(ctx, found.leases);
+        }
+    }
+}
+
+impl<K: Kind> Side<K> {
+    /// Marks these locks suspect (judged from live reads at their next
+    /// reconcile) and names them to the kind's Controller.
+    fn suspect(&self, ctx: &Context, keys: impl IntoIterator<Item = LockKey>) {
+        for k in keys {
+            ctx.memory.suspect(&k);
+            let _ = self
+                .tx
+                .unbounded_send(ObjectRef::new(&k.name).within(&k.namespace));
         }
     }
 }
@@ -199,7 +206,9 @@ async fn sweeper(
             match swept {
                 Ok(()) => {
                     failures = 0;
-                    super::sweep_ok(&ctx, &health);
+                    if ctx.shared.readiness.watch_ok(&health) {
+                        info!(sweep = %health, "resync sweep recovered");
+                    }
                     debug!(
                         scope,
                         pods = found.pods,
@@ -236,7 +245,17 @@ async fn sweeper(
                 }
                 Err(e) => {
                     failures += 1;
-                    super::sweep_failed(&ctx, ns.as_deref(), &health, &e);
+                    // Counted as a pod watch error, and in readiness as a
+                    // watch of its own (not ready after a minute of this).
+                    let within = ns.as_deref().unwrap_or_default();
+                    if let Report::Warn {
+                        errors,
+                        failing_for,
+                    } = ctx.shared.watch_failed("pods", within, &health)
+                    {
+                        warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
+                              "resync sweep failed; retrying (not ready after a minute of this)");
+                    }
                     // What it found before the error is judged (never
                     // settled: the first sweep settles only when whole).
                     if !first {

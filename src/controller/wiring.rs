@@ -1,8 +1,8 @@
 //! What the kinds' scopes share in their wiring: the terminal-pod watch,
-//! the sweeps' health, the suspects they name, the lead trigger, the filter
-//! that keeps settled locks from the Controller, and `drive`, which runs a
-//! scope's Controller for one kind (its triggers: the lock watch, and the
-//! suspects the scope's pod side, the lead trigger and re-lists name).
+//! the lead trigger, the filter that keeps settled locks from the
+//! Controller, and `drive`, which runs a scope's Controller for one kind
+//! (its triggers: the lock watch, and the suspects the scope's pod side,
+//! the lead trigger and re-lists name).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,35 +14,6 @@ use tracing::{debug, info, warn};
 
 use super::memory::Memory;
 use super::{error_policy, key_of, reconcile, Context, Watched};
-use crate::{lock::LockKey, Error};
-
-/// A sweep (a list of pods) answered: said once it recovers from failing.
-pub(super) fn sweep_ok(ctx: &Context, health: &str) {
-    if ctx.shared.readiness.watch_ok(health) {
-        info!(sweep = %health, "resync sweep recovered");
-    }
-}
-
-/// A sweep failed: counted as a pod watch error, and in readiness as a
-/// watch of its own (not ready after a minute of failures).
-pub(super) fn sweep_failed(ctx: &Context, namespace: Option<&str>, health: &str, e: &Error) {
-    ctx.shared
-        .metrics
-        .watch_errors
-        .with_label_values(&["pods"])
-        .inc();
-    if let crate::readiness::Report::Warn {
-        errors,
-        failing_for,
-    } = ctx
-        .shared
-        .readiness
-        .watch_failed(namespace.unwrap_or_default(), health)
-    {
-        warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
-              "resync sweep failed; retrying (not ready after a minute of this)");
-    }
-}
 
 /// A terminal pod as its watch reads it: who it is and its version,
 /// nothing else. Each event and list page is read into this directly: the
@@ -143,20 +114,6 @@ pub(super) fn terminal_pods(
     .backoff(watch_backoff());
     let stream = watch_health(stream, ctx.shared.clone(), "pods", namespace, scope);
     objects_only(on_first_sync(stream, on_sync).touched_objects())
-}
-
-/// Marks these locks suspect (judged from live reads at their next
-/// reconcile) and names them for the Controller.
-pub(super) fn suspects<K: Watched>(
-    ctx: &Context,
-    keys: impl IntoIterator<Item = LockKey>,
-) -> Vec<kube::runtime::reflector::ObjectRef<K>> {
-    keys.into_iter()
-        .map(|k| {
-            ctx.memory.suspect(&k);
-            kube::runtime::reflector::ObjectRef::new(&k.name).within(&k.namespace)
-        })
-        .collect()
 }
 
 /// Queues every lock of `reader` whose last judgement does not stand (see

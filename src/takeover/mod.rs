@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 use kube::{Api, Client};
@@ -157,18 +158,20 @@ pub fn reclaim_marker(selector: &Selector) -> String {
     format!("[selector {selector}]")
 }
 
+/// A reference to a lock by name alone (no uid or version: it is gone).
 fn lock_by_name(key: &LockKey) -> ObjectReference {
-    let api_version = match key.kind {
-        LockKind::ConfigMap => "v1",
-        LockKind::Lease => "coordination.k8s.io/v1",
-    };
-    ObjectReference {
-        api_version: Some(api_version.into()),
-        kind: Some(key.kind.kind().into()),
+    let meta = ObjectMeta {
         namespace: Some(key.namespace.clone()),
         name: Some(key.name.clone()),
         ..Default::default()
-    }
+    };
+    events::ref_of(key.kind, &meta)
+}
+
+/// When a Lease's holder took it: every elector sets acquireTime as it
+/// takes a Lease.
+fn acquired(lease: &Lease) -> Option<Timestamp> {
+    lease.spec.as_ref()?.acquire_time.as_ref().map(|t| t.0)
 }
 
 fn seconds_since(t: Timestamp) -> f64 {
@@ -252,12 +255,7 @@ async fn look_lease(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, cra
         return Ok(match lock::parse(&lease.metadata) {
             Ok(l) if l.holder.uid == old.uid => Look::Done("held again by the same pod"),
             Ok(l) => Look::Taken(Box::new(TakenBy {
-                at: lease
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.acquire_time.as_ref())
-                    .map(|t| t.0)
-                    .or(lease.metadata.creation_timestamp.as_ref().map(|t| t.0)),
+                at: acquired(&lease).or(lease.metadata.creation_timestamp.as_ref().map(|t| t.0)),
                 lock: events::ref_of(LockKind::Lease, &lease.metadata),
                 holder: l,
                 new: Some(New::Lease(lease)),
@@ -277,15 +275,10 @@ async fn look_lease(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, cra
             Ok(Look::Done("held again under the same identity"))
         }
         Some(_) => Ok(Look::Taken(Box::new(TakenBy {
-            // When the new holder took it (every elector sets acquireTime
-            // as it takes a Lease); its latest renewal only when it does
-            // not say: that is when the follower looked, not the takeover.
-            at: lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.acquire_time.as_ref())
-                .map(|t| t.0)
-                .or(parsed.renewed),
+            // When the new holder took it; its latest renewal only when it
+            // does not say: that is when the follower looked, not the
+            // takeover.
+            at: acquired(&lease).or(parsed.renewed),
             lock: events::ref_of(LockKind::Lease, &lease.metadata),
             holder: crate::observe::lease_lock(&parsed, None),
             new: None,

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::Api;
@@ -25,7 +26,7 @@ impl Takeovers {
     /// in `namespace` (all for None). `present` says whether a lock exists
     /// now, and under which holder uid.
     pub async fn restore(&self, namespace: Option<&str>) -> Result<usize, crate::Error> {
-        let api: Api<k8s_openapi::api::events::v1::Event> = scoped(&self.shared.client, namespace);
+        let api: Api<Event> = scoped(&self.shared.client, namespace);
         // The reclaims, and the intents written just before each freeing
         // write (what is left of a reclaim whose janitor died before its
         // StaleLockReclaimed Event; still_awaited tells from the lock as it
@@ -39,47 +40,11 @@ impl Takeovers {
             items.extend(list.items);
         }
         // The latest reclaim per lock.
+        let marker = reclaim_marker(&self.selector);
         let mut latest: HashMap<LockKey, (Timestamp, Holder)> = HashMap::new();
-        for ev in items {
-            // Only this janitor's (its selector is in the note): another
-            // release's reclaims are not ours to follow or label.
-            if ev.reporting_controller.as_deref() != Some(crate::NAME)
-                || !ev
-                    .note
-                    .as_deref()
-                    .is_some_and(|n| n.ends_with(&reclaim_marker(&self.selector)))
-            {
-                continue;
-            }
-            let kind = match ev.regarding.as_ref().and_then(|r| r.kind.as_deref()) {
-                Some("ConfigMap") => LockKind::ConfigMap,
-                Some("Lease") => LockKind::Lease,
-                _ => continue,
-            };
-            let (Some(regarding), Some(related)) = (ev.regarding, ev.related) else {
-                continue;
-            };
-            let (Some(ns), Some(name), Some(holder), Some(uid)) = (
-                regarding.namespace,
-                regarding.name,
-                related.name,
-                related.uid,
-            ) else {
-                continue;
-            };
-            let at = ev
-                .series
-                .map(|s| s.last_observed_time.0)
-                .or(ev.event_time.map(|t| t.0))
-                .or(ev.metadata.creation_timestamp.map(|t| t.0));
-            let Some(at) = at else { continue };
-            let key = LockKey {
-                namespace: ns,
-                name,
-                kind,
-            };
+        for (key, at, holder) in items.into_iter().filter_map(|ev| reclaim_of(ev, &marker)) {
             if latest.get(&key).is_none_or(|(t, _)| *t < at) {
-                latest.insert(key, (at, Holder { name: holder, uid }));
+                latest.insert(key, (at, holder));
             }
         }
         let now = Timestamp::now();
@@ -157,6 +122,38 @@ impl Takeovers {
         };
         optin::plan_label(meta, k, v) == Some(Plan::Add)
     }
+}
+
+/// The lock a reclaim Event is about, when it was said, and the holder the
+/// lock was reclaimed from; None for an Event not this janitor's, or
+/// incomplete.
+fn reclaim_of(ev: Event, marker: &str) -> Option<(LockKey, Timestamp, Holder)> {
+    // Only this janitor's (its selector is in the note): another release's
+    // reclaims are not ours to follow or label.
+    if ev.reporting_controller.as_deref() != Some(crate::NAME) || !ev.note?.ends_with(marker) {
+        return None;
+    }
+    let (regarding, related) = (ev.regarding?, ev.related?);
+    let kind = match regarding.kind.as_deref()? {
+        "ConfigMap" => LockKind::ConfigMap,
+        "Lease" => LockKind::Lease,
+        _ => return None,
+    };
+    let at = ev
+        .series
+        .map(|s| s.last_observed_time.0)
+        .or(ev.event_time.map(|t| t.0))
+        .or(ev.metadata.creation_timestamp.map(|t| t.0))?;
+    let key = LockKey {
+        namespace: regarding.namespace?,
+        name: regarding.name?,
+        kind,
+    };
+    let holder = Holder {
+        name: related.name?,
+        uid: related.uid?,
+    };
+    Some((key, at, holder))
 }
 
 /// What a restart finds of a lock it had reclaimed.
