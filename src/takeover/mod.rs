@@ -206,6 +206,14 @@ enum New {
     Lease(Lease),
 }
 
+/// One look at a gone lock's name, as its kind is read.
+async fn look(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, crate::Error> {
+    match key.kind {
+        LockKind::ConfigMap => look_configmap(s, key, old).await,
+        LockKind::Lease => look_lease(s, key, old).await,
+    }
+}
+
 /// One look at a gone ConfigMap lock's name.
 async fn look_configmap(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, crate::Error> {
     let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
@@ -325,10 +333,7 @@ async fn follow(
                 };
                 wait = (wait * 2).min(longest);
                 s.limiter.until_ready().await;
-                match key.kind {
-                    LockKind::ConfigMap => look_configmap(&s, &key, &old).await,
-                    LockKind::Lease => look_lease(&s, &key, &old).await,
-                }
+                look(&s, &key, &old).await
             }
         };
         let (at, lock_ref, new, made) = match look {

@@ -11,9 +11,7 @@ use kube::api::ListParams;
 use kube::Api;
 use tracing::{info, warn};
 
-use super::{
-    look_configmap, look_lease, reclaim_marker, Look, New, TakenBy, Takeovers, FOLLOW_FOR,
-};
+use super::{look, reclaim_marker, Look, New, TakenBy, Takeovers, FOLLOW_FOR};
 use crate::events;
 use crate::lock::{Holder, LockKey, LockKind};
 use crate::optin::{self, Plan};
@@ -23,8 +21,8 @@ impl Takeovers {
     /// After a restart or a failover: awaits again the takeovers of locks
     /// this janitor (any replica) reclaimed within `FOLLOW_FOR` and that no
     /// new holder has created yet, from its own `StaleLockReclaimed` Events
-    /// in `namespace` (all for None). `present` says whether a lock exists
-    /// now, and under which holder uid.
+    /// in `namespace` (all for None), and a live read of each lock
+    /// (`still_awaited`).
     pub async fn restore(&self, namespace: Option<&str>) -> Result<usize, crate::Error> {
         let api: Api<Event> = scoped(&self.shared.client, namespace);
         // The reclaims, and the intents written just before each freeing
@@ -94,11 +92,7 @@ impl Takeovers {
     /// taken over while no janitor looked; one a new holder created without
     /// the opt-in label is followed once more, which labels it.
     async fn still_awaited(&self, key: &LockKey, old: &Holder) -> Result<Restore, crate::Error> {
-        let look = match key.kind {
-            LockKind::ConfigMap => look_configmap(&self.shared, key, old).await?,
-            LockKind::Lease => look_lease(&self.shared, key, old).await?,
-        };
-        Ok(match look {
+        Ok(match look(&self.shared, key, old).await? {
             // Not there again (a ConfigMap, a Lease held for life), or a
             // Lease released and not taken yet.
             Look::Waiting => Restore::Await,
