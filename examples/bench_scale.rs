@@ -486,6 +486,7 @@ async fn main() {
     settled(&j).await;
     let (j_seq, j_burst) = reclaim_latency(&client, &deleted, &made[..s], &made[s..s + b]).await;
     let j_breakdown = where_time_goes(&cp, JANITOR_USER, &made[..s]);
+    let j_burst_breakdown = where_time_goes(&cp, JANITOR_USER, &made[s..s + b]);
     drop(j);
     step("Reclaim latency: the floor (a bare terminal-pod watcher, one guarded DELETE per death)");
     let rest = &made[s + b..];
@@ -501,6 +502,7 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (f_seq, f_burst) = reclaim_latency(&client, &deleted, &rest[..s], &rest[s..s + b]).await;
     let f_breakdown = where_time_goes(&cp, FLOOR_USER, &rest[..s]);
+    let f_burst_breakdown = where_time_goes(&cp, FLOOR_USER, &rest[s..s + b]);
     floor.abort();
     watch.abort();
     let leases = if args.lease_burst > 0 {
@@ -563,6 +565,9 @@ async fn main() {
     println!("where one reclaim's time goes (one at a time; the API server's audit log):");
     println!("  janitor: {j_breakdown}");
     println!("  floor:   {f_breakdown}");
+    println!("where the time goes in the burst of {b}:");
+    println!("  janitor: {j_burst_breakdown}");
+    println!("  floor:   {f_burst_breakdown}");
     if let Some((janitor, floor, windows, requests)) = leases {
         let n = args.lease_burst;
         println!(
