@@ -36,10 +36,10 @@ impl Budget {
     }
 }
 
-/// Builds a client from the kubeconfig / in-cluster config, within `budget`.
-pub async fn build(budget: Budget, metrics: &Metrics) -> Result<Client, kube::Error> {
-    let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
-    budgeted(config, budget, metrics)
+/// The kubeconfig / in-cluster config, found as kubectl finds it; read
+/// once, each client built from a copy.
+pub async fn config() -> Result<Config, kube::Error> {
+    Config::infer().await.map_err(kube::Error::InferConfig)
 }
 
 /// The client outside the budget: the janitor's own control traffic (the
@@ -51,14 +51,14 @@ pub async fn build(budget: Budget, metrics: &Metrics) -> Result<Client, kube::Er
 /// so a death is acted on at once. The budget paces the janitor's own
 /// schedule: the watches' lists, the sweeps and the admin commands. The
 /// takeover followers keep to a budget of their own.
-pub async fn control(metrics: &Metrics) -> Result<Client, kube::Error> {
-    let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+pub fn control(config: Config, metrics: &Metrics) -> Result<Client, kube::Error> {
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&counted(metrics))
         .build())
 }
 
-fn budgeted(config: Config, budget: Budget, metrics: &Metrics) -> Result<Client, kube::Error> {
+/// A client within `budget`.
+pub fn build(config: Config, budget: Budget, metrics: &Metrics) -> Result<Client, kube::Error> {
     Ok(ClientBuilder::try_from(config)?
         // A buffer of our own, so that requests wait for the budget side
         // by side rather than in one line (a DELETE must not queue behind).
@@ -118,7 +118,7 @@ fn counted<S>(metrics: &Metrics) -> impl Layer<S, Service = Counted<S>> {
 }
 
 #[derive(Clone)]
-pub struct Counted<S> {
+struct Counted<S> {
     inner: S,
     requests: prometheus::IntCounterVec,
 }
@@ -176,7 +176,7 @@ fn budgeted_by<S>(
 /// name, a lease lost). A write takes a token when one is free; writes are
 /// bounded by the locks that change (a DELETE and an Event per reclaim).
 #[derive(Clone)]
-pub struct Budgeted<S> {
+struct Budgeted<S> {
     inner: S,
     limiter: Arc<DefaultDirectRateLimiter>,
     waited: Option<prometheus::Histogram>,

@@ -108,6 +108,18 @@ impl Error {
     }
 }
 
+/// One scope a namespace, each once and in order; `[None]` (the whole
+/// cluster) when none is named.
+pub fn scopes(namespaces: &[String]) -> Vec<Option<String>> {
+    let mut scopes: Vec<Option<String>> = namespaces.iter().cloned().map(Some).collect();
+    scopes.sort();
+    scopes.dedup();
+    if scopes.is_empty() {
+        scopes.push(None);
+    }
+    scopes
+}
+
 /// A mutex's guard, also after a panic while it was held: what it guards
 /// is plain state, whole at every step.
 pub(crate) fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -270,5 +282,18 @@ where
         if token.is_none() {
             return Ok(requests);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn scopes_are_each_namespace_once_in_order_or_the_whole_cluster() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(super::scopes(&[]), vec![None]);
+        assert_eq!(
+            super::scopes(&names(&["b", "a", "b"])),
+            vec![Some("a".to_string()), Some("b".to_string())]
+        );
     }
 }

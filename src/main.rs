@@ -122,11 +122,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         qps: args.api_qps,
         burst: args.api_burst,
     };
-    let client = lock_janitor::client::build(budget, &shared.metrics).await.context(
+    let config = lock_janitor::client::config().await.context(
         "no Kubernetes cluster found: set KUBECONFIG, create ~/.kube/config, or run in a pod with a service account",
     )?;
-    let control = lock_janitor::client::control(&shared.metrics)
-        .await
+    let client = lock_janitor::client::build(config.clone(), budget, &shared.metrics)
+        .context("no Kubernetes cluster found: set KUBECONFIG, create ~/.kube/config, or run in a pod with a service account")?;
+    let control = lock_janitor::client::control(config.clone(), &shared.metrics)
         .context("building the control client")?;
     let listener = http::bind(args.metrics_bind_address)
         .await
@@ -187,8 +188,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         // A client of its own: its renewals never share a connection with
         // the reads and writes of a mass eviction (the judgements' live
         // reads and writes, up to 16 at a time per kind, go on `control`).
-        let elector = lock_janitor::client::control(&shared.metrics)
-            .await
+        let elector = lock_janitor::client::control(config.clone(), &shared.metrics)
             .context("building the election client")?;
         let (gate, task) = lock_janitor::election::start(
             elector,

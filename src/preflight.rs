@@ -64,13 +64,9 @@ pub async fn preflight(
             "the API server does not say which Kubernetes 1.x minor it runs; going on")
         }
     }
-    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
-        vec![None]
-    } else {
-        namespaces.iter().map(|n| Some(n.as_str())).collect()
-    };
-    futures::stream::iter(scopes)
-        .map(|ns| check_scope(client, selector, ns, kinds))
+    let scopes = crate::scopes(namespaces);
+    futures::stream::iter(&scopes)
+        .map(|ns| check_scope(client, selector, ns.as_deref(), kinds))
         .buffer_unordered(CONCURRENCY)
         .try_collect::<Vec<()>>()
         .await?;

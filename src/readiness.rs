@@ -161,12 +161,8 @@ impl Readiness {
         });
         let synced = self.is_synced();
         crate::locked(&self.scopes)
-            .clone()
-            .into_iter()
-            .map(|s| {
-                let ok = synced && !failing.contains(&s);
-                (s, ok)
-            })
+            .iter()
+            .map(|s| (s.clone(), synced && !failing.contains(s)))
             .collect()
     }
 

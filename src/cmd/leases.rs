@@ -42,7 +42,7 @@ pub async fn list_lease_candidates(
     scope: &Scope,
 ) -> Result<LeaseListing, Error> {
     let mut leases = Vec::new();
-    for ns in super::namespaces(scope) {
+    for ns in crate::scopes(&scope.namespaces) {
         let api: Api<Lease> = crate::scoped(&cluster.client, ns.as_deref());
         let what = format!(
             "listing leases in {}",

@@ -212,18 +212,6 @@ pub fn scope_text(scope: &Scope) -> String {
     }
 }
 
-/// The namespaces of `scope`, each once and in order; `[None]` (all of
-/// them) when it names none.
-pub fn namespaces(scope: &Scope) -> Vec<Option<String>> {
-    let mut namespaces: Vec<Option<String>> = scope.namespaces.iter().cloned().map(Some).collect();
-    namespaces.sort();
-    namespaces.dedup();
-    if namespaces.is_empty() {
-        namespaces.push(None);
-    }
-    namespaces
-}
-
 /// `-o json|yaml`: `value` pretty-printed, ending with a newline.
 pub fn encode(value: &impl serde::Serialize, yaml: bool) -> anyhow::Result<String> {
     Ok(if yaml {
@@ -241,7 +229,7 @@ pub async fn list_candidates(
     needs: &str,
 ) -> anyhow::Result<Listing> {
     let mut listing = Listing::default();
-    for ns in namespaces(scope) {
+    for ns in crate::scopes(&scope.namespaces) {
         list_namespace(cluster, ns.as_deref(), &scope.selector, &mut listing)
             .await
             .map_err(|e| explain(e, cluster, needs))?;

@@ -51,8 +51,7 @@ impl Memory {
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut inner)
+        f(&mut crate::locked(&self.inner))
     }
 
     /// A reconcile of `version` starts: the lock's state, unless its last

@@ -396,11 +396,7 @@ pub fn error_policy<K: Watched>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> 
 /// Runs one controller per scope and lock kind until `shutdown` is
 /// cancelled and every in-flight reconcile has finished.
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let scopes: Vec<Option<String>> = if ctx.settings.namespaces.is_empty() {
-        vec![None]
-    } else {
-        ctx.settings.namespaces.iter().cloned().map(Some).collect()
-    };
+    let scopes = crate::scopes(&ctx.settings.namespaces);
     let kinds = &ctx.settings.kinds;
     // Per scope, before anything is judged: each kind's lock watch, the
     // terminal-pod watch and the first sweep.

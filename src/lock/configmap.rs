@@ -5,11 +5,11 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{identity, Holder, Lock, Unmanageable};
+use super::{object_id, Holder, Lock, Unmanageable};
 
 /// Reads a ConfigMap's metadata as a lock.
 pub fn parse(meta: &ObjectMeta) -> Result<Lock, Unmanageable> {
-    let (namespace, name, uid, resource_version) = identity(meta)?;
+    let (namespace, name, uid, resource_version) = object_id(meta)?;
     let owners = meta.owner_references.as_deref().unwrap_or_default();
     let owner = match owners {
         [] => return Err(Unmanageable::NoOwner),

@@ -189,7 +189,7 @@ pub fn held_for_life(lease: &Lease) -> bool {
 /// Reads a Lease as a lock.
 pub fn parse(lease: &Lease) -> Result<LeaseLock, Unmanageable> {
     let meta = &lease.metadata;
-    let (namespace, name, uid, resource_version) = super::identity(meta)?;
+    let (namespace, name, uid, resource_version) = super::object_id(meta)?;
     if let Some(why) = not_an_application_lock(lease) {
         return Err(why);
     }

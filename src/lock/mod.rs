@@ -79,7 +79,7 @@ impl LockKey {
 
 /// The namespace, name, uid and resourceVersion every stored object has,
 /// or `IncompleteMetadata` (only a broken or fake read lacks one).
-fn identity(meta: &ObjectMeta) -> Result<(String, String, String, String), Unmanageable> {
+fn object_id(meta: &ObjectMeta) -> Result<(String, String, String, String), Unmanageable> {
     let get = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
     match (
         get(&meta.namespace),

@@ -130,7 +130,7 @@ impl Takeovers {
             warn!(namespace = %key.namespace, lock = %key.name, selector = %self.selector,
                   "the selector is not a single key=value label; label the new lock by hand after a takeover");
         }
-        let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut followers = crate::locked(&self.followers);
         followers.retain(|_, t| !t.is_finished());
         if followers.contains_key(key) {
             return;
@@ -141,7 +141,7 @@ impl Takeovers {
 
     /// Locks whose takeover is still awaited.
     pub fn awaiting(&self) -> Vec<LockKey> {
-        let followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
+        let followers = crate::locked(&self.followers);
         let mut keys: Vec<LockKey> = followers
             .iter()
             .filter(|(_, t)| !t.is_finished())

@@ -1038,17 +1038,7 @@ fn kill_left_behind(dir: &Path) {
         let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
-        let ppid: Option<u32> = std::fs::read_to_string(p.path().join("stat"))
-            .ok()
-            .and_then(|st| {
-                st.rsplit_once(')')?
-                    .1
-                    .split_whitespace()
-                    .nth(1)?
-                    .parse()
-                    .ok()
-            });
-        if let Some(ppid) = ppid {
+        if let Some(ppid) = process::parent(pid) {
             parents.push((pid, ppid));
         }
         let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();

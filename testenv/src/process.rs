@@ -118,14 +118,24 @@ pub fn start_time(pid: u32) -> Option<u64> {
     proc_stat(pid).map(|(_, t)| t)
 }
 
+/// The parent of a process.
+pub fn parent(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
 fn proc_stat(pid: u32) -> Option<(char, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after "(comm)": state is field 3, starttime is field 22.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let fields = stat_fields(pid)?;
     let state = fields.first()?.chars().next()?;
     let start = fields.get(19)?.parse().ok()?;
     Some((state, start))
+}
+
+/// The fields of /proc/<pid>/stat after "(comm)": state is field 3 of the
+/// file (here 0), ppid 4 (1), starttime 22 (19).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
 /// One running component.

@@ -30,7 +30,7 @@ type Need = (
 /// What `run` with these flags does with the API (the chart's rules).
 pub fn needs(i: &Install) -> Vec<Need> {
     let r = &i.run;
-    let namespaces = crate::cmd::namespaces(&r.scope);
+    let namespaces = crate::scopes(&r.scope.namespaces);
     let mut rules: Vec<(&str, &str, &[&str])> = Vec::new();
     if r.lock_kinds.contains(&LockKind::ConfigMap) {
         rules.push((

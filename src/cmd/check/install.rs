@@ -30,7 +30,7 @@ pub async fn served(client: &Client, group_version: &str, resource: &str) -> any
 
 /// An `Api` of a kind this crate has no type for (its plural guessed by
 /// kube, right for every kind here).
-pub fn dynamic(client: &Client, gv: &str, kind: &str, ns: Option<&str>) -> Api<DynamicObject> {
+fn dynamic(client: &Client, gv: &str, kind: &str, ns: Option<&str>) -> Api<DynamicObject> {
     let (group, version) = gv.split_once('/').unwrap_or(("", gv));
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
     match ns {

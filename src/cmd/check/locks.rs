@@ -63,7 +63,7 @@ pub async fn locks(cluster: &Cluster, i: &Install) -> Vec<Check> {
 /// on purpose, or listed.
 async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
     const NAME: &str = "locks";
-    let scope = i.run.scope.clone();
+    let scope = &i.run.scope;
     let selector = &scope.selector;
     let Some((key, value)) = selector.opt_in_label() else {
         return Ok(Check::warn(
@@ -75,7 +75,7 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
     let kinds = &i.run.lock_kinds;
     let mut metas = Vec::new();
     if kinds.contains(&LockKind::ConfigMap) {
-        let listing = list_candidates(cluster, &scope, "list and get on configmaps").await?;
+        let listing = list_candidates(cluster, scope, "list and get on configmaps").await?;
         metas.extend(
             listing
                 .candidates
@@ -84,7 +84,7 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
         );
     }
     if kinds.contains(&LockKind::Lease) {
-        let found = crate::cmd::leases::list_lease_candidates(cluster, &scope).await?;
+        let found = crate::cmd::leases::list_lease_candidates(cluster, scope).await?;
         metas.extend(
             found
                 .candidates
