@@ -1666,11 +1666,16 @@ async fn helm_test_leaves_no_grant_behind() {
     ];
     ok("helm install", helm_cmd(&install).output().await.unwrap());
 
-    let test = helm_cmd(&["test".into(), RELEASE.into(), "--timeout".into(), "2m".into()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("running helm test");
+    let test = helm_cmd(&[
+        "test".into(),
+        RELEASE.into(),
+        "--timeout".into(),
+        "2m".into(),
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("running helm test");
     let hook = format!("{RELEASE}-lock-janitor-test");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     wait_for("the test Pod", WAIT, || async {
@@ -1684,7 +1689,10 @@ async fn helm_test_leaves_no_grant_behind() {
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
     let ns_roles: Api<Role> = Api::namespaced(client.clone(), &ns);
     let ns_bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &ns);
-    let role = roles.get(&cluster_name).await.expect("the hook's ClusterRole");
+    let role = roles
+        .get(&cluster_name)
+        .await
+        .expect("the hook's ClusterRole");
     assert!(
         role.rules
             .iter()
@@ -1701,12 +1709,25 @@ async fn helm_test_leaves_no_grant_behind() {
         .unwrap();
     ok("helm test", out);
 
-    let left = |what: &str, found: bool| assert!(!found, "{what} {hook} is left after the test passed");
-    left("ClusterRole", roles.get_opt(&cluster_name).await.unwrap().is_some());
-    left("ClusterRoleBinding", bindings.get_opt(&cluster_name).await.unwrap().is_some());
-    left("ServiceAccount", sas.get_opt(&hook).await.unwrap().is_some());
+    let left =
+        |what: &str, found: bool| assert!(!found, "{what} {hook} is left after the test passed");
+    left(
+        "ClusterRole",
+        roles.get_opt(&cluster_name).await.unwrap().is_some(),
+    );
+    left(
+        "ClusterRoleBinding",
+        bindings.get_opt(&cluster_name).await.unwrap().is_some(),
+    );
+    left(
+        "ServiceAccount",
+        sas.get_opt(&hook).await.unwrap().is_some(),
+    );
     left("Role", ns_roles.get_opt(&hook).await.unwrap().is_some());
-    left("RoleBinding", ns_bindings.get_opt(&hook).await.unwrap().is_some());
+    left(
+        "RoleBinding",
+        ns_bindings.get_opt(&hook).await.unwrap().is_some(),
+    );
     assert!(
         pods.get_opt(&hook).await.unwrap().is_some(),
         "the test Pod is gone: `helm test --logs` has nothing to read"

@@ -853,8 +853,9 @@ fn the_readme_says_its_exception_and_its_verify_step_works_as_pasted() {
         .collect::<Vec<_>>()
         .join(" ");
     assert!(
-        flat.contains("it cannot tell a dead pod from another process that renews under the same identity")
-            && decides.contains("an identity shared by a dead pod and a live process elsewhere"),
+        flat.contains(
+            "it cannot tell a dead pod from another process that renews under the same identity"
+        ) && decides.contains("an identity shared by a dead pod and a live process elsewhere"),
         "the README's promise and how-it-decides.md's shared-identity case must agree"
     );
     for line in readme
@@ -888,7 +889,8 @@ async fn the_readmes_kubectl_and_jq_one_liner_lists_the_candidates() {
     let readme = read("README.md");
     let marker = "# lock candidates, with kubectl and jq only";
     let start = readme.find(marker).expect("the README's one-liner");
-    let script = &readme[start..start + readme[start..].find("\n```").expect("its code block's end")];
+    let script =
+        &readme[start..start + readme[start..].find("\n```").expect("its code block's end")];
     let jq = std::process::Command::new("jq").arg("--version").output();
     assert!(
         jq.is_ok_and(|o| o.status.success()),
@@ -931,7 +933,9 @@ async fn the_readmes_kubectl_and_jq_one_liner_lists_the_candidates() {
     cms.create(&pp, &cm("two-owners", vec![&leader, &other], false))
         .await
         .unwrap();
-    cms.create(&pp, &cm("no-owner", vec![], false)).await.unwrap();
+    cms.create(&pp, &cm("no-owner", vec![], false))
+        .await
+        .unwrap();
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let lease = |name: &str, holder: &str| Lease {
         metadata: ObjectMeta {
@@ -946,7 +950,10 @@ async fn the_readmes_kubectl_and_jq_one_liner_lists_the_candidates() {
     };
     for (name, holder) in [
         ("by-pod-name", "op-1"),
-        ("controller-runtime", "op-2_5f7c2a9e-1b2c-4d5e-8f90-123456789abc"),
+        (
+            "controller-runtime",
+            "op-2_5f7c2a9e-1b2c-4d5e-8f90-123456789abc",
+        ),
         ("names-no-pod", "ghost"),
         ("released", ""),
     ] {
@@ -983,9 +990,5 @@ async fn the_readmes_kubectl_and_jq_one_liner_lists_the_candidates() {
         format!("lease {ns}/controller-runtime holder=op-2_5f7c2a9e-1b2c-4d5e-8f90-123456789abc watch=-"),
     ]
     .into();
-    assert_eq!(
-        mine,
-        want.iter().map(String::as_str).collect(),
-        "{stdout}"
-    );
+    assert_eq!(mine, want.iter().map(String::as_str).collect(), "{stdout}");
 }

@@ -847,9 +847,15 @@ async fn no_takeover_of_a_lease_held_for_life_does_not_say_released() {
         ],
     )
     .await;
-    kubelet::set_failed(&s.client, &s.ns, "op-a", "Evicted", "The node was low on resource: memory.")
-        .await
-        .unwrap();
+    kubelet::set_failed(
+        &s.client,
+        &s.ns,
+        "op-a",
+        "Evicted",
+        "The node was low on resource: memory.",
+    )
+    .await
+    .unwrap();
     wait_for("the Lease deleted", Duration::from_secs(30), || async {
         s.leases()
             .get_opt("op-lease")
