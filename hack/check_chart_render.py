@@ -3,7 +3,8 @@
 
     helm template lj charts/lock-janitor -n NS [-f VALUES] | hack/check_chart_render.py CASE NS
 
-CASE is one of: defaults, all-on, namespaced, openshift (the defaults rendered
+CASE is one of: defaults, all-on, namespaced, guard (the defaults with the
+delete guard set either way: the guard is not checked), openshift (the defaults rendered
 with `--api-versions security.openshift.io/v1`: the pod must also pass
 OpenShift's restricted-v2 SCC). Called by hack/test-chart.sh.
 Prints one line per failed check and exits 1 if any failed.

@@ -99,7 +99,7 @@ guard() { # case want(0|2) helm-args...: renders and counts the policy and its b
   "$helm" template lj "$chart" --namespace "$ns" "$@" >"$out/guard-$case.yaml" 2>"$out/guard-$case.err" \
     || { cat "$out/guard-$case.err" >&2; fail "helm template (guard $case)"; }
   [ ! -s "$out/guard-$case.err" ] || { cat "$out/guard-$case.err" >&2; fail "guard $case: helm printed something on stderr"; }
-  python3 hack/check_chart_render.py defaults "$ns" <"$out/guard-$case.yaml" >/dev/null || fail "rendered objects (guard $case)"
+  python3 hack/check_chart_render.py guard "$ns" <"$out/guard-$case.yaml" >/dev/null || fail "rendered objects (guard $case)"
   local n
   n="$(grep -cE '^kind: ValidatingAdmissionPolicy(Binding)?$' "$out/guard-$case.yaml" || true)"
   [ "$n" = "$want" ] || fail "guard $case: $n of the policy and its binding rendered, want $want"
@@ -135,11 +135,24 @@ refuse "a spread without a topologyKey" "topologyKey" --set-json 'topologySpread
 
 # NOTES: with election, the logs of the leader (the holder of the Lease), not
 # of deploy/ (either replica); and `check`.
-notes() { # file helm-args...: the NOTES as `helm install` prints them, with no cluster
+# `helm install --dry-run=client` still asks for a cluster, so the NOTES are
+# rendered through a copy of the chart with one more template that includes
+# them.
+cp -a "$chart" "$out/notes-chart"
+cat >"$out/notes-chart/templates/zz-notes.yaml" <<'EOF_NOTES'
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: notes
+data:
+  notes: {{ include "lock-janitor/templates/NOTES.txt" . | toJson }}
+EOF_NOTES
+notes() { # file helm-args...: the NOTES as `helm install` prints them
   local f="$1"; shift
-  "$helm" install lj "$chart" --namespace "$ns" --dry-run=client "$@" \
-    | sed -n '/^NOTES:$/,$p' >"$f" || fail "helm install --dry-run=client (NOTES)"
-  [ -s "$f" ] || fail "no NOTES printed"
+  "$helm" template lj "$out/notes-chart" --namespace "$ns" --show-only templates/zz-notes.yaml "$@" \
+    | python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["notes"])' >"$f" \
+    || fail "rendering the NOTES"
+  [ -s "$f" ] || fail "no NOTES rendered"
 }
 notes "$out/notes.txt"
 grep -Fq "lock-janitor check -n $ns --release lj" "$out/notes.txt" || { cat "$out/notes.txt" >&2; fail "NOTES do not point at check"; }
