@@ -1709,23 +1709,32 @@ async fn helm_test_leaves_no_grant_behind() {
         .unwrap();
     ok("helm test", out);
 
-    let left =
-        |what: &str, found: bool| assert!(!found, "{what} {hook} is left after the test passed");
+    let left = |what: &str, name: &str, found: bool| {
+        assert!(!found, "{what} {name} is left after the test passed")
+    };
     left(
         "ClusterRole",
+        &cluster_name,
         roles.get_opt(&cluster_name).await.unwrap().is_some(),
     );
     left(
         "ClusterRoleBinding",
+        &cluster_name,
         bindings.get_opt(&cluster_name).await.unwrap().is_some(),
     );
     left(
         "ServiceAccount",
+        &hook,
         sas.get_opt(&hook).await.unwrap().is_some(),
     );
-    left("Role", ns_roles.get_opt(&hook).await.unwrap().is_some());
+    left(
+        "Role",
+        &hook,
+        ns_roles.get_opt(&hook).await.unwrap().is_some(),
+    );
     left(
         "RoleBinding",
+        &hook,
         ns_bindings.get_opt(&hook).await.unwrap().is_some(),
     );
     assert!(

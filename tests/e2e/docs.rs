@@ -702,10 +702,35 @@ fn the_description_names_both_lock_kinds_everywhere() {
     );
 }
 
-/// values.yaml sizes memory from the figures docs/performance.md measured
-/// at 10,000 locks, not from the goal.
+/// values.yaml sizes its requests from the figures docs/performance.md
+/// measured at user scale (500 and 1,000 locks, a re-list, the idle CPU of
+/// each replica) and its memory limit from those at 10,000 locks, not from
+/// the goal.
 #[test]
 fn the_memory_comment_quotes_the_measured_figures() {
+    let perf_flat = collapse(&read("docs/performance.md"));
+    let values_flat = collapse(&read("charts/lock-janitor/values.yaml").replace('#', " "));
+    for (what, figure) in [
+        (
+            "500 locks, resident",
+            "13.6 MiB VmRSS, 15.1 MiB VmHWM, 16.3 MiB after a re-list at 500",
+        ),
+        (
+            "1,000 locks, idle CPU of each replica",
+            "1.93 (0.96 + 0.97)",
+        ),
+    ] {
+        assert!(
+            perf_flat.contains(figure),
+            "docs/performance.md no longer says {figure:?} ({what})"
+        );
+    }
+    for quoted in ["13.6 MiB", "15.1 MiB", "16.3 MiB", "0.96 %", "0.97 %"] {
+        assert!(
+            values_flat.contains(quoted),
+            "values.yaml's resources comment does not quote the measured {quoted}"
+        );
+    }
     let perf = read("docs/performance.md");
     let row: Vec<&str> = perf
         .lines()
