@@ -3,7 +3,8 @@
 
     helm template lj charts/lock-janitor -n NS [-f VALUES] | hack/check_chart_render.py CASE NS
 
-CASE is one of: defaults, all-on, namespaced, openshift (the defaults rendered
+CASE is one of: defaults, all-on, namespaced, guard (the defaults with the
+delete guard set either way: the guard is not checked), openshift (the defaults rendered
 with `--api-versions security.openshift.io/v1`: the pod must also pass
 OpenShift's restricted-v2 SCC). Called by hack/test-chart.sh.
 Prints one line per failed check and exits 1 if any failed.
@@ -23,6 +24,15 @@ errors = []
 def check(ok, msg):
     if not ok:
         errors.append(msg)
+
+
+def mebibytes(q):
+    """A memory quantity (Ki, Mi, Gi or bytes) in MiB."""
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    for u, f in units.items():
+        if str(q).endswith(u):
+            return float(str(q)[:-2]) * f
+    return float(q) / 2**20
 
 
 def containers_of(pod):
@@ -159,13 +169,31 @@ def main():
           "POD_NAMESPACE is not set from metadata.namespace")
     res = c.get("resources", {})
     check(res.get("requests") and res.get("limits"), "resources lack requests or limits")
-    # Memory request = limit (never over its request, so evicted last under
-    # memory pressure); a CPU request and no CPU limit (not throttled in a
-    # mass death).
+    # A memory request the janitor stays within at user scale (ranked after
+    # the pods over their requests under memory pressure) and a limit that
+    # holds the 10,000-lock stress run; a CPU request and no CPU limit (not
+    # throttled in a mass death). values.yaml says which runs sized them.
     req, lim = res.get("requests", {}), res.get("limits", {})
-    check(req.get("memory") and req.get("memory") == lim.get("memory"),
-          f"the memory request is not the memory limit: {res}")
+    check(req.get("memory") and lim.get("memory") and mebibytes(req["memory"]) <= mebibytes(lim["memory"]),
+          f"want a memory request and a limit at least as high: {res}")
     check(req.get("cpu") and "cpu" not in lim, f"a CPU request and no CPU limit by default: {res}")
+    if case == "defaults":
+        check((req.get("cpu"), req.get("memory"), lim.get("memory")) == ("50m", "64Mi", "192Mi"),
+              f"default resources {res}, want requests 50m / 64Mi and a 192Mi memory limit")
+    # An optional priority class: none by default.
+    check(pod.get("priorityClassName") == ("system-cluster-critical" if case == "all-on" else None),
+          f"priorityClassName {pod.get('priorityClassName')!r}")
+    # A soft spread over zones by default, counting the janitor's own pods;
+    # all-on overrides it.
+    spread = pod.get("topologySpreadConstraints", [])
+    if case == "all-on":
+        check([t.get("topologyKey") for t in spread] == ["kubernetes.io/hostname"]
+              and spread[0].get("labelSelector", {}).get("matchLabels") == {"team": "platform"},
+              f"topologySpreadConstraints not as all-on-values.yaml sets them: {spread}")
+    else:
+        want_spread = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": {"matchLabels": spec.get("selector", {}).get("matchLabels")}}]
+        check(spread == want_spread, f"topologySpreadConstraints {spread}, want {want_spread}")
     args = c.get("args", [])
     ports = c.get("ports", [])
     check(ports and ports[0].get("name") == "metrics", "container port is not named metrics")
@@ -201,6 +229,12 @@ def main():
         check(tspec.get("containers", [{}])[0].get("args", [])[:1] == ["check"], "the test Pod does not run check")
         check(tspec.get("serviceAccountName") != sa_name, "the test Pod runs as the janitor's ServiceAccount")
         check(tspec.get("restartPolicy") == "Never", "the test Pod restarts")
+    # Its ServiceAccount and RBAC (impersonation) go once the test passed,
+    # and before the next one; the Pod stays for `helm test --logs`.
+    for h in hooks:
+        policy = h["metadata"]["annotations"].get("helm.sh/hook-delete-policy", "").split(",")
+        want = ["before-hook-creation"] if h["kind"] == "Pod" else ["before-hook-creation", "hook-succeeded"]
+        check(policy == want, f"hook {h['kind']}/{h['metadata']['name']}: delete policy {policy}, want {want}")
 
     # Service.
     svc = one("Service")
@@ -249,6 +283,11 @@ def main():
         check(got == want_rules, f"RBAC rules {got}, want {want_rules}")
         for r in rules:
             check(len(r["apiGroups"]) == 1 and len(r["resources"]) == 1, f"rule grants more than one group/resource: {r}")
+
+    # The delete guard, on by default: rendered under plain `helm template`.
+    if case in ("defaults", "all-on", "openshift"):
+        one("ValidatingAdmissionPolicy")
+        one("ValidatingAdmissionPolicyBinding")
 
     # Optional objects.
     if case == "defaults":

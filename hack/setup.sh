@@ -2,7 +2,8 @@
 # Installs what `make test` and `make demo` need beyond Go and Rust, so that
 # the README's two commands are the whole set-up on a fresh machine:
 #   - Debian packages: prometheus (promtool and a server for tests/e2e/prometheus.rs),
-#     musl-tools (the image's static build), file (checks that it is static);
+#     musl-tools (the image's static build), file (checks that it is static),
+#     jq (the README's one-liner, run by tests/e2e/docs.rs);
 #   - rustup: rustfmt, clippy and the x86_64-unknown-linux-musl target.
 # apt-get runs as root (or through sudo when available); otherwise it names the
 # command to run. Idempotent: nothing is installed twice.
@@ -16,6 +17,8 @@ need_apt=()
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v musl-gcc >/dev/null 2>&1 || need_apt+=(musl-tools)
 command -v file >/dev/null 2>&1 || need_apt+=(file)
+# The README's kubectl + jq one-liner is run by tests/e2e/docs.rs.
+command -v jq >/dev/null 2>&1 || need_apt+=(jq)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt_get() { apt-get "$@"; }

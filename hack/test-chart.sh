@@ -90,30 +90,79 @@ rm -f "$sel_values"
 refuse "a selector without a value" "the chart takes exactly one key=value label" --set selector=lock-janitor.io/watch
 refuse "a set-based selector" "the chart takes exactly one key=value label" --set "selector=lock-janitor.io/watch in (true)"
 refuse "serviceAccount.create=false without a name" "serviceAccount.create=false needs serviceAccount.name" --set serviceAccount.create=false
-# The delete guard: auto (the default) renders it only where helm sees the
-# API (plain `helm template` sees no cluster: nothing rendered, nothing said
-# on stderr, and the render passes); true renders it under plain `helm
-# template` too (GitOps); false never, even where the API is served.
+# The delete guard: on by default, also under plain `helm template` (GitOps
+# pipelines that render manifests see no cluster); false never renders it,
+# even where the API is served. Nothing is said on stderr.
 vap=admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy
 guard() { # case want(0|2) helm-args...: renders and counts the policy and its binding
   local case="$1" want="$2"; shift 2
   "$helm" template lj "$chart" --namespace "$ns" "$@" >"$out/guard-$case.yaml" 2>"$out/guard-$case.err" \
     || { cat "$out/guard-$case.err" >&2; fail "helm template (guard $case)"; }
   [ ! -s "$out/guard-$case.err" ] || { cat "$out/guard-$case.err" >&2; fail "guard $case: helm printed something on stderr"; }
-  python3 hack/check_chart_render.py defaults "$ns" <"$out/guard-$case.yaml" >/dev/null || fail "rendered objects (guard $case)"
+  python3 hack/check_chart_render.py guard "$ns" <"$out/guard-$case.yaml" >/dev/null || fail "rendered objects (guard $case)"
   local n
   n="$(grep -cE '^kind: ValidatingAdmissionPolicy(Binding)?$' "$out/guard-$case.yaml" || true)"
   [ "$n" = "$want" ] || fail "guard $case: $n of the policy and its binding rendered, want $want"
   echo "test-chart: guard $case: $n of the policy and its binding"
 }
-guard "auto, plain helm template" 0
-guard "auto, API served" 2 --api-versions "$vap"
-guard "true, plain helm template" 2 --set admissionPolicies.deleteGuard.enabled=true
+guard "default, plain helm template" 2
+guard "default, API served" 2 --api-versions "$vap"
 guard "\"true\" (a string)" 2 --set-string admissionPolicies.deleteGuard.enabled=true
 guard "false, API served" 0 --api-versions "$vap" --set admissionPolicies.deleteGuard.enabled=false
 guard "\"false\" (a string), API served" 0 --api-versions "$vap" --set-string admissionPolicies.deleteGuard.enabled=false
-grep -q "name: lj-lock-janitor-$ns-guard" "$out/guard-true, plain helm template.yaml" || fail "guard true: not named <fullname>-<namespace>-guard"
-refuse "deleteGuard.enabled=yes" "value must be one of 'auto', true, false" --set admissionPolicies.deleteGuard.enabled=yes
+grep -q "name: lj-lock-janitor-$ns-guard" "$out/guard-default, plain helm template.yaml" || fail "guard default: not named <fullname>-<namespace>-guard"
+refuse "deleteGuard.enabled=yes" "deleteGuard" --set admissionPolicies.deleteGuard.enabled=yes
+# auto is gone: the guard no longer depends on what helm sees of a cluster.
+refuse "deleteGuard.enabled=auto" "deleteGuard" --set admissionPolicies.deleteGuard.enabled=auto
+
+# The topology spread: the default's labelSelector is the janitor's pods';
+# [] renders none; a constraint without a labelSelector gets them too.
+"$helm" template lj "$chart" --namespace "$ns" --set-json 'topologySpreadConstraints=[]' >"$out/spread-none.yaml" || fail "helm template (no spread)"
+grep -q "topologySpreadConstraints" "$out/spread-none.yaml" && fail "topologySpreadConstraints=[] still renders a spread"
+"$helm" template lj "$chart" --namespace "$ns" --set-json \
+  'topologySpreadConstraints=[{"maxSkew":2,"topologyKey":"kubernetes.io/hostname","whenUnsatisfiable":"DoNotSchedule"}]' \
+  >"$out/spread-own.yaml" || fail "helm template (own spread)"
+python3 - "$out/spread-own.yaml" <<'PY' || fail "a spread without a labelSelector does not count the janitor's pods"
+import sys, yaml
+dep = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Deployment")
+got = dep["spec"]["template"]["spec"]["topologySpreadConstraints"]
+want = [{"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+         "labelSelector": {"matchLabels": dep["spec"]["selector"]["matchLabels"]}}]
+assert got == want, got
+PY
+echo "test-chart: the topology spread counts the janitor's pods unless told otherwise"
+refuse "a spread without a topologyKey" "topologyKey" --set-json 'topologySpreadConstraints=[{"maxSkew":1,"whenUnsatisfiable":"ScheduleAnyway"}]'
+
+# NOTES: with election, the logs of the leader (the holder of the Lease), not
+# of deploy/ (either replica); and `check`.
+# `helm install --dry-run=client` still asks for a cluster, so the NOTES are
+# rendered through a copy of the chart with one more template that includes
+# them.
+cp -a "$chart" "$out/notes-chart"
+cat >"$out/notes-chart/templates/zz-notes.yaml" <<'EOF_NOTES'
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: notes
+data:
+  notes: {{ include "lock-janitor/templates/NOTES.txt" . | toJson }}
+EOF_NOTES
+notes() { # file helm-args...: the NOTES as `helm install` prints them
+  local f="$1"; shift
+  "$helm" template lj "$out/notes-chart" --namespace "$ns" --show-only templates/zz-notes.yaml "$@" \
+    | python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["notes"])' >"$f" \
+    || fail "rendering the NOTES"
+  [ -s "$f" ] || fail "no NOTES rendered"
+}
+notes "$out/notes.txt"
+grep -Fq "lock-janitor check -n $ns --release lj" "$out/notes.txt" || { cat "$out/notes.txt" >&2; fail "NOTES do not point at check"; }
+grep -Fq "kubectl get lease -n $ns lj-lock-janitor -o jsonpath='{.spec.holderIdentity}'" "$out/notes.txt" \
+  || { cat "$out/notes.txt" >&2; fail "NOTES do not find the leader"; }
+grep -Fq 'kubectl logs -n '"$ns"' "pod/$leader"' "$out/notes.txt" || { cat "$out/notes.txt" >&2; fail "NOTES do not show the leader's logs"; }
+grep -Fq "deploy/" "$out/notes.txt" && { cat "$out/notes.txt" >&2; fail "NOTES show deploy/ logs (either replica) with election on"; }
+notes "$out/notes-one.txt" --set replicas=1
+grep -Fq "kubectl logs -n $ns deploy/lj-lock-janitor" "$out/notes-one.txt" || { cat "$out/notes-one.txt" >&2; fail "NOTES of one replica do not show its logs"; }
+echo "test-chart: NOTES point at check and at the leader's logs"
 
 # The auto opt-in policy as v1beta1 (Kubernetes 1.34-1.35) only when asked.
 beta=(--api-versions admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy

@@ -437,7 +437,7 @@ async fn no_takeover(s: &Shared, key: &LockKey, old: &Holder, since: Timestamp) 
           "no takeover: nobody created the lock again; is a replica of the operator running, or did it give up?");
     let (taken, freed) = match key.kind {
         LockKind::ConfigMap => ("created lock", "deleted"),
-        LockKind::Lease => ("taken Lease", "released"),
+        LockKind::Lease => ("taken Lease", "freed"),
     };
     let note = format!(
         "No pod has {taken} {} again {:.0}s after the lock of the dead holder {} was {freed}: \

@@ -1069,14 +1069,13 @@ async fn rendered_manifests_pass_server_side_dry_run() {
                 format!("watchNamespaces={{{watched}}}"),
             ],
         ),
-        // Plain `helm template` sees no cluster: with the default (auto) it
-        // renders no guard; `true` renders it there too (GitOps), and the
-        // API server takes it as rendered.
+        // The guard is on by default, also under plain `helm template`
+        // (GitOps), and the API server takes it as rendered; off, none.
         (
-            "guard",
+            "no-guard",
             vec![
                 "--set".into(),
-                "admissionPolicies.deleteGuard.enabled=true".into(),
+                "admissionPolicies.deleteGuard.enabled=false".into(),
             ],
         ),
     ];
@@ -1092,7 +1091,7 @@ async fn rendered_manifests_pass_server_side_dry_run() {
             .count();
         assert_eq!(
             guard,
-            if *case == "guard" { 2 } else { 0 },
+            if *case == "no-guard" { 0 } else { 2 },
             "{case}: the guard's policy and binding under plain helm template"
         );
         for d in &docs {
@@ -1166,7 +1165,7 @@ async fn rendered_manifests_pass_server_side_dry_run() {
         "Service",
         "ServiceAccount",
         "ServiceMonitor",
-        // only from the "guard" case (deleteGuard.enabled=true)
+        // on by default
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ]
@@ -1622,4 +1621,155 @@ fn the_runbooks_selector_selects_the_pods_of_any_release_name() {
             "the runbooks' SEL term {term} does not match the pods of release prod: {labels}"
         );
     }
+}
+
+/// `helm test` as helm runs it (there is no kubelet here: the test writes
+/// the Pod's Succeeded status as a kubelet would). Its ServiceAccount and
+/// RBAC may impersonate the janitor's ServiceAccount: once the test passed
+/// they are gone, and only the Pod, which holds no grant, stays (for `helm
+/// test --logs`); `helm uninstall` leaves no grant of the hook behind.
+#[tokio::test]
+async fn helm_test_leaves_no_grant_behind() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    const RELEASE: &str = "hooked";
+    let cp = shared().await;
+    let client = cp.client().await.expect("admin client");
+    let ns = fresh_namespace(&client, "hook-grants").await;
+    let home = tempfile::tempdir().expect("helm home");
+    let helm_cmd = |args: &[String]| {
+        let mut c = tokio::process::Command::new(helm());
+        c.args(args)
+            .args(["--namespace", &ns, "--kubeconfig"])
+            .arg(cp.kubeconfig_path())
+            .env("HELM_CACHE_HOME", home.path().join("cache"))
+            .env("HELM_CONFIG_HOME", home.path().join("config"))
+            .env("HELM_DATA_HOME", home.path().join("data"))
+            .kill_on_drop(true);
+        c
+    };
+    let ok = |what: &str, out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{what} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let install: Vec<String> = vec![
+        "install".into(),
+        RELEASE.into(),
+        chart_dir().to_string_lossy().into_owned(),
+        "--set".into(),
+        format!("watchNamespaces={{{ns}}}"),
+        "--set".into(),
+        format!("selector={LABEL_KEY}={ns}"),
+    ];
+    ok("helm install", helm_cmd(&install).output().await.unwrap());
+
+    let test = helm_cmd(&[
+        "test".into(),
+        RELEASE.into(),
+        "--timeout".into(),
+        "2m".into(),
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("running helm test");
+    let hook = format!("{RELEASE}-lock-janitor-test");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    wait_for("the test Pod", WAIT, || async {
+        pods.get_opt(&hook).await.ok().flatten().map(|_| ())
+    })
+    .await;
+    // While it runs, its grants exist: this is what must not outlive it.
+    let cluster_name = format!("{hook}-{ns}");
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    let ns_roles: Api<Role> = Api::namespaced(client.clone(), &ns);
+    let ns_bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &ns);
+    let role = roles
+        .get(&cluster_name)
+        .await
+        .expect("the hook's ClusterRole");
+    assert!(
+        role.rules
+            .iter()
+            .flatten()
+            .any(|r| r.verbs.iter().any(|v| v == "impersonate")),
+        "{role:?}"
+    );
+    kubelet::set_succeeded(&client, &ns, &hook)
+        .await
+        .expect("the test Pod Succeeded");
+    let out = tokio::time::timeout(Duration::from_secs(120), test.wait_with_output())
+        .await
+        .expect("helm test returns once the Pod succeeded")
+        .unwrap();
+    ok("helm test", out);
+
+    let left = |what: &str, name: &str, found: bool| {
+        assert!(!found, "{what} {name} is left after the test passed")
+    };
+    left(
+        "ClusterRole",
+        &cluster_name,
+        roles.get_opt(&cluster_name).await.unwrap().is_some(),
+    );
+    left(
+        "ClusterRoleBinding",
+        &cluster_name,
+        bindings.get_opt(&cluster_name).await.unwrap().is_some(),
+    );
+    left(
+        "ServiceAccount",
+        &hook,
+        sas.get_opt(&hook).await.unwrap().is_some(),
+    );
+    left(
+        "Role",
+        &hook,
+        ns_roles.get_opt(&hook).await.unwrap().is_some(),
+    );
+    left(
+        "RoleBinding",
+        &hook,
+        ns_bindings.get_opt(&hook).await.unwrap().is_some(),
+    );
+    assert!(
+        pods.get_opt(&hook).await.unwrap().is_some(),
+        "the test Pod is gone: `helm test --logs` has nothing to read"
+    );
+
+    ok(
+        "helm uninstall",
+        helm_cmd(&["uninstall".into(), RELEASE.into()])
+            .output()
+            .await
+            .unwrap(),
+    );
+    // Nothing cluster-wide of this install is left, hook or not.
+    let names: Vec<String> = roles
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .chain(
+            bindings
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|b| ClusterRole {
+                    metadata: b.metadata,
+                    ..Default::default()
+                }),
+        )
+        .filter_map(|o| o.metadata.name)
+        .filter(|n| n.contains(&ns))
+        .collect();
+    assert!(names.is_empty(), "left after helm uninstall: {names:?}");
 }

@@ -702,10 +702,35 @@ fn the_description_names_both_lock_kinds_everywhere() {
     );
 }
 
-/// values.yaml sizes memory from the figures docs/performance.md measured
-/// at 10,000 locks, not from the goal.
+/// values.yaml sizes its requests from the figures docs/performance.md
+/// measured at user scale (500 and 1,000 locks, a re-list, the idle CPU of
+/// each replica) and its memory limit from those at 10,000 locks, not from
+/// the goal.
 #[test]
 fn the_memory_comment_quotes_the_measured_figures() {
+    let perf_flat = collapse(&read("docs/performance.md"));
+    let values_flat = collapse(&read("charts/lock-janitor/values.yaml").replace('#', " "));
+    for (what, figure) in [
+        (
+            "500 locks, resident",
+            "13.6 MiB VmRSS, 15.1 MiB VmHWM, 16.3 MiB after a re-list at 500",
+        ),
+        (
+            "1,000 locks, idle CPU of each replica",
+            "1.93 (0.96 + 0.97)",
+        ),
+    ] {
+        assert!(
+            perf_flat.contains(figure),
+            "docs/performance.md no longer says {figure:?} ({what})"
+        );
+    }
+    for quoted in ["13.6 MiB", "15.1 MiB", "16.3 MiB", "0.96 %", "0.97 %"] {
+        assert!(
+            values_flat.contains(quoted),
+            "values.yaml's resources comment does not quote the measured {quoted}"
+        );
+    }
     let perf = read("docs/performance.md");
     let row: Vec<&str> = perf
         .lines()
@@ -842,9 +867,21 @@ fn the_readme_says_its_exception_and_its_verify_step_works_as_pasted() {
         run.owner_gone_grace.as_secs()
     );
     assert!(
-        flat.contains("It never frees a lock whose holder might still run.")
+        flat.contains("It never frees a lock whose holder pod might still run, as far as the API server shows it.")
             && flat.contains(&grace),
         "the README's safety promise must name the owner-gone exception with {grace}"
+    );
+    // And the Lease's: an identity, not a pod (how-it-decides.md's shared
+    // identity), in both places.
+    let decides = read("docs/how-it-decides.md")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        flat.contains(
+            "it cannot tell a dead pod from another process that renews under the same identity"
+        ) && decides.contains("an identity shared by a dead pod and a live process elsewhere"),
+        "the README's promise and how-it-decides.md's shared-identity case must agree"
     );
     for line in readme
         .lines()
@@ -863,4 +900,120 @@ fn the_readme_says_its_exception_and_its_verify_step_works_as_pasted() {
             );
         }
     }
+}
+
+/// The README's `kubectl` + `jq` one-liner, run as written (bash, the
+/// testenv's kubectl, the machine's jq: hack/setup.sh installs it) against
+/// the shared control plane: it lists exactly the lock candidates of a
+/// namespace set up with one of each shape, and none of the look-alikes.
+#[tokio::test]
+async fn the_readmes_kubectl_and_jq_one_liner_lists_the_candidates() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::api::PostParams;
+    let readme = read("README.md");
+    let marker = "# lock candidates, with kubectl and jq only";
+    let start = readme.find(marker).expect("the README's one-liner");
+    let script =
+        &readme[start..start + readme[start..].find("\n```").expect("its code block's end")];
+    let jq = std::process::Command::new("jq").arg("--version").output();
+    assert!(
+        jq.is_ok_and(|o| o.status.success()),
+        "jq is not installed: run hack/setup.sh"
+    );
+
+    let cp = shared().await;
+    let client = cp.client().await.expect("admin client");
+    let ns = fresh_namespace(&client, "oneliner").await;
+    let node = format!("node-{ns}");
+    let pod = |name: &'static str| {
+        let (client, ns, node) = (client.clone(), ns.clone(), node.clone());
+        async move {
+            kubelet::create_pod(&client, &ns, name, &node, &[])
+                .await
+                .expect("pod")
+        }
+    };
+    let (leader, other) = (pod("op-1").await, pod("op-2").await);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let pp = PostParams::default();
+    let cm = |name: &str, owners: Vec<&k8s_openapi::api::core::v1::Pod>, data: bool| ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            owner_references: Some(owners.into_iter().map(pod_owner).collect()),
+            ..Default::default()
+        },
+        data: data.then(|| [("k".to_string(), "v".to_string())].into()),
+        ..Default::default()
+    };
+    cms.create(&pp, &lock_for("memcached-operator-lock", &leader, true))
+        .await
+        .unwrap();
+    cms.create(&pp, &cm("unlabeled-lock", vec![&other], false))
+        .await
+        .unwrap();
+    cms.create(&pp, &cm("holds-data", vec![&leader], true))
+        .await
+        .unwrap();
+    cms.create(&pp, &cm("two-owners", vec![&leader, &other], false))
+        .await
+        .unwrap();
+    cms.create(&pp, &cm("no-owner", vec![], false))
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let lease = |name: &str, holder: &str| Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            ..Default::default()
+        }),
+    };
+    for (name, holder) in [
+        ("by-pod-name", "op-1"),
+        (
+            "controller-runtime",
+            "op-2_5f7c2a9e-1b2c-4d5e-8f90-123456789abc",
+        ),
+        ("names-no-pod", "ghost"),
+        ("released", ""),
+    ] {
+        leases.create(&pp, &lease(name, holder)).await.unwrap();
+    }
+
+    let kubectl = lock_janitor_testenv::binary("kubectl").unwrap_or_else(|e| panic!("{e}"));
+    let path = format!(
+        "{}:{}",
+        kubectl.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = tokio::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .env("PATH", path)
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .output()
+        .await
+        .expect("running bash");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{script}\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mine: BTreeSet<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(&format!(" {ns}/")))
+        .collect();
+    let want: BTreeSet<String> = [
+        format!("configmap {ns}/memcached-operator-lock holder=op-1 watch=true"),
+        format!("configmap {ns}/unlabeled-lock holder=op-2 watch=-"),
+        format!("lease {ns}/by-pod-name holder=op-1 watch=-"),
+        format!("lease {ns}/controller-runtime holder=op-2_5f7c2a9e-1b2c-4d5e-8f90-123456789abc watch=-"),
+    ]
+    .into();
+    assert_eq!(mine, want.iter().map(String::as_str).collect(), "{stdout}");
 }

@@ -803,3 +803,72 @@ async fn reclaimed_and_taken_over(s: &Scenario, j: &Janitor, done: &str) {
         "{taken:?}"
     );
 }
+
+/// A Lease held for life is freed by a DELETE, not a release: when nobody
+/// takes it again within --takeover-timeout, its NoTakeover Event says it
+/// was freed, never that it was released.
+#[tokio::test]
+async fn no_takeover_of_a_lease_held_for_life_does_not_say_released() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    let s = scenario("for-life-no-takeover").await;
+    let holder = s.pod("op-a").await;
+    // As nais/elector writes it: its own pod the one owner, holder and
+    // acquireTime set, never renewed.
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("op-lease".into()),
+            labels: Some([(WATCH_LABEL.0.to_string(), WATCH_LABEL.1.to_string())].into()),
+            owner_references: Some(vec![pod_owner(&holder)]),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("op-a".into()),
+            acquire_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    s.leases()
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("the Lease held for life");
+    let kc = kubeconfig_as(s.cp, JANITOR_USER);
+    let j = Janitor::start(
+        &kc,
+        &[
+            "--namespace",
+            &s.ns,
+            "--resync",
+            "2s",
+            "--lock-kinds",
+            "lease",
+            "--takeover-timeout",
+            "3s",
+        ],
+    )
+    .await;
+    kubelet::set_failed(
+        &s.client,
+        &s.ns,
+        "op-a",
+        "Evicted",
+        "The node was low on resource: memory.",
+    )
+    .await
+    .unwrap();
+    wait_for("the Lease deleted", Duration::from_secs(30), || async {
+        s.leases()
+            .get_opt("op-lease")
+            .await
+            .ok()
+            .and_then(|l| l.is_none().then_some(()))
+    })
+    .await;
+    let ev = wait_event(&s.client, &s.ns, "NoTakeover", "op-lease").await;
+    let note = ev.note.unwrap_or_default();
+    assert!(
+        note.contains("was freed") && !note.contains("released"),
+        "{note}\njanitor:\n{}",
+        j.logs()
+    );
+}

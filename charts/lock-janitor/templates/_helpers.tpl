@@ -148,16 +148,13 @@ Leader election is on with more than one replica.
 
 {{/*
 "true" when the delete guard is rendered: admissionPolicies.deleteGuard.enabled
-is true (always; a boolean or the string), or auto (the default) and the API
-server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (as
-helm sees it: plain `helm template` sees no cluster, so auto renders nothing
-there). Empty when false, or auto without the API.
+is true (the default; a boolean or the string). No look at the API server:
+every supported minor (1.31+) serves admissionregistration.k8s.io/v1
+ValidatingAdmissionPolicy, so plain `helm template` renders it as `helm
+install` does.
 */}}
 {{- define "lock-janitor.deleteGuard" -}}
-{{- $v := .Values.admissionPolicies.deleteGuard.enabled | toString }}
-{{- if eq $v "true" }}
-{{- "true" }}
-{{- else if and (eq $v "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") }}
+{{- if eq (.Values.admissionPolicies.deleteGuard.enabled | toString) "true" }}
 {{- "true" }}
 {{- end }}
 {{- end }}
