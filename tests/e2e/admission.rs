@@ -328,17 +328,22 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
     })
     .await;
     assert!(m.contains("held for life"), "{m}");
-    // A release of another version than the Lease's is refused by the API
-    // server itself (409), before any admission policy runs (see
-    // a_validating_policy_sees_the_stored_version_of_an_update below).
-    let mut other_version = release(held.clone());
-    other_version.metadata.resource_version = Some("1".into());
-    match as_janitor_leases
-        .replace("held-lease", &PostParams::default(), &other_version)
-        .await
-    {
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        other => panic!("a release of another version was not refused: {other:?}"),
+    // A release of another version than the Lease's, or of none, is
+    // refused by the API server itself (409, 422), before any admission
+    // policy runs (see a_validating_policy_sees_the_stored_version_of_an_update).
+    for (what, version, code) in [
+        ("another version", Some("1"), 409),
+        ("no version", None, 422),
+    ] {
+        let mut l = release(held.clone());
+        l.metadata.resource_version = version.map(str::to_owned);
+        match as_janitor_leases
+            .replace("held-lease", &PostParams::default(), &l)
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == code => {}
+            other => panic!("a release with {what} was not refused with {code}: {other:?}"),
+        }
     }
     // The release itself, whole, passes.
     as_janitor_leases
@@ -681,17 +686,20 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
 
 /// What a ValidatingAdmissionPolicy sees of a Lease UPDATE's
 /// resourceVersion, asked of the real API server with a probe policy that
-/// denies every update of one Lease and says what it saw: an update that
-/// carries the current version and one that carries none (an unconditional
-/// update, which Leases allow) both reach it with `object` at the stored
-/// version, equal to `oldObject`'s; one that carries another version is
-/// refused with 409 before the policy runs. So the delete guard's
+/// denies every update of one Lease and says what it saw. A PUT that
+/// carries the current version reaches it with `object` at that version,
+/// equal to `oldObject`'s. A PUT without one (an unconditional update) is
+/// refused by the API server itself, 422 (Leases take no unconditional
+/// update), and one with another version 409, both before the policy runs.
+/// A merge patch without a version reaches it at the stored version, as if
+/// it had carried it. So the delete guard's
 /// `object.metadata.resourceVersion == oldObject.metadata.resourceVersion`
-/// holds for every release it is asked about, and no validating policy
-/// can tell an unconditional release apart: what keeps a release to the
-/// version judged is the janitor, which always sends it (checked in the
-/// audit log above). Should an API server ever pass the client's version
-/// through, this test fails, and the guard's check starts to refuse.
+/// holds for every release it is asked about, and no validating policy can
+/// tell an unconditional patch from a guarded one: what keeps a release to
+/// the version judged is the API server for a PUT and the janitor, whose
+/// release is a PUT of the Lease read (its body in the audit log, above).
+/// Should an API server ever pass the client's version through, this test
+/// fails, and the guard's check starts to refuse.
 #[tokio::test]
 async fn a_validating_policy_sees_the_stored_version_of_an_update() {
     let cp = shared().await;
@@ -771,11 +779,13 @@ async fn a_validating_policy_sees_the_stored_version_of_an_update() {
     assert!(with_version.contains(&expect), "{with_version}");
     let mut unconditional = released.clone();
     unconditional.metadata.resource_version = None;
-    let without = saw(leases
+    match leases
         .replace("probe", &PostParams::default(), &unconditional)
-        .await)
-    .expect("an update without a resourceVersion reaches the policy");
-    assert!(without.contains(&expect), "{without}");
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("resourceVersion") => {}
+        r => panic!("a PUT without a version was not refused with 422 before the policy: {r:?}"),
+    }
     let mut other = released.clone();
     other.metadata.resource_version = Some("1".into());
     match leases
@@ -785,6 +795,16 @@ async fn a_validating_policy_sees_the_stored_version_of_an_update() {
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         r => panic!("another version was not refused with 409 before the policy: {r:?}"),
     }
+    let release_patch = json!({"spec": {"holderIdentity": "", "leaseDurationSeconds": 1}});
+    let patched = saw(leases
+        .patch(
+            "probe",
+            &PatchParams::default(),
+            &Patch::Merge(&release_patch),
+        )
+        .await)
+    .expect("a merge patch without a version reaches the policy");
+    assert!(patched.contains(&expect), "{patched}");
     Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
         .delete(&name, &Default::default())
         .await
