@@ -444,8 +444,7 @@ mod tests {
     }
 
     /// A Lease held for life: its owner's name and uid are kept for the
-    /// sweep, and forgotten when the Lease is renewed, deleted or not
-    /// listed again.
+    /// sweep, and forgotten when the Lease is renewed or deleted.
     #[test]
     fn a_lease_held_for_life_keeps_its_owner() {
         use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
