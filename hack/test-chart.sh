@@ -74,6 +74,8 @@ refuse "logFormat: xml" "logFormat" --set logFormat=xml
 # crash-looping pod; tests/e2e/chart.rs asks the binary about each bound.
 refuse "a 1s leader lease" 'leaderElection.leaseDuration "1s" is out of range' --set leaderElection.leaseDuration=1s
 refuse "a 48h resync" 'resync "48h" is out of range' --set resync=48h
+refuse "a 1ms resync" 'resync "1ms" is out of range' --set resync=1ms
+refuse "an ownerGoneGrace of 0" 'ownerGoneGrace "0s" is out of range' --set ownerGoneGrace=0s
 refuse "an ownerGoneGrace over 24h" 'ownerGoneGrace "24h 1s" is out of range' --set "ownerGoneGrace=24h 1s"
 refuse "a takeoverTimeout of 0" 'takeoverTimeout "0s" is out of range' --set takeoverTimeout=0s
 refuse "a unit the janitor does not know" '"x" is not a unit' --set ownerGoneGrace=30x

@@ -151,11 +151,14 @@ pub struct RunArgs {
     /// Also delete the dead holder pod (only when Failed or Succeeded, guarded by its uid).
     #[arg(long, env = "LOCK_JANITOR_DELETE_POD")]
     pub delete_pod: bool,
-    /// How long a holder pod must be missing before its lock is reclaimed (e.g. 30s, 2m).
-    #[arg(long, env = "LOCK_JANITOR_OWNER_GONE_GRACE", default_value = "30s", value_parser = parse_duration)]
+    /// How long a holder pod must be missing before its lock is reclaimed
+    /// (e.g. 30s, 2m; at least 1s: a force-deleted pod's containers may
+    /// still be stopping).
+    #[arg(long, env = "LOCK_JANITOR_OWNER_GONE_GRACE", default_value = "30s", value_parser = parse_at_least_a_second)]
     pub owner_gone_grace: Duration,
-    /// Re-judge every lock at least this often (catches holders that vanished).
-    #[arg(long, env = "LOCK_JANITOR_RESYNC", default_value = "5m", value_parser = parse_positive_duration)]
+    /// Re-judge every lock at least this often (catches holders that
+    /// vanished; at least 1s).
+    #[arg(long, env = "LOCK_JANITOR_RESYNC", default_value = "5m", value_parser = parse_at_least_a_second)]
     pub resync: Duration,
     /// Address of the /metrics, /healthz and /readyz endpoints.
     #[arg(
@@ -296,6 +299,18 @@ fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// The floor of `run --owner-gone-grace` and `--resync`: below it the
+/// grace no longer covers a force-deleted pod's stopping containers, and
+/// the resync spins.
+const AT_LEAST: Duration = Duration::from_secs(1);
+
+fn parse_at_least_a_second(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d < AT_LEAST => Err("must be at least 1s".into()),
+        d => Ok(d),
+    }
+}
+
 fn parse_lease_duration(s: &str) -> Result<Duration, String> {
     match parse_duration(s)? {
         d if d < Duration::from_secs(3) => Err("must be at least 3s".into()),
@@ -384,10 +399,34 @@ mod tests {
         .is_ok());
     }
 
+    /// `run`'s grace and resync floors: 1 s is taken (tests use 2 s and
+    /// 3 s), anything below is a usage error.
+    #[test]
+    fn grace_and_resync_take_a_second_at_least() {
+        for flag in ["--owner-gone-grace", "--resync"] {
+            for ok in ["1s", "1000ms", "2s", "3s", "0.5s 500ms"] {
+                let cli = Cli::try_parse_checked(["lock-janitor", "run", flag, ok]);
+                assert!(cli.is_ok(), "{flag} {ok}");
+            }
+            for low in ["0s", "1ms", "999ms", "0.9s"] {
+                let err = Cli::try_parse_checked(["lock-janitor", "run", flag, low]).unwrap_err();
+                assert_eq!(err.exit_code(), 2, "{flag} {low}");
+                assert!(
+                    err.to_string().contains("at least 1s"),
+                    "{flag} {low}: {err}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn bad_flags_are_usage_errors() {
         for args in [
             vec!["lock-janitor", "run", "--resync", "0s"],
+            vec!["lock-janitor", "run", "--resync", "1ms"],
+            vec!["lock-janitor", "run", "--resync", "999ms"],
+            vec!["lock-janitor", "run", "--owner-gone-grace", "0s"],
+            vec!["lock-janitor", "run", "--owner-gone-grace", "0.5s"],
             vec!["lock-janitor", "run", "--owner-gone-grace", "soon"],
             vec!["lock-janitor", "run", "--owner-gone-grace", "100000000000d"],
             vec!["lock-janitor", "run", "--resync", "25h"],

@@ -36,15 +36,34 @@ const RECORD_ATTEMPTS: u32 = 3;
 /// All the attempts of one such Event together.
 const RECORD_WITHIN: Duration = Duration::from_secs(10);
 
-fn truncate(mut note: String) -> String {
-    if note.len() > MAX_NOTE {
-        let mut end = MAX_NOTE - '…'.len_utf8();
-        while !note.is_char_boundary(end) {
+fn truncate(note: String) -> String {
+    cut(note, MAX_NOTE)
+}
+
+/// `s` in at most `max` bytes: cut on a character boundary and ended with
+/// '…' when it is longer.
+pub fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max.saturating_sub('…'.len_utf8());
+        while !s.is_char_boundary(end) {
             end -= 1;
         }
-        note.truncate(end);
-        note.push('…');
+        s.truncate(end);
+        s.push('…');
     }
+    s
+}
+
+/// A reclaim's note: `body`, then `marker` last, whatever the length of
+/// `body` (a pod's `status.reason` is bounded by nothing). The body is cut
+/// first, so that the whole note fits the 1 KiB events.k8s.io takes and the
+/// marker that restore looks for at the note's end (`takeover::restore`)
+/// is never what the cut takes.
+pub fn marked_note(body: &str, marker: &str) -> String {
+    let room = MAX_NOTE.saturating_sub(marker.len() + 1);
+    let mut note = cut(body.to_owned(), room);
+    note.push(' ');
+    note.push_str(marker);
     note
 }
 
@@ -179,5 +198,49 @@ impl Events {
               lock = regarding.name.as_deref().unwrap_or_default(),
               reason = say.reason, error = %err, "could not write Event");
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MARKER: &str = "[selector lock-janitor.io/watch=true]";
+
+    /// The marker ends the note, and the note fits 1 KiB, for any body:
+    /// short, exactly at the edge, 4 KiB, multi-byte characters across the
+    /// cut.
+    #[test]
+    fn the_marker_survives_any_body() {
+        let room = MAX_NOTE - MARKER.len() - 1;
+        for body in [
+            String::new(),
+            "Deleted this lock: holder pod op-0 has Failed (Evicted).".to_owned(),
+            "x".repeat(room),
+            "x".repeat(room + 1),
+            format!("reason {}", "R".repeat(4096)),
+            "é".repeat(2000),
+            format!("a{}", "🦀".repeat(1000)),
+        ] {
+            let note = marked_note(&body, MARKER);
+            assert!(note.ends_with(MARKER), "{note}");
+            assert!(note.len() <= MAX_NOTE, "{} bytes", note.len());
+            // What the Event write does to it changes nothing.
+            assert_eq!(truncate(note.clone()), note);
+            if body.len() <= room {
+                assert_eq!(note, format!("{body} {MARKER}"));
+            } else {
+                assert!(note.contains("… [selector"), "{note}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_cut_keeps_whole_characters() {
+        assert_eq!(cut("abc".into(), 3), "abc");
+        assert_eq!(cut("abcdef".into(), 5), "ab…");
+        // 'é' is 2 bytes: never split.
+        let c = cut("éééé".into(), 6);
+        assert!(c.len() <= 6 && c.ends_with('…'), "{c}");
     }
 }

@@ -236,6 +236,9 @@ pub struct LeaseIndex {
 struct LeaseInner {
     by_host: HashMap<(String, String), HashSet<LockKey>>,
     by_lease: HashMap<LockKey, (String, String)>,
+    /// A Lease held for life -> its owner pod's (name, uid): a sweep asks
+    /// whether that pod is still there, as it asks of a ConfigMap's holder.
+    owners: HashMap<LockKey, (String, String)>,
     relisting: Relist<LockKey>,
 }
 
@@ -246,14 +249,52 @@ impl LeaseIndex {
 
     /// Indexes the host a Lease's holder identity names.
     pub fn apply_host(&self, key: LockKey, host: Option<String>) {
+        self.apply_owned(key, host, None)
+    }
+
+    /// Indexes the host a Lease names and, for a Lease held for life, its
+    /// owner pod's (name, uid).
+    fn apply_owned(&self, key: LockKey, host: Option<String>, owner: Option<(String, String)>) {
         self.with(|i| {
             i.relisting.saw(&key);
             unindex_lease(i, &key);
             if let Some(h) = host {
                 let id = (key.namespace.clone(), h);
                 i.by_host.entry(id.clone()).or_default().insert(key.clone());
-                i.by_lease.insert(key, id);
+                i.by_lease.insert(key.clone(), id);
             }
+            if let Some(o) = owner {
+                i.owners.insert(key, o);
+            }
+        })
+    }
+
+    /// Per namespace, the name of every owner pod of a Lease held for life
+    /// (what a sweep asks about, with the ConfigMap holders).
+    pub fn owner_names(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let mut out: BTreeMap<_, BTreeSet<_>> = BTreeMap::new();
+        self.with(|i| {
+            for (k, (name, _)) in &i.owners {
+                out.entry(k.namespace.clone())
+                    .or_default()
+                    .insert(name.clone());
+            }
+        });
+        out
+    }
+
+    /// The Leases held for life whose owner `owner_is_there(namespace,
+    /// name, uid)` says is not there (`HolderIndex::missing_holders`).
+    pub fn missing_owners(
+        &self,
+        mut owner_is_there: impl FnMut(&str, &str, &str) -> bool,
+    ) -> Vec<LockKey> {
+        self.with(|i| {
+            i.owners
+                .iter()
+                .filter(|(k, (name, uid))| !owner_is_there(&k.namespace, name, uid))
+                .map(|(k, _)| k.clone())
+                .collect()
         })
     }
 
@@ -290,15 +331,19 @@ impl LeaseIndex {
 impl Index<Lease> for LeaseIndex {
     fn apply(&self, lease: &Lease) {
         let key = LockKey::lease(lease.namespace().unwrap_or_default(), lease.name_any());
-        // A Lease held for life names its holder by its owner.
-        let host = if crate::lock::lease::held_for_life(lease) {
-            crate::lock::parse(&lease.metadata)
+        // A Lease held for life names its holder by its owner, whose name
+        // and uid a sweep checks (a name no pod can have names none).
+        if crate::lock::lease::held_for_life(lease) {
+            let owner = crate::lock::parse(&lease.metadata)
                 .ok()
-                .map(|l| l.holder.name)
+                .map(|l| (l.holder.name, l.holder.uid));
+            let host = owner.as_ref().map(|(name, _)| name.clone());
+            let owner = owner.filter(|(name, uid)| !uid.is_empty() && crate::dns_subdomain(name));
+            self.apply_owned(key, host, owner);
         } else {
-            crate::lock::lease::parse(lease).ok().and_then(|p| p.host)
-        };
-        self.apply_host(key, host);
+            let host = crate::lock::lease::parse(lease).ok().and_then(|p| p.host);
+            self.apply_host(key, host);
+        }
     }
 
     fn delete(&self, key: &LockKey) {
@@ -323,6 +368,7 @@ impl Index<Lease> for LeaseIndex {
 }
 
 fn unindex_lease(i: &mut LeaseInner, key: &LockKey) {
+    i.owners.remove(key);
     if let Some(id) = i.by_lease.remove(key) {
         if let Some(keys) = i.by_host.get_mut(&id) {
             keys.remove(key);
@@ -395,5 +441,48 @@ mod tests {
         assert_eq!(idx.leases_of("ops", "op-0"), vec![a]);
         assert!(idx.leases_of("ops", "op-1").is_empty());
         assert_eq!(idx.hosts()["ops"].len(), 1);
+    }
+
+    /// A Lease held for life: its owner's name and uid are kept for the
+    /// sweep, and forgotten when the Lease is renewed or deleted.
+    #[test]
+    fn a_lease_held_for_life_keeps_its_owner() {
+        use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+        let for_life = |name: &str, owner: &str, uid: &str| Lease {
+            metadata: {
+                let mut m = lock_meta(vec![pod_owner(owner, uid)], &[]);
+                m.name = Some(name.into());
+                m
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(owner.into()),
+                ..Default::default()
+            }),
+        };
+        let idx = LeaseIndex::default();
+        let (a, b) = (LockKey::lease("ops", "a"), LockKey::lease("ops", "b"));
+        Index::apply(&idx, &for_life("a", "op-0", "u0"));
+        Index::apply(&idx, &for_life("b", "op-1", "u1"));
+        assert_eq!(idx.owner_names()["ops"].len(), 2);
+        assert_eq!(idx.leases_of("ops", "op-0"), vec![a.clone()]);
+        // op-0 is there under its uid; op-1 is there under another.
+        let mut missing = idx.missing_owners(|ns, name, uid| {
+            ns == "ops" && ((name, uid) == ("op-0", "u0") || (name, uid) == ("op-1", "u9"))
+        });
+        missing.sort();
+        assert_eq!(missing, vec![b.clone()]);
+        // Renewed, it is no Lease held for life any more.
+        let mut renewed = for_life("b", "op-1", "u1");
+        renewed.spec.as_mut().unwrap().renew_time =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        renewed.spec.as_mut().unwrap().lease_duration_seconds = Some(15);
+        Index::apply(&idx, &renewed);
+        assert!(idx.missing_owners(|_, _, _| false).contains(&a));
+        assert!(!idx.missing_owners(|_, _, _| false).contains(&b));
+        Index::delete(&idx, &a);
+        assert!(idx.missing_owners(|_, _, _| false).is_empty());
+        assert!(idx.owner_names().is_empty());
     }
 }

@@ -3,6 +3,26 @@
 //! the Events and metrics that report them. Called only with a judgement
 //! made from live reads (see `observe::Judgement`); takes what it needs
 //! (client, Events, metrics, mode) and nothing else.
+//!
+//! The requests of one reclaim, in order (after the judgement's live reads
+//! of the lock and its holder; none in a dry run, on a replica that does
+//! not lead, or for a lock already being deleted):
+//!
+//! 1. the intent Event, `StaleLockReclaiming` (events.k8s.io; one try,
+//!    `INTENT_WITHIN`); refused or cut short, the reclaim goes on;
+//! 2. a GET of the holder pod by name (`holder_again`): still the judged
+//!    uid and still dead, or still absent for `OwnerGone`, else nothing is
+//!    written (`Freed::Changed`, judged again); an error, nothing written;
+//! 3. the freeing write: a DELETE of the ConfigMap or the Lease held for
+//!    life with uid and resourceVersion preconditions, or a PUT of the
+//!    Lease read, released (its resourceVersion guards it). 404 is
+//!    `Freed::Gone`, 409 `Freed::Changed`;
+//! 4. once freed, `StaleLockReclaimed` (up to three tries), then, with
+//!    `--delete-pod`, a DELETE of the dead pod with a uid precondition and
+//!    `DeadHolderDeleted`.
+//!
+//! The holder's GET is the last request before the freeing write: no
+//! precondition sees a pod made again under the holder's name.
 
 use std::time::Duration;
 
@@ -25,8 +45,8 @@ use crate::verdict::{self, StaleReason, Verdict};
 use crate::{api_code, call, words, Error};
 
 /// How long a reclaim waits for its intent Event before the freeing write
-/// (it takes a few ms): the holder's live read stays this close to the
-/// write, for no precondition sees a pod made again under its name.
+/// (it takes a few ms). The holder is read again after it, right before
+/// the write.
 const INTENT_WITHIN: Duration = Duration::from_millis(500);
 
 /// What the janitor may write.
@@ -145,8 +165,9 @@ impl Reclaimer {
 
     /// The write a stale lock gets: none in a dry run, for a lock already
     /// being deleted, or on a replica that does not lead (checked at the
-    /// moment of the write: a lease lost a moment ago stops it); else the
-    /// guarded DELETE or release.
+    /// moment of the write: a lease lost a moment ago stops it); none if
+    /// the holder, read again after the intent Event, is no longer as
+    /// judged; else the guarded DELETE or release.
     async fn write(&self, j: &Judgement, lock: &Lock, reason: StaleReason) -> Result<Freed, Error> {
         if self.mode.dry_run {
             return Ok(Freed::DryRun);
@@ -159,11 +180,41 @@ impl Reclaimer {
             return Ok(Freed::NotLeader);
         }
         self.intent(j, lock, reason).await;
+        if let Some(changed) = self.holder_again(lock, reason).await? {
+            warn!(namespace = %j.key.namespace, lock = %j.key.name, kind = %j.key.kind,
+                  holder = %lock.holder.name, reason = %reason, changed = %changed,
+                  "the holder changed between the judgement and the write; nothing written, judging again");
+            return Ok(Freed::Changed(changed));
+        }
         // Checked again at the moment of the write.
         if !self.gate.may_write() {
             return Ok(Freed::NotLeader);
         }
         self.free(j, lock).await
+    }
+
+    /// The holder read live once more, the last request before the freeing
+    /// write (the judgement's read came before the intent Event, which may
+    /// take up to `INTENT_WITHIN`, more when the API server queues it): a
+    /// pod made again under the holder's name in that time (a StatefulSet's,
+    /// which believes it still leads) stops the write. What was judged must
+    /// still hold: for `OwnerGone` no pod of that name; for a death, the pod
+    /// of the judged uid, still dead (terminal, no container running). Else
+    /// what changed; an error of the read is the reconcile's (nothing
+    /// written).
+    async fn holder_again(
+        &self,
+        lock: &Lock,
+        reason: StaleReason,
+    ) -> Result<Option<String>, Error> {
+        let (ns, name) = (lock.namespace.as_str(), lock.holder.name.as_str());
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let pod = call(
+            format!("reading holder pod {ns}/{name} again before the write"),
+            pods.get_opt(name),
+        )
+        .await?;
+        Ok(holder_changed(lock, reason, pod.as_ref()))
     }
 
     /// The record restore reads, written no later than the freeing write:
@@ -189,7 +240,7 @@ impl Reclaimer {
             type_: EventType::Normal,
             reason: events::REASON_RECLAIMING,
             action: "Reclaim",
-            note: format!("{doing}: {why}. {}", self.marker),
+            note: events::marked_note(&format!("{doing}: {why}."), &self.marker),
         };
         let written = match tokio::time::timeout(INTENT_WITHIN, self.publish(j, say)).await {
             Ok(written) => written,
@@ -311,10 +362,9 @@ impl Reclaimer {
                     type_: EventType::Normal,
                     reason: events::REASON_RECLAIMED,
                     action: "Reclaim",
-                    note: format!(
-                        "{done}: {}. A waiting replica can now take over. {}",
-                        why(),
-                        self.marker
+                    note: events::marked_note(
+                        &format!("{done}: {}. A waiting replica can now take over.", why()),
+                        &self.marker,
                     ),
                 };
                 // Written before the reclaim counts as done, leading or
@@ -477,5 +527,102 @@ impl Reclaimer {
                 warn!(namespace = ns, pod = name, error = %e, "could not delete the dead holder pod; the lock is reclaimed");
             }
         }
+    }
+}
+
+/// What changed of a stale lock's holder since it was judged (`pod`: the
+/// holder's name read again), or None if it is still as judged: absent for
+/// `OwnerGone`, else the pod of the judged uid, still dead. A pod that is
+/// gone after it was judged dead counts as changed too: what is judged
+/// next (its owner-gone grace, or a Lease left to expire) decides.
+fn holder_changed(lock: &Lock, reason: StaleReason, pod: Option<&Pod>) -> Option<String> {
+    let name = &lock.holder.name;
+    match (reason, pod) {
+        (StaleReason::OwnerGone, None) => None,
+        (StaleReason::OwnerGone, Some(p)) => Some(format!(
+            "a pod named {name} exists again (uid {})",
+            p.metadata.uid.as_deref().unwrap_or_default()
+        )),
+        (_, None) => Some(format!("holder pod {name} is gone")),
+        (_, Some(p)) if p.metadata.uid.as_deref() != Some(lock.holder.uid.as_str()) => {
+            Some(format!(
+                "pod {name} is another pod now (uid {}, judged {})",
+                p.metadata.uid.as_deref().unwrap_or_default(),
+                lock.holder.uid
+            ))
+        }
+        (_, Some(p)) => match verdict::judge_holder_pod(p) {
+            Verdict::Stale { .. } => None,
+            v => Some(format!(
+                "holder pod {name} is no longer dead ({})",
+                words::verdict_code(&v)
+            )),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::Holder;
+    use k8s_openapi::api::core::v1::PodStatus;
+
+    fn lock() -> Lock {
+        Lock {
+            namespace: "ops".into(),
+            name: "op-lock".into(),
+            uid: "lock-uid".into(),
+            resource_version: "7".into(),
+            created: None,
+            holder: Holder {
+                name: "op-0".into(),
+                uid: "u1".into(),
+            },
+            deleting: None,
+        }
+    }
+
+    fn pod(uid: &str, phase: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("op-0".into()),
+                namespace: Some("ops".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The holder read again right before the write: the write goes on
+    /// only if it is still as judged.
+    #[test]
+    fn the_write_goes_on_only_for_the_holder_as_judged() {
+        let l = lock();
+        let evicted = StaleReason::Evicted;
+        let cases: [(StaleReason, Option<Pod>, bool); 8] = [
+            // Still dead, the same pod.
+            (evicted, Some(pod("u1", "Failed")), true),
+            (StaleReason::Succeeded, Some(pod("u1", "Succeeded")), true),
+            // Made again under its name (a StatefulSet), any phase.
+            (evicted, Some(pod("u2", "Running")), false),
+            (evicted, Some(pod("u2", "Failed")), false),
+            // Gone since: judged again.
+            (evicted, None, false),
+            // Owner gone: still absent, or there again.
+            (StaleReason::OwnerGone, None, true),
+            (StaleReason::OwnerGone, Some(pod("u2", "Pending")), false),
+            (StaleReason::OwnerGone, Some(pod("u1", "Running")), false),
+        ];
+        for (reason, p, writes) in cases {
+            let changed = holder_changed(&l, reason, p.as_ref());
+            assert_eq!(changed.is_none(), writes, "{reason} {p:?}: {changed:?}");
+        }
+        // The judged uid, no longer terminal (a status written by hand).
+        assert!(holder_changed(&l, evicted, Some(&pod("u1", "Running"))).is_some());
     }
 }

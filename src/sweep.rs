@@ -7,8 +7,9 @@
 //! Nothing here decides or writes anything.
 //!
 //! Its cost follows the locks, not the cluster's pods: it reads only the
-//! namespaces where a watched lock names a pod, each by one fixed rule. Up
-//! to `BY_NAME_UP_TO` ConfigMap holders are read by name; more are found by
+//! namespaces where a watched lock names a pod, each by one fixed rule. The
+//! holders a lock names by ownerReference (a ConfigMap's, a Lease held for
+//! life's owner) are read by name up to `BY_NAME_UP_TO`; more are found by
 //! listing the namespace's pods (metadata only, 500 a page). A namespace
 //! whose Leases name hosts, or whose holders are listed, has its terminal
 //! pods listed first (a host may be a pod name cut to a hostname, which
@@ -27,8 +28,8 @@ use crate::{call, dns_subdomain, Error, Paged, TERMINAL_PODS};
 
 /// Objects per page of a sweep list.
 const PAGE_SIZE: u32 = 500;
-/// A namespace's ConfigMap holders are read by name up to this many, else
-/// its pods are listed (two lists: terminal pods, then all).
+/// A namespace's holders named by ownerReference are read by name up to
+/// this many, else its pods are listed (two lists: terminal pods, then all).
 const BY_NAME_UP_TO: usize = 2;
 
 /// What one sweep found.
@@ -37,7 +38,8 @@ pub struct Sweep {
     /// ConfigMap locks whose holder is terminal, missing, or replaced by
     /// another pod of its name.
     pub configmaps: HashSet<LockKey>,
-    /// Leases whose holder is terminal.
+    /// Leases whose holder is terminal; Leases held for life whose owner
+    /// is also missing or replaced, as for ConfigMaps.
     pub leases: HashSet<LockKey>,
     /// Pods read and requests made.
     pub pods: usize,
@@ -56,7 +58,8 @@ pub struct Watched<'a> {
 /// The pods one namespace's locks name.
 #[derive(Debug, Default)]
 struct Named {
-    /// ConfigMap holders: is each there, under its uid, and alive?
+    /// Holders named by ownerReference (ConfigMaps, Leases held for life):
+    /// is each there, under its uid, and alive?
     holders: BTreeSet<String>,
     /// Lease hosts: has one ended?
     hosts: BTreeSet<String>,
@@ -82,6 +85,13 @@ pub async fn sweep(
     }
     for (ns, hosts) in watched.leases.map(LeaseIndex::hosts).unwrap_or_default() {
         named.entry(ns).or_default().hosts = hosts;
+    }
+    for (ns, owners) in watched
+        .leases
+        .map(LeaseIndex::owner_names)
+        .unwrap_or_default()
+    {
+        named.entry(ns).or_default().holders.extend(owners);
     }
     if let Some(ns) = scope {
         named.retain(|n, _| n == ns);
@@ -120,21 +130,23 @@ pub async fn sweep(
     for ns in refused {
         named.remove(&ns);
     }
-    // The ConfigMap locks whose holder is not there under its uid, among
-    // the namespaces read.
+    // The locks whose holder (a ConfigMap's, a Lease held for life's
+    // owner) is not there under its uid, among the namespaces read.
+    let found = &pass.found;
+    let there = |ns: &str, name: &str, uid: &str| {
+        // A namespace not read this time (none: every one a lock names is)
+        // says nothing against its locks.
+        !named.contains_key(ns)
+            || found
+                .get(ns)
+                .and_then(|n| n.get(name))
+                .is_some_and(|u| u == uid)
+    };
     if let Some(cms) = watched.configmaps {
-        let found = &pass.found;
-        pass.out
-            .configmaps
-            .extend(cms.missing_holders(|ns, name, uid| {
-                // A namespace not read this time (none: every one a lock names
-                // is) says nothing against its locks.
-                !named.contains_key(ns)
-                    || found
-                        .get(ns)
-                        .and_then(|n| n.get(name))
-                        .is_some_and(|u| u == uid)
-            }));
+        pass.out.configmaps.extend(cms.missing_holders(there));
+    }
+    if let Some(leases) = watched.leases {
+        pass.out.leases.extend(leases.missing_owners(there));
     }
     Ok(())
 }
@@ -144,12 +156,13 @@ struct Pass<'a> {
     client: &'a Client,
     watched: Watched<'a>,
     out: &'a mut Sweep,
-    /// namespace -> name -> uid of the ConfigMap holders that exist.
+    /// namespace -> name -> uid of the holders named by ownerReference
+    /// that exist.
     found: HashMap<String, HashMap<String, String>>,
 }
 
 impl Pass<'_> {
-    /// Reads a namespace's ConfigMap holders one by one (a few at a time).
+    /// Reads a namespace's holders one by one (a few at a time).
     /// `namespace_scope`: the scope is this namespace, and a refusal of it
     /// fails the sweep.
     async fn read_by_name(
@@ -213,7 +226,7 @@ impl Pass<'_> {
     }
 
     /// Lists a namespace's terminal pods, then, if `all`, all of them,
-    /// keeping of those only the pods some ConfigMap lock names.
+    /// keeping of those only the pods some lock names by ownerReference.
     async fn list(&mut self, ns: &str, wanted: &Named, all: bool) -> Result<(), Error> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let api = &api;

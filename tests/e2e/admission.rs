@@ -328,6 +328,23 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
     })
     .await;
     assert!(m.contains("held for life"), "{m}");
+    // A release of another version than the Lease's, or of none, is
+    // refused by the API server itself (409, 422), before any admission
+    // policy runs (see a_validating_policy_sees_the_stored_version_of_an_update).
+    for (what, version, code) in [
+        ("another version", Some("1"), 409),
+        ("no version", None, 422),
+    ] {
+        let mut l = release(held.clone());
+        l.metadata.resource_version = version.map(str::to_owned);
+        match as_janitor_leases
+            .replace("held-lease", &PostParams::default(), &l)
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == code => {}
+            other => panic!("a release with {what} was not refused with {code}: {other:?}"),
+        }
+    }
     // The release itself, whole, passes.
     as_janitor_leases
         .replace("held-lease", &PostParams::default(), &release(held.clone()))
@@ -624,6 +641,29 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         "{}",
         j.logs()
     );
+    // Its release is an update of the Lease as read: the body carries the
+    // resourceVersion judged (the audit log keeps Lease update bodies).
+    let janitor_user = format!("system:serviceaccount:{rel}:{sa}");
+    let releases: Vec<_> = lock_janitor_testenv::audit::read(cp.audit_log_path())
+        .into_iter()
+        .filter(|e| {
+            e.effective_user() == janitor_user
+                && e.verb == "update"
+                && e.namespace.as_deref() == Some(ns.as_str())
+                && e.name.as_deref() == Some("op-lease")
+        })
+        .collect();
+    assert_eq!(releases.len(), 1, "{releases:#?}");
+    assert!(
+        releases[0]
+            .request_object
+            .as_ref()
+            .and_then(|b| b.pointer("/metadata/resourceVersion"))
+            .and_then(Value::as_str)
+            .is_some_and(|v| !v.is_empty()),
+        "the release carries the version read: {:?}",
+        releases[0]
+    );
     metrics_reclaimed(
         &j,
         &[("kind", "configmap"), ("namespace", ns.as_str())],
@@ -642,6 +682,137 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
             "{m}"
         );
     }
+}
+
+/// What a ValidatingAdmissionPolicy sees of a Lease UPDATE's
+/// resourceVersion, asked of the real API server with a probe policy that
+/// denies every update of one Lease and says what it saw. A PUT that
+/// carries the current version reaches it with `object` at that version,
+/// equal to `oldObject`'s. A PUT without one (an unconditional update) is
+/// refused by the API server itself, 422 (Leases take no unconditional
+/// update), and one with another version 409, both before the policy runs.
+/// A merge patch without a version reaches it at the stored version, as if
+/// it had carried it. So the delete guard's
+/// `object.metadata.resourceVersion == oldObject.metadata.resourceVersion`
+/// holds for every release it is asked about, and no validating policy can
+/// tell an unconditional patch from a guarded one: what keeps a release to
+/// the version judged is the API server for a PUT and the janitor, whose
+/// release is a PUT of the Lease read (its body in the audit log, above).
+/// Should an API server ever pass the client's version through, this test
+/// fails, and the guard's check starts to refuse.
+#[tokio::test]
+async fn a_validating_policy_sees_the_stored_version_of_an_update() {
+    let cp = shared().await;
+    let admin = cp.client().await.unwrap();
+    let ns = fresh_namespace(&admin, "rv-probe").await;
+    let name = format!("rv-probe-{ns}");
+    let vap: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"],
+                                   "resources": ["leases"], "operations": ["UPDATE"]}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+            },
+            "matchConditions": [{"name": "the-probe", "expression": "request.name == 'probe'"}],
+            "validations": [{
+                "expression": "false",
+                "messageExpression": "'probe saw object=' + (has(object.metadata.resourceVersion) ? object.metadata.resourceVersion : '<none>') + ' oldObject=' + oldObject.metadata.resourceVersion + ' end'"
+            }]
+        }
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]}
+    }))
+    .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .create(&PostParams::default(), &vap)
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), &ns);
+    let now = MicroTime(Timestamp::now());
+    leases
+        .create(
+            &PostParams::default(),
+            &Lease {
+                metadata: ObjectMeta {
+                    name: Some("probe".into()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some("holder".into()),
+                    lease_duration_seconds: Some(15),
+                    renew_time: Some(now.clone()),
+                    acquire_time: Some(now),
+                    ..Default::default()
+                }),
+            },
+        )
+        .await
+        .unwrap();
+    let saw = |r: kube::Result<Lease>| match r {
+        Err(kube::Error::Api(s)) if s.message.contains("probe saw") => Some(s.message),
+        _ => None,
+    };
+    // In effect once it denies (the API server loads policies a moment
+    // after they are created; until then the update goes through, and the
+    // next try releases the Lease as read again).
+    let (with_version, released) =
+        wait_for("the probe in effect", Duration::from_secs(30), || async {
+            let read = leases.get("probe").await.unwrap();
+            let released = lock_janitor::lock::lease::released(read, Timestamp::now());
+            saw(leases
+                .replace("probe", &PostParams::default(), &released)
+                .await)
+            .map(|m| (m, released))
+        })
+        .await;
+    let stored = released.metadata.resource_version.clone().unwrap();
+    let expect = format!("probe saw object={stored} oldObject={stored} end");
+    assert!(with_version.contains(&expect), "{with_version}");
+    let mut unconditional = released.clone();
+    unconditional.metadata.resource_version = None;
+    match leases
+        .replace("probe", &PostParams::default(), &unconditional)
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("resourceVersion") => {}
+        r => panic!("a PUT without a version was not refused with 422 before the policy: {r:?}"),
+    }
+    let mut other = released.clone();
+    other.metadata.resource_version = Some("1".into());
+    match leases
+        .replace("probe", &PostParams::default(), &other)
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        r => panic!("another version was not refused with 409 before the policy: {r:?}"),
+    }
+    let release_patch = json!({"spec": {"holderIdentity": "", "leaseDurationSeconds": 1}});
+    let patched = saw(leases
+        .patch(
+            "probe",
+            &PatchParams::default(),
+            &Patch::Merge(&release_patch),
+        )
+        .await)
+    .expect("a merge patch without a version reaches the policy");
+    assert!(patched.contains(&expect), "{patched}");
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .delete(&name, &Default::default())
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .delete(&name, &Default::default())
+        .await
+        .unwrap();
 }
 
 /// Creates a rendered object for real, whatever its kind (the v1

@@ -1358,7 +1358,8 @@ fn try_render(args: &[String]) -> Result<Vec<Value>, String> {
 
 /// The chart refuses exactly the durations the janitor refuses, at render
 /// time: each bound of src/cli.rs (`parse_duration`, at most 24h;
-/// `parse_positive_duration`, above 0; `parse_lease_duration`, 3s to 10m)
+/// `parse_positive_duration`, above 0; `parse_at_least_a_second`, 1s to
+/// 24h; `parse_lease_duration`, 3s to 10m)
 /// and its neighbours, asked of `helm template` and of the binary's own
 /// parser. A bound changed in src/cli.rs and not in the chart (or the other
 /// way round) fails here.
@@ -1372,14 +1373,31 @@ fn chart_duration_bounds_are_the_binarys() {
         "0s", "1s", "2s", "2999ms", "3s", "3000ms", "15s", "1.5m", "10m", "600s", "10m 1ns",
         "601s", "11m", "1h", "15 s",
     ];
+    // The floors of --owner-gone-grace and --resync, and the day above them.
+    let floored: Vec<&str> = [
+        "1ms",
+        "999ms",
+        "0.9s",
+        "999999999ns",
+        "1s",
+        "1000ms",
+        "1000000000ns",
+        "1.5s",
+        "2s",
+        "3s",
+    ]
+    .iter()
+    .chain(day)
+    .copied()
+    .collect();
     let cases: [(&str, &str, &[&str]); 4] = [
         (
             "leaderElection.leaseDuration",
             "--leader-elect-lease-duration",
             lease,
         ),
-        ("ownerGoneGrace", "--owner-gone-grace", day),
-        ("resync", "--resync", day),
+        ("ownerGoneGrace", "--owner-gone-grace", &floored),
+        ("resync", "--resync", &floored),
         ("takeoverTimeout", "--takeover-timeout", day),
     ];
     let mut accepted = 0;

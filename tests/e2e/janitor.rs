@@ -673,6 +673,10 @@ async fn bad_flags_exit_2_with_a_message() {
         vec!["run", "--selector", "lock-janitor.io/watch"],
         vec!["run", "--selector", "!foo"],
         vec!["run", "--selector", "lock-janitor.io/watch!=false"],
+        // The floors: no grace for a force-deleted pod, a resync that spins.
+        vec!["run", "--owner-gone-grace", "0s"],
+        vec!["run", "--owner-gone-grace", "999ms"],
+        vec!["run", "--resync", "1ms"],
         vec!["frobnicate"],
     ] {
         let out = std::process::Command::new(janitor_bin())
@@ -687,13 +691,23 @@ async fn bad_flags_exit_2_with_a_message() {
             assert!(err.contains("key=value"), "{args:?}: {err}");
         }
     }
-    // The same refusal from the environment.
-    let out = std::process::Command::new(janitor_bin())
-        .arg("run")
-        .env("LOCK_JANITOR_SELECTOR", "lock-janitor.io/watch")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    // The same refusals from the environment.
+    for (var, value) in [
+        ("LOCK_JANITOR_SELECTOR", "lock-janitor.io/watch"),
+        ("LOCK_JANITOR_OWNER_GONE_GRACE", "0s"),
+        ("LOCK_JANITOR_RESYNC", "1ms"),
+    ] {
+        let out = std::process::Command::new(janitor_bin())
+            .arg("run")
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{var}={value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        if var != "LOCK_JANITOR_SELECTOR" {
+            assert!(err.contains("at least 1s"), "{var}={value}: {err}");
+        }
+    }
     let out = std::process::Command::new(janitor_bin())
         .arg("--version")
         .output()
@@ -810,8 +824,9 @@ async fn a_holder_recreated_under_its_name_is_seen_before_any_write() {
 
 /// A lock there before the janitor starts is settled by the first sweep,
 /// without a read of its own; when its holder dies, the lock and its holder
-/// are both read live before the DELETE. A lock that holds data is read
-/// whole and left alone (unmanageable).
+/// are both read live before the DELETE, and the holder once more after
+/// the intent Event, right before it. A lock that holds data is read whole
+/// and left alone (unmanageable).
 #[tokio::test]
 async fn a_lock_there_before_start_is_read_live_before_its_reclaim() {
     let s = scenario("learned").await;
@@ -868,6 +883,18 @@ async fn a_lock_there_before_start_is_read_live_before_its_reclaim() {
         "the lock is read once, after its holder died"
     );
     assert!(before_delete("pods", "leader") >= 1, "and its holder");
+    // The holder is read again after the intent Event: the last request
+    // before the DELETE.
+    let at = log
+        .iter()
+        .position(|e| about(e, "op-lock", "configmaps") && e.verb == "delete")
+        .unwrap();
+    let here: Vec<_> = log[..at]
+        .iter()
+        .filter(|e| e.namespace.as_deref() == Some(s.ns.as_str()))
+        .cloned()
+        .collect();
+    assert_holder_read_last(&here, "op-lock", "leader");
     assert_eq!(mine("op-lock", "configmaps", "delete"), 1);
     assert!(
         mine("data-lock", "configmaps", "get") >= 1,

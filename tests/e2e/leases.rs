@@ -427,6 +427,48 @@ async fn lease_changed_after_judgement_is_not_released() {
     );
 }
 
+/// The holder is read again after the intent Event, the last request
+/// before the release: a holder made again under its name between the
+/// judgement and the write (a StatefulSet pod; a client-go elector that
+/// uses its pod name as identity takes the Lease for its own) stops it.
+/// The Lease did not change, so its resourceVersion cannot: nothing is
+/// written, and the Lease is judged again (held by the new pod). (Before,
+/// the release went through on the judgement's read.)
+#[tokio::test]
+async fn a_holder_made_again_after_the_judgement_stops_the_release() {
+    use lock_janitor::reclaim::Freed;
+    use lock_janitor::verdict::LockState;
+    let (s, ctx, key) = dead_holders_lease("lease-reread").await;
+    let judged = wait_for(
+        "the lease judged stale",
+        Duration::from_secs(20),
+        || async {
+            let j = ctx.judge_live(&key).await.unwrap().expect("lease exists");
+            (j.verdict.state() == LockState::Stale).then_some(j)
+        },
+    )
+    .await;
+    kubelet::force_delete_pod(&s.client, &s.ns, "dead")
+        .await
+        .unwrap();
+    s.pod("dead").await;
+
+    let (done, error) = ctx.reclaimer.reclaim(&judged, |_| false).await;
+    assert!(error.is_none(), "{error:?}");
+    assert!(
+        matches!(done.freed, Some(Freed::Changed(_))),
+        "{:?}",
+        done.freed
+    );
+    assert_eq!(s.identity("op-lease").await, "dead", "still held");
+    let writes = s.lease_writes();
+    assert!(writes.is_empty(), "nothing written: {writes:#?}");
+    assert_eq!(
+        ctx.judge_live(&key).await.unwrap().unwrap().verdict.state(),
+        LockState::Held
+    );
+}
+
 /// `scan` reports Lease locks beside ConfigMap locks (kind "lease"), and
 /// `label --apply` opts in exactly the Leases whose holder identity names
 /// one pod of their namespace; a second run writes nothing.

@@ -209,7 +209,7 @@ proptest! {
     }
 
     /// Any flag value: a usage error (exit 2) or a value, never a panic;
-    /// accepted durations are at most a day.
+    /// accepted durations are at least a second and at most a day.
     #[test]
     fn durations_parse_or_refuse(d in "\\PC{0,12}") {
         let r = Cli::try_parse_checked(["lock-janitor", "run", "--owner-gone-grace", d.as_str()]);
@@ -217,6 +217,7 @@ proptest! {
             Ok(cli) => {
                 let lock_janitor::cli::Command::Run(a) = cli.command else { unreachable!() };
                 prop_assert!(a.owner_gone_grace <= std::time::Duration::from_secs(86400));
+                prop_assert!(a.owner_gone_grace >= std::time::Duration::from_secs(1));
             }
             Err(e) => prop_assert_eq!(e.exit_code(), 2),
         }

@@ -68,6 +68,63 @@ async fn a_lock_recreated_while_no_janitor_ran_is_labeled_after_the_restart() {
     );
 }
 
+/// The record restore reads survives any length of the holder's
+/// `status.reason`, which the reclaim's note quotes and nothing bounds: a
+/// 4 KiB reason, the lock reclaimed, the janitor SIGKILLed, the heir's lock
+/// made again without the opt-in label; the restarted janitor labels it.
+/// (Before, the note was cut at 1 KiB with its marker, the selector restore
+/// looks for at its end: that reclaim was ignored after the restart.)
+#[tokio::test]
+async fn a_reclaim_said_with_a_4_kib_reason_is_restored_after_a_kill() {
+    let cp = shared().await;
+    let client = cp.client().await.unwrap();
+    grant_janitor(&client).await;
+    let ns = fresh_namespace(&client, "long-reason").await;
+    let node = format!("node-{ns}");
+    kubelet::create_node(&client, &node).await.unwrap();
+    let kc = kubeconfig_as(cp, JANITOR_USER);
+    let args = ["--namespace", ns.as_str(), "--resync", "2s"];
+    let mut first = Janitor::start(&kc, &args).await;
+    let dead = running_pod(&client, &ns, "op-a", &node).await;
+    create_lock(&client, &lock_for("op-lock", &dead, true)).await;
+    let reason = format!("Reason{}", "x".repeat(4096 - 6));
+    kubelet::set_failed(&client, &ns, "op-a", &reason, "test")
+        .await
+        .unwrap();
+    let ev = wait_event(&client, &ns, "StaleLockReclaimed", "op-lock").await;
+    first.kill();
+
+    // While no janitor runs, the heir takes over as operator-lib does: its
+    // lock has no labels.
+    let heir = running_pod(&client, &ns, "op-b", &node).await;
+    create_lock(&client, &lock_for("op-lock", &heir, false)).await;
+
+    let second = Janitor::start(&kc, &args).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    wait_for(
+        "the heir's lock labeled",
+        Duration::from_secs(30),
+        || async {
+            let cm = cms.get("op-lock").await.ok()?;
+            (cm.metadata.labels?.get(WATCH_LABEL.0).map(String::as_str) == Some(WATCH_LABEL.1))
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        second.logs().contains("created again while no janitor ran"),
+        "{}",
+        second.logs()
+    );
+    // The body was cut, not the marker.
+    let note = ev.note.unwrap_or_default();
+    assert!(note.len() <= 1024, "{} bytes", note.len());
+    assert!(
+        note.ends_with("… [selector lock-janitor.io/watch=true]"),
+        "{note}"
+    );
+}
+
 /// A janitor that may not list Events cannot restore what was awaited:
 /// it says so and counts it, and goes on working.
 #[tokio::test]

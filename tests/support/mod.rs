@@ -586,3 +586,60 @@ pub fn writes_by(
         })
         .collect()
 }
+
+/// Of the janitor's requests before the freeing write of `lock` (`before`,
+/// in the order the API server answered them): the last is a GET of the
+/// holder pod, and the intent Event on the lock (a create or patch of an
+/// Event named after it) came before that GET and after an earlier read of
+/// the holder (the judgement's GET, or a Lease's list of pods). Only a reclaim's own requests count:
+/// watches, lists, sweeps and other locks' Events run beside it.
+pub fn assert_holder_read_last(
+    before: &[lock_janitor_testenv::audit::AuditEvent],
+    lock: &str,
+    holder: &str,
+) {
+    use lock_janitor_testenv::audit::AuditEvent;
+    let holder_get = |e: &AuditEvent| {
+        e.verb == "get"
+            && e.resource.as_deref() == Some("pods")
+            && e.subresource.is_none()
+            && e.name.as_deref() == Some(holder)
+    };
+    let event_on_lock = |e: &AuditEvent| {
+        e.resource.as_deref() == Some("events")
+            && matches!(e.verb.as_str(), "create" | "patch")
+            && e.name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&format!("{lock}.")))
+    };
+    // A Lease's judgement lists the pods its identity may name.
+    let pods_list = |e: &AuditEvent| {
+        e.verb == "list" && e.resource.as_deref() == Some("pods") && e.subresource.is_none()
+    };
+    let mine: Vec<(usize, &AuditEvent)> = before
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.effective_user() == JANITOR_USER && (holder_get(e) || event_on_lock(e)))
+        .collect();
+    let said: Vec<String> = mine
+        .iter()
+        .map(|(_, e)| {
+            format!(
+                "{} {}/{}",
+                e.verb,
+                e.resource.as_deref().unwrap_or_default(),
+                e.name.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    let n = mine.len();
+    assert!(
+        n >= 2
+            && holder_get(mine[n - 1].1)
+            && event_on_lock(mine[n - 2].1)
+            && before[..mine[n - 2].0]
+                .iter()
+                .any(|e| e.effective_user() == JANITOR_USER && (holder_get(e) || pods_list(e))),
+        "expected the holder read, the intent Event, the holder read again, then the write; was: {said:?}"
+    );
+}

@@ -213,7 +213,8 @@ between. Fails on anything else. Argument: (list <value name> <value>).
 
 {{/*
 The bounds the janitor's flags have (src/cli.rs: parse_duration at most
-24h, parse_positive_duration above 0, parse_lease_duration 3s to 10m),
+24h, parse_positive_duration above 0, parse_at_least_a_second 1s to 24h,
+parse_lease_duration 3s to 10m),
 checked at render time, so that an out-of-range value fails `helm install`
 with its name instead of a pod that crash-loops on the flag.
 tests/e2e/chart.rs renders each bound and its neighbours and asks the
@@ -223,8 +224,8 @@ binary's own parser the same question.
 {{- $day := 86400000000000.0 }}
 {{- $checks := list
   (list "leaderElection.leaseDuration" .Values.leaderElection.leaseDuration "--leader-elect-lease-duration" 3000000000.0 true 600000000000.0 "at least 3s and at most 10m")
-  (list "ownerGoneGrace" .Values.ownerGoneGrace "--owner-gone-grace" 0.0 true $day "at most 24h")
-  (list "resync" .Values.resync "--resync" 0.0 false $day "more than 0 and at most 24h")
+  (list "ownerGoneGrace" .Values.ownerGoneGrace "--owner-gone-grace" 1000000000.0 true $day "at least 1s and at most 24h")
+  (list "resync" .Values.resync "--resync" 1000000000.0 true $day "at least 1s and at most 24h")
   (list "takeoverTimeout" .Values.takeoverTimeout "--takeover-timeout" 0.0 false $day "more than 0 and at most 24h") }}
 {{- range $c := $checks }}
 {{- $name := index $c 0 }}{{- $v := index $c 1 }}{{- $min := index $c 3 }}{{- $max := index $c 5 }}
