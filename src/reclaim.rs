@@ -479,3 +479,6 @@ impl Reclaimer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
