@@ -271,4 +271,6 @@ pub fn is_terminal(pod: &Pod) -> bool {
 }
 
 #[cfg(test)]
+mod properties;
+#[cfg(test)]
 mod tests;
