@@ -315,3 +315,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod mocked;
