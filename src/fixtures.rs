@@ -246,6 +246,9 @@ impl Expect {
     pub fn delete(path: &str) -> Self {
         Self::new(Method::DELETE, path)
     }
+    pub fn patch(path: &str) -> Self {
+        Self::new(Method::PATCH, path)
+    }
     /// The query must hold `piece` (`key=value`, URL-encoded as sent).
     pub fn query(mut self, piece: &str) -> Self {
         self.query.push(piece.into());
