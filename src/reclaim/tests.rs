@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 use super::*;
 use crate::controller::{self, decide, Context, LockMeta, Settings};
 use crate::events::{
-    REASON_AMBIGUOUS, REASON_BLOCKED, REASON_POD_DELETED, REASON_RECLAIMED, REASON_RECLAIMING,
+    REASON_AMBIGUOUS, REASON_BLOCKED, REASON_DETECTED, REASON_POD_DELETED, REASON_RECLAIMED,
+    REASON_RECLAIMING,
 };
 use crate::fixtures::{
     cm_lock, evicted_pod, holder_pod, lease_for_life, list_of, renewed_lease, to_json, Answer,
@@ -193,9 +194,9 @@ fn assert_release_times(seen: &[Seen]) {
 
 // --- the janitor under test -----------------------------------------------------
 
-/// A janitor on `client` that writes (no election; `--delete-pod` as
-/// asked), wired as `run` wires it, and its metrics.
-fn janitor(client: Client, delete_pod: bool) -> (Arc<Context>, Shared) {
+/// A janitor on `client` that leads (no election) in `mode`, wired as
+/// `run` wires it, and its metrics.
+fn janitor(client: Client, mode: Mode) -> (Arc<Context>, Shared) {
     let shared = Shared::new().unwrap();
     shared.readiness.expect(1);
     shared.readiness.synced();
@@ -206,8 +207,8 @@ fn janitor(client: Client, delete_pod: bool) -> (Arc<Context>, Shared) {
         ],
         selector: Selector::parse(crate::DEFAULT_SELECTOR).unwrap(),
         namespaces: vec![],
-        dry_run: false,
-        delete_pod,
+        dry_run: mode.dry_run,
+        delete_pod: mode.delete_pod,
         policy: Policy {
             owner_gone_grace: Duration::from_secs(30),
         },
@@ -216,6 +217,21 @@ fn janitor(client: Client, delete_pod: bool) -> (Arc<Context>, Shared) {
     };
     (Context::new(client, shared.clone(), settings), shared)
 }
+
+/// The janitor's modes: it writes; it also deletes the dead pod
+/// (`--delete-pod`); it writes nothing but Events (`--dry-run`).
+const WRITE: Mode = Mode {
+    dry_run: false,
+    delete_pod: false,
+};
+const DELETE_POD: Mode = Mode {
+    dry_run: false,
+    delete_pod: true,
+};
+const DRY_RUN: Mode = Mode {
+    dry_run: true,
+    delete_pod: true,
+};
 
 /// What one judgement and its write came to.
 #[derive(Debug)]
@@ -271,9 +287,9 @@ async fn judge_and_write(ctx: &Context, key: &LockKey) -> Outcome {
 
 /// Runs one judgement and its write against `script`: its outcome and the
 /// requests received (every one expected, in order, and no other).
-async fn run(kind: Kind, delete_pod: bool, script: Vec<Expect>) -> (Outcome, Vec<Seen>, Shared) {
+async fn run(kind: Kind, mode: Mode, script: Vec<Expect>) -> (Outcome, Vec<Seen>, Shared) {
     let (client, server) = ApiServer::start(script);
-    let (ctx, shared) = janitor(client, delete_pod);
+    let (ctx, shared) = janitor(client, mode);
     let outcome = judge_and_write(&ctx, &kind.key()).await;
     let seen = server.finish().await;
     (outcome, seen, shared)
@@ -318,7 +334,7 @@ async fn a_write_that_goes_through_frees_says_and_counts() {
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind));
         script.push(Expect::event("ops", REASON_RECLAIMED));
-        let (out, seen, shared) = run(kind, false, script).await;
+        let (out, seen, shared) = run(kind, WRITE, script).await;
         assert_eq!(out.verdict, Some(evicted()), "{kind:?}");
         assert!(
             matches!(out.freed(), Some(Freed::Reclaimed { .. })),
@@ -340,7 +356,7 @@ async fn a_404_means_someone_else_freed_it() {
         let pod = evicted_pod();
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind).status(404));
-        let (out, _, shared) = run(kind, false, script).await;
+        let (out, _, shared) = run(kind, WRITE, script).await;
         assert_eq!(out.freed(), Some(&Freed::Gone), "{kind:?}");
         assert!(out.error.is_none(), "{kind:?}");
         assert_eq!(reclaims(&shared, kind), 0, "{kind:?}");
@@ -355,7 +371,7 @@ async fn a_409_is_judged_again_never_retried() {
         let pod = evicted_pod();
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind).status(409));
-        let (out, _, shared) = run(kind, false, script).await;
+        let (out, _, shared) = run(kind, WRITE, script).await;
         assert!(
             matches!(out.freed(), Some(Freed::Changed(_))),
             "{kind:?}: {out:?}"
@@ -374,7 +390,7 @@ async fn a_write_without_an_answer_claims_nothing() {
         let pod = evicted_pod();
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind).answer(Answer::Hang));
-        let (out, _, shared) = run(kind, false, script).await;
+        let (out, _, shared) = run(kind, WRITE, script).await;
         assert_eq!(out.freed(), Some(&Freed::Failed), "{kind:?}");
         assert!(
             matches!(out.error, Some(Error::Timeout { .. })),
@@ -394,7 +410,7 @@ async fn an_answer_lost_after_the_write_is_found_out_by_the_next_read() {
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind).answer(Answer::Broken));
         let (client, server) = ApiServer::start(script);
-        let (ctx, shared) = janitor(client, false);
+        let (ctx, shared) = janitor(client, WRITE);
         let out = judge_and_write(&ctx, &kind.key()).await;
         server.finish().await;
         assert_eq!(out.freed(), Some(&Freed::Failed), "{kind:?}");
@@ -421,7 +437,7 @@ async fn an_answer_lost_after_the_write_is_found_out_by_the_next_read() {
             Expect::get(LEASE_PATH).ok(&lease)
         };
         let (client, server) = ApiServer::start(vec![now]);
-        let (ctx, _) = janitor(client, false);
+        let (ctx, _) = janitor(client, WRITE);
         let again = judge_and_write(&ctx, &kind.key()).await;
         server.finish().await;
         let expected = (!kind.is_deleted()).then_some(Verdict::Held(HeldBecause::Released));
@@ -443,7 +459,7 @@ async fn a_delete_kept_by_finalizers_is_not_a_reclaim() {
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind).answer(Answer::Ok(kept)));
         script.push(Expect::event("ops", REASON_BLOCKED));
-        let (out, _, shared) = run(kind, false, script).await;
+        let (out, _, shared) = run(kind, WRITE, script).await;
         assert_eq!(
             out.done,
             Done {
@@ -468,7 +484,7 @@ async fn a_lock_already_being_deleted_gets_no_second_delete() {
         live["metadata"]["finalizers"] = json!(["example.com/keep"]);
         let mut script = reads(kind, live, Some(&pod));
         script.push(Expect::event("ops", REASON_BLOCKED));
-        let (out, _, _) = run(kind, false, script).await;
+        let (out, _, _) = run(kind, WRITE, script).await;
         assert_eq!(
             out.freed(),
             Some(&Freed::Blocked(vec!["example.com/keep".into()])),
@@ -491,7 +507,7 @@ async fn the_write_carries_what_the_live_read_found() {
         live["metadata"]["uid"] = json!("made-again");
         let mut script = prelude(kind, live, Some(&pod));
         script.push(freeing_write(kind, "made-again", "9").status(409));
-        let (out, _, _) = run(kind, false, script).await;
+        let (out, _, _) = run(kind, WRITE, script).await;
         assert!(
             matches!(out.freed(), Some(Freed::Changed(_))),
             "{kind:?}: {out:?}"
@@ -506,7 +522,7 @@ async fn a_holder_running_again_gets_no_write() {
     for kind in KINDS {
         let running = holder_pod("Running", None, SignedDuration::ZERO);
         let script = reads(kind, kind.live(), Some(&running));
-        let (out, _, _) = run(kind, false, script).await;
+        let (out, _, _) = run(kind, WRITE, script).await;
         assert_eq!(
             out.verdict,
             Some(Verdict::Held(HeldBecause::Phase("Running".into()))),
@@ -525,7 +541,7 @@ async fn a_holder_made_again_is_reported_not_written() {
         other.metadata.uid = Some("another-uid".into());
         let mut script = reads(kind, kind.live(), Some(&other));
         script.push(Expect::event("ops", REASON_AMBIGUOUS));
-        let (out, _, _) = run(kind, false, script).await;
+        let (out, _, _) = run(kind, WRITE, script).await;
         assert_eq!(
             out.verdict,
             Some(Verdict::Ambiguous {
@@ -549,7 +565,7 @@ async fn a_lease_taken_by_another_holder_gets_no_write() {
     op2.metadata.name = Some("op-2".into());
     op2.metadata.uid = Some("op-2-uid".into());
     let script = reads(Kind::Lease, live, Some(&op2));
-    let (out, _, _) = run(Kind::Lease, false, script).await;
+    let (out, _, _) = run(Kind::Lease, WRITE, script).await;
     assert_eq!(
         out.verdict,
         Some(Verdict::Held(HeldBecause::Phase("Running".into())))
@@ -568,7 +584,7 @@ async fn a_lease_for_life_renewed_since_is_never_deleted() {
         to_json(&lease_for_life())["metadata"]["ownerReferences"].clone();
     live["spec"]["renewTime"] = json!(Timestamp::now().to_string());
     let script = reads(Kind::Lease, live, Some(&pod));
-    let (out, _, _) = run(Kind::LeaseForLife, false, script).await;
+    let (out, _, _) = run(Kind::LeaseForLife, WRITE, script).await;
     assert_eq!(
         out.verdict,
         Some(Verdict::Held(HeldBecause::RenewedAfterDeath))
@@ -584,7 +600,7 @@ async fn a_holder_gone_is_freed_after_the_last_read() {
         let mut script = prelude(kind, kind.live(), None);
         script.push(write_of(kind));
         script.push(Expect::event("ops", REASON_RECLAIMED));
-        let (out, _, shared) = run(kind, false, script).await;
+        let (out, _, shared) = run(kind, WRITE, script).await;
         assert!(
             matches!(
                 out.verdict,
@@ -624,7 +640,7 @@ async fn reconcile_writes_what_it_read_live_and_requeues_a_409() {
     let mut script = prelude(Kind::ConfigMap, live, Some(&pod));
     script.push(freeing_write(Kind::ConfigMap, "made-again", "9").status(409));
     let (client, server) = ApiServer::start(script);
-    let (ctx, _) = janitor(client, false);
+    let (ctx, _) = janitor(client, WRITE);
     let mut watched = LockMeta::default();
     watched.metadata = cm_lock().metadata;
     let action = controller::reconcile(Arc::new(watched), ctx).await.unwrap();
@@ -633,6 +649,76 @@ async fn reconcile_writes_what_it_read_live_and_requeues_a_409() {
         action,
         kube::runtime::controller::Action::requeue(decide::REJUDGE_AFTER)
     );
+}
+
+// --- what surrounds the write: the intent Event, the record, a dry run ------------
+
+/// The intent Event refused (500) or cut short (no answer within 500 ms,
+/// on tokio's paused clock): the reclaim goes on all the same (a lock is
+/// never kept stale for want of an Event), and the failure is counted.
+#[tokio::test(start_paused = true)]
+async fn an_intent_event_that_fails_does_not_stop_the_write() {
+    for answer in [Answer::Status(500), Answer::Hang] {
+        for kind in KINDS {
+            let pod = evicted_pod();
+            let mut script = prelude(kind, kind.live(), Some(&pod));
+            let intent = script
+                .iter()
+                .rposition(|e| format!("{e:?}").contains(REASON_RECLAIMING))
+                .expect("the intent Event");
+            script[intent] = script[intent].clone().answer(answer.clone());
+            script.push(write_of(kind));
+            script.push(Expect::event("ops", REASON_RECLAIMED));
+            let (out, _, shared) = run(kind, WRITE, script).await;
+            assert!(
+                matches!(out.freed(), Some(Freed::Reclaimed { .. })),
+                "{kind:?} {answer:?}: {out:?}"
+            );
+            assert_eq!(
+                errors(&shared, crate::ErrorKind::Event),
+                1,
+                "{kind:?} {answer:?}"
+            );
+        }
+    }
+}
+
+/// The StaleLockReclaimed Event (what restore reads) is tried again when
+/// refused: written at the third try here, and the reclaim stands.
+#[tokio::test(start_paused = true)]
+async fn the_reclaimed_event_is_tried_again() {
+    let kind = Kind::ConfigMap;
+    let pod = evicted_pod();
+    let mut script = prelude(kind, kind.live(), Some(&pod));
+    script.push(write_of(kind));
+    script.push(Expect::event("ops", REASON_RECLAIMED).status(500));
+    script.push(Expect::event("ops", REASON_RECLAIMED).status(503));
+    script.push(Expect::event("ops", REASON_RECLAIMED));
+    let (out, _, shared) = run(kind, WRITE, script).await;
+    assert!(matches!(out.freed(), Some(Freed::Reclaimed { .. })));
+    assert_eq!(reclaims(&shared, kind), 1);
+    assert_eq!(errors(&shared, crate::ErrorKind::Event), 2);
+}
+
+/// `--dry-run`: the same live reads, then one StaleLockDetected Event and
+/// no write at all (no intent Event, no DELETE or release, no pod DELETE).
+#[tokio::test]
+async fn a_dry_run_reads_and_says_but_never_writes() {
+    for kind in KINDS {
+        let pod = evicted_pod();
+        let mut script = reads(kind, kind.live(), Some(&pod));
+        script.push(Expect::event("ops", REASON_DETECTED));
+        let (out, _, shared) = run(kind, DRY_RUN, script).await;
+        assert_eq!(
+            out.done,
+            Done {
+                freed: Some(Freed::DryRun),
+                said: Some(REASON_DETECTED),
+            },
+            "{kind:?}"
+        );
+        assert_eq!(reclaims(&shared, kind), 0, "{kind:?}");
+    }
 }
 
 // --- the dead holder pod (--delete-pod) -----------------------------------------
@@ -648,7 +734,7 @@ async fn the_dead_holder_is_deleted_after_the_lock() {
         script.push(Expect::event("ops", REASON_RECLAIMED));
         script.push(pod_delete().ok(&pod));
         script.push(Expect::event("ops", REASON_POD_DELETED));
-        let (out, _, shared) = run(kind, true, script).await;
+        let (out, _, shared) = run(kind, DELETE_POD, script).await;
         assert!(
             matches!(out.freed(), Some(Freed::Reclaimed { .. })),
             "{kind:?}"
@@ -680,7 +766,7 @@ async fn a_failed_pod_delete_leaves_the_reclaim_alone() {
         script.push(write_of(kind));
         script.push(Expect::event("ops", REASON_RECLAIMED));
         script.push(pod_delete().answer(answer.clone()));
-        let (out, _, shared) = run(kind, true, script).await;
+        let (out, _, shared) = run(kind, DELETE_POD, script).await;
         assert!(
             matches!(out.freed(), Some(Freed::Reclaimed { .. })),
             "{answer:?}"
@@ -709,6 +795,6 @@ async fn a_holder_already_being_deleted_is_left_alone() {
     let mut script = prelude(kind, kind.live(), Some(&pod));
     script.push(write_of(kind));
     script.push(Expect::event("ops", REASON_RECLAIMED));
-    let (out, _, _) = run(kind, true, script).await;
+    let (out, _, _) = run(kind, DELETE_POD, script).await;
     assert!(matches!(out.freed(), Some(Freed::Reclaimed { .. })));
 }
