@@ -29,6 +29,9 @@ use crate::{api_code, call, words, Error};
 /// write, for no precondition sees a pod made again under its name.
 const INTENT_WITHIN: Duration = Duration::from_millis(500);
 
+#[cfg(test)]
+mod mocked;
+
 /// What the janitor may write.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Mode {
@@ -479,6 +482,3 @@ impl Reclaimer {
         }
     }
 }
-
-#[cfg(test)]
-mod tests;

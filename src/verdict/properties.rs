@@ -10,15 +10,18 @@
 
 use std::collections::BTreeMap;
 
-use crate::cli::Cli;
-use crate::lock::{self, Unmanageable};
-use crate::selector::Selector;
-use crate::verdict::{self, HolderSeen, Policy, Verdict};
+// The crate under its own name: these tests began as an end-to-end suite.
+use crate as lock_janitor;
+
 use k8s_openapi::api::core::v1::{
     ConfigMap, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
     Pod, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use lock_janitor::cli::Cli;
+use lock_janitor::lock::{self, Unmanageable};
+use lock_janitor::selector::Selector;
+use lock_janitor::verdict::{self, HolderSeen, Policy, Verdict};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 
@@ -215,7 +218,7 @@ proptest! {
         let r = Cli::try_parse_checked(["lock-janitor", "run", "--owner-gone-grace", d.as_str()]);
         match r {
             Ok(cli) => {
-                let crate::cli::Command::Run(a) = cli.command else { unreachable!() };
+                let lock_janitor::cli::Command::Run(a) = cli.command else { unreachable!() };
                 prop_assert!(a.owner_gone_grace <= std::time::Duration::from_secs(86400));
             }
             Err(e) => prop_assert_eq!(e.exit_code(), 2),
@@ -233,10 +236,10 @@ proptest! {
         ],
         phase in prop_oneof![Just("Failed"), Just("Running"), Just("Succeeded")],
     ) {
-        use crate::lock::lease;
+        use lock_janitor::lock::lease;
         match lease::host_of(&id) {
             Ok(host) => {
-                prop_assert!(crate::dns_subdomain(&host), "{host:?}");
+                prop_assert!(lock_janitor::dns_subdomain(&host), "{host:?}");
                 prop_assert!(id == host || (id.starts_with(&host) && id.len() == host.len() + 37));
             }
             Err(why) => prop_assert!(matches!(why, Unmanageable::IdentityNotAPod(_))),
@@ -279,7 +282,7 @@ proptest! {
                 &parsed,
                 &[p],
                 k8s_openapi::jiff::Timestamp::now(),
-                &crate::verdict::Renewals::default(),
+                &lock_janitor::verdict::Renewals::default(),
             );
             prop_assert!(!matches!(v, Verdict::Stale { .. }), "{v:?}");
         }
