@@ -128,14 +128,25 @@ fn reads(kind: Kind, lock: Value, holder: Option<&Pod>) -> Vec<Expect> {
 }
 
 /// Everything before a freeing write, in order: the live reads (`reads`),
-/// then the intent Event (`StaleLockReclaiming`). Every test of a write
-/// starts with this one sequence: a change to what comes before the write
-/// (such as one more live read of the holder after the intent Event) is
-/// made here and nowhere else.
+/// the intent Event (`StaleLockReclaiming`), then the holder read again by
+/// name, the last request before the write (it must still be the judged
+/// pod and dead, or still absent for `OwnerGone`; answered here as the
+/// judgement's read was). Every test of a write starts with this one
+/// sequence: a change to what comes before the write is made here and
+/// nowhere else.
 fn prelude(kind: Kind, lock: Value, holder: Option<&Pod>) -> Vec<Expect> {
     let mut s = reads(kind, lock, holder);
     s.push(Expect::event("ops", REASON_RECLAIMING));
+    s.push(holder_read_again(holder));
     s
+}
+
+/// The holder read by name again after the intent Event, found as `holder`.
+fn holder_read_again(holder: Option<&Pod>) -> Expect {
+    match holder {
+        Some(pod) => Expect::get(POD_PATH).ok(pod),
+        None => Expect::get(POD_PATH).status(404),
+    }
 }
 
 /// The freeing write of the lock judged at (`uid`, `resource_version`): a
@@ -571,6 +582,42 @@ async fn a_lease_taken_by_another_holder_gets_no_write() {
         Some(Verdict::Held(HeldBecause::Phase("Running".into())))
     );
     assert_eq!(out.done, Done::default());
+}
+
+/// The holder as read again after the intent Event is not the one judged
+/// (a pod made again under its name, or one that runs, or a holder judged
+/// gone that is there again): nothing is written, and the lock is judged
+/// again (`Freed::Changed`).
+#[tokio::test]
+async fn a_holder_changed_after_the_intent_event_gets_no_write() {
+    let mut made_again = evicted_pod();
+    made_again.metadata.uid = Some("another-uid".into());
+    let running = holder_pod("Running", None, SignedDuration::ZERO);
+    for kind in KINDS {
+        for (judged, again) in [
+            (Some(evicted_pod()), Some(&made_again)),
+            (Some(evicted_pod()), Some(&running)),
+            (Some(evicted_pod()), None),
+        ] {
+            let mut script = prelude(kind, kind.live(), judged.as_ref());
+            *script.last_mut().unwrap() = holder_read_again(again);
+            let (out, _, shared) = run(kind, WRITE, script).await;
+            assert!(
+                matches!(out.freed(), Some(Freed::Changed(_))),
+                "{kind:?}, read again as {again:?}: {out:?}"
+            );
+            assert_eq!(reclaims(&shared, kind), 0, "{kind:?}");
+        }
+    }
+    for kind in DELETED_KINDS {
+        let mut script = prelude(kind, kind.live(), None);
+        *script.last_mut().unwrap() = holder_read_again(Some(&running));
+        let (out, _, _) = run(kind, WRITE, script).await;
+        assert!(
+            matches!(out.freed(), Some(Freed::Changed(_))),
+            "{kind:?}, gone, then there again: {out:?}"
+        );
+    }
 }
 
 /// A Lease watched as held for life that is renewed when read live is a
