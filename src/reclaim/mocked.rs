@@ -12,6 +12,7 @@ use http::Method;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::core::PartialObjectMetaExt;
 use kube::Client;
 use serde_json::{json, Value};
 
@@ -688,8 +689,8 @@ async fn reconcile_writes_what_it_read_live_and_requeues_a_409() {
     script.push(freeing_write(Kind::ConfigMap, "made-again", "9").status(409));
     let (client, server) = ApiServer::start(script);
     let (ctx, _) = janitor(client, WRITE);
-    let mut watched = LockMeta::default();
-    watched.metadata = cm_lock().metadata;
+    // The watched copy: the lock as it was before (uid cm-uid, version 7).
+    let watched: LockMeta = cm_lock().metadata.into_response_partial();
     let action = controller::reconcile(Arc::new(watched), ctx).await.unwrap();
     server.finish().await;
     assert_eq!(
