@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-fast test-rust test-alerts test-chart test-docker test-compat lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle release release-check push
+.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker test-compat lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle release release-check push
 
 all: build
 
@@ -42,6 +42,7 @@ test:
 
 ## The fast lane: the unit tests alone, no control plane (the judgement, the
 ## decisions, every freeing write on a mocked API server). Under a minute once built.
+.PHONY: test-fast
 test-fast:
 	$(CARGO) test --locked --workspace --lib --bins -q
 

@@ -271,6 +271,4 @@ pub fn is_terminal(pod: &Pod) -> bool {
 }
 
 #[cfg(test)]
-mod properties;
-#[cfg(test)]
 mod tests;
