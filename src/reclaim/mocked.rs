@@ -20,7 +20,7 @@ use super::*;
 use crate::controller::{self, decide, Context, LockMeta, Settings};
 use crate::events::{
     REASON_AMBIGUOUS, REASON_BLOCKED, REASON_DETECTED, REASON_POD_DELETED, REASON_RECLAIMED,
-    REASON_RECLAIMING,
+    REASON_RECLAIMING, REASON_UNMANAGEABLE,
 };
 use crate::fixtures::{
     cm_lock, evicted_pod, holder_pod, lease_for_life, list_of, renewed_lease, to_json, Answer,
@@ -209,6 +209,11 @@ fn assert_release_times(seen: &[Seen]) {
 /// A janitor on `client` that leads (no election) in `mode`, wired as
 /// `run` wires it, and its metrics.
 fn janitor(client: Client, mode: Mode) -> (Arc<Context>, Shared) {
+    janitor_in(client, mode, vec![])
+}
+
+/// As `janitor`, watching only `namespaces` (`--namespace`).
+fn janitor_in(client: Client, mode: Mode, namespaces: Vec<String>) -> (Arc<Context>, Shared) {
     let shared = Shared::new().unwrap();
     // No watch to wait for: synced at once.
     shared.readiness.expect(0);
@@ -218,7 +223,7 @@ fn janitor(client: Client, mode: Mode) -> (Arc<Context>, Shared) {
             crate::lock::LockKind::Lease,
         ],
         selector: Selector::parse(crate::DEFAULT_SELECTOR).unwrap(),
-        namespaces: vec![],
+        namespaces,
         dry_run: mode.dry_run,
         delete_pod: mode.delete_pod,
         policy: Policy {
@@ -675,6 +680,103 @@ async fn a_holder_gone_is_freed_after_the_last_read() {
             .get();
         assert_eq!(counted, 1, "{kind:?}");
     }
+}
+
+/// A holder missing from the lock's namespace but alive in another one
+/// (found by its uid): an owner reference across namespaces, which
+/// Kubernetes does not allow. Unmanageable: reported, never written. An
+/// install that may not list pods cluster-wide (403) looks in the
+/// namespaces it watches.
+#[tokio::test]
+async fn a_holder_in_another_namespace_is_reported_never_written() {
+    let elsewhere = json!({
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"namespace": "other", "name": "op-1", "uid": HOLDER_UID},
+    });
+    let found = Answer::Ok(list_of("PartialObjectMetadataList", vec![elsewhere]));
+    let unmanageable = Some(Verdict::Unmanageable(
+        crate::lock::Unmanageable::OwnerInOtherNamespace("other".into()),
+    ));
+    for kind in DELETED_KINDS {
+        for refused in [false, true] {
+            let mut script = vec![
+                Expect::get(kind.path()).answer(Answer::Ok(kind.live())),
+                Expect::get(POD_PATH).status(404),
+            ];
+            let by_name = "fieldSelector=metadata.name%3Dop-1";
+            if refused {
+                script.push(Expect::get("/api/v1/pods").query(by_name).status(403));
+                script.push(
+                    Expect::get("/api/v1/namespaces/other/pods")
+                        .query(by_name)
+                        .answer(found.clone()),
+                );
+            } else {
+                script.push(
+                    Expect::get("/api/v1/pods")
+                        .query(by_name)
+                        .answer(found.clone()),
+                );
+            }
+            script.push(Expect::event("ops", REASON_UNMANAGEABLE));
+            let (client, server) = ApiServer::start(script);
+            let (ctx, _) = janitor_in(client, WRITE, vec!["ops".into(), "other".into()]);
+            let out = judge_and_write(&ctx, &kind.key()).await;
+            server.finish().await;
+            assert_eq!(out.verdict, unmanageable, "{kind:?}, refused: {refused}");
+            assert_eq!(out.done.said, Some(REASON_UNMANAGEABLE), "{kind:?}");
+            assert!(out.freed().is_none(), "{kind:?}");
+        }
+    }
+}
+
+/// Live reads that end the judgement before any write: the lock gone
+/// (404), its live copy no longer opted in, a ConfigMap that holds data
+/// (reported), a read refused (500) or unanswered (the paused clock runs
+/// out the timeout). Nothing is written, and an error is returned as such.
+#[tokio::test(start_paused = true)]
+async fn live_reads_that_end_in_no_write() {
+    for kind in KINDS {
+        let mut opted_out = kind.live();
+        opted_out["metadata"]["labels"] = json!({"lock-janitor.io/watch": "false"});
+        for (script, gone) in [
+            (vec![Expect::get(kind.path()).status(404)], true),
+            (
+                vec![Expect::get(kind.path()).answer(Answer::Ok(opted_out))],
+                true,
+            ),
+        ] {
+            let (out, _, _) = run(kind, WRITE, script).await;
+            assert_eq!(out.verdict.is_none(), gone, "{kind:?}: {out:?}");
+            assert!(out.error.is_none() && out.freed().is_none(), "{kind:?}");
+        }
+        for (answer, error) in [
+            (Answer::Status(500), crate::ErrorKind::Api),
+            (Answer::Hang, crate::ErrorKind::Timeout),
+        ] {
+            let mut script = reads(kind, kind.live(), Some(&evicted_pod()));
+            *script.last_mut().unwrap() = script.last().unwrap().clone().answer(answer.clone());
+            let (out, _, _) = run(kind, WRITE, script).await;
+            assert_eq!(
+                out.error.as_ref().map(Error::kind),
+                Some(error),
+                "{kind:?} {answer:?}"
+            );
+            assert!(out.verdict.is_none() && out.freed().is_none(), "{kind:?}");
+        }
+    }
+    let mut with_data = Kind::ConfigMap.live();
+    with_data["data"] = json!({"leader": "op-1"});
+    let script = vec![
+        Expect::get(CM_PATH).answer(Answer::Ok(with_data)),
+        Expect::event("ops", REASON_UNMANAGEABLE),
+    ];
+    let (out, _, _) = run(Kind::ConfigMap, WRITE, script).await;
+    assert_eq!(
+        out.verdict,
+        Some(Verdict::Unmanageable(crate::lock::Unmanageable::HoldsData))
+    );
+    assert!(out.freed().is_none());
 }
 
 /// The controller's own path (`controller::reconcile`) from a watched
