@@ -212,6 +212,12 @@ fn janitor(client: Client, mode: Mode) -> (Arc<Context>, Shared) {
     janitor_in(client, mode, vec![])
 }
 
+/// As `janitor`, writing only while `gate` allows it.
+fn janitor_gated(client: Client, gate: crate::election::Gate) -> Arc<Context> {
+    let (ctx, shared) = janitor(client, WRITE);
+    Context::with_gate(ctx.client.clone(), shared, ctx.settings.clone(), gate)
+}
+
 /// As `janitor`, watching only `namespaces` (`--namespace`).
 fn janitor_in(client: Client, mode: Mode, namespaces: Vec<String>) -> (Arc<Context>, Shared) {
     let shared = Shared::new().unwrap();
@@ -868,6 +874,49 @@ async fn a_dry_run_reads_and_says_but_never_writes() {
             "{kind:?}"
         );
         assert_eq!(reclaims(&shared, kind), 0, "{kind:?}");
+    }
+}
+
+/// A replica that does not lead judges from live reads but writes
+/// nothing at all: no intent Event, no freeing write, no other Event.
+#[tokio::test]
+async fn a_replica_that_does_not_lead_writes_nothing() {
+    for kind in KINDS {
+        let (gate, close) = crate::election::Gate::closable();
+        close();
+        let (client, server) = ApiServer::start(reads(kind, kind.live(), Some(&evicted_pod())));
+        let ctx = janitor_gated(client, gate);
+        let out = judge_and_write(&ctx, &kind.key()).await;
+        server.finish().await;
+        assert_eq!(out.verdict, Some(evicted()), "{kind:?}");
+        assert_eq!(
+            out.done,
+            Done {
+                freed: Some(Freed::NotLeader),
+                said: None
+            },
+            "{kind:?}"
+        );
+    }
+}
+
+/// The lead lost while the intent Event is written: the gate, checked
+/// again at the moment of the write, stops it.
+#[tokio::test]
+async fn a_lead_lost_during_the_intent_event_stops_the_write() {
+    for kind in KINDS {
+        let (gate, close) = crate::election::Gate::closable();
+        let mut script = prelude(kind, kind.live(), Some(&evicted_pod()));
+        let intent = script
+            .iter()
+            .rposition(|e| format!("{e:?}").contains(REASON_RECLAIMING))
+            .expect("the intent Event");
+        script[intent] = script[intent].clone().then(close);
+        let (client, server) = ApiServer::start(script);
+        let ctx = janitor_gated(client, gate);
+        let out = judge_and_write(&ctx, &kind.key()).await;
+        server.finish().await;
+        assert_eq!(out.freed(), Some(&Freed::NotLeader), "{kind:?}: {out:?}");
     }
 }
 
