@@ -75,6 +75,21 @@ impl Gate {
         Gate::default()
     }
 
+    /// A gate that leads until the function returned is called: a lead
+    /// lost at a moment a test chooses.
+    #[cfg(test)]
+    pub(crate) fn closable() -> (Gate, impl Fn() + Send + Sync + 'static) {
+        let state = Arc::new(Mutex::new(State {
+            deadline: Some(Instant::now() + Duration::from_secs(3600)),
+            ..State::default()
+        }));
+        let gate = Gate {
+            state: Some(state.clone()),
+            changes: None,
+        };
+        (gate, move || locked(&state).deadline = None)
+    }
+
     /// Leading changes (true: it leads now); none without an election.
     pub fn changes(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
         self.changes.clone()

@@ -1,8 +1,12 @@
-//! Test fixtures shared by the unit tests: lock-shaped metadata.
+//! Test fixtures shared by the unit tests: lock-shaped metadata; the objects
+//! a reclaim reads and a mocked API server behind `kube::Client` (`api`).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+
+mod api;
+pub use api::*;
 
 pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs

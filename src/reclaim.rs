@@ -49,6 +49,9 @@ use crate::{api_code, call, words, Error};
 /// the write.
 const INTENT_WITHIN: Duration = Duration::from_millis(500);
 
+#[cfg(test)]
+mod mocked;
+
 /// What the janitor may write.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Mode {

@@ -328,3 +328,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod mocked;

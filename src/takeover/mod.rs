@@ -27,6 +27,8 @@ use crate::lock::{self, Holder, LockKey, LockKind};
 use crate::metrics::Metrics;
 
 mod carry;
+#[cfg(test)]
+mod mocked;
 mod restore;
 use crate::call;
 use crate::readiness::Readiness;

@@ -1,5 +1,8 @@
 //! The verdict table of ConfigMap locks, row by row, and the death time.
 
+// Property tests of the parsers and the verdict, on generated input.
+mod properties;
+
 use super::*;
 use crate::lock::Holder;
 use k8s_openapi::api::core::v1::{

@@ -30,7 +30,6 @@ mod leases;
 mod operator_lib;
 mod plugin;
 mod prometheus;
-mod properties;
 mod restore;
 mod scan;
 mod sweeps;

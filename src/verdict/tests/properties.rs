@@ -10,6 +10,9 @@
 
 use std::collections::BTreeMap;
 
+// The crate under its own name: these tests began as an end-to-end suite.
+use crate as lock_janitor;
+
 use k8s_openapi::api::core::v1::{
     ConfigMap, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
     Pod, PodStatus,
