@@ -28,6 +28,9 @@ pub const REASON_TAKEN_OVER: &str = "LockTakenOver";
 pub const REASON_NO_TAKEOVER: &str = "NoTakeover";
 /// A stale lock is being deleted but finalizers keep it (it still blocks).
 pub const REASON_BLOCKED: &str = "LockDeletionBlocked";
+/// After `StaleLockReclaiming`, nothing was written: the holder, read again
+/// as the last request, or the lock (a 409) changed since the judgement.
+pub const REASON_STOPPED: &str = "StaleLockReclaimStopped";
 
 /// events.k8s.io refuses a note over 1 KiB.
 const MAX_NOTE: usize = 1024;

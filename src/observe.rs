@@ -21,8 +21,7 @@ use crate::verdict::Renewals;
 use crate::verdict::{self, HolderSeen, Policy, StaleReason, Verdict};
 use crate::{call, Error, ErrorKind, Paged};
 
-/// A lock as judged from live reads (the holder always; the lock itself,
-/// or the cached copy of a version read live before and found empty): what
+/// A lock as judged from live reads of the lock and its holder: what
 /// `reclaim` acts on, and nothing else.
 #[derive(Clone, Debug)]
 pub struct Judgement {

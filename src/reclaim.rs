@@ -187,13 +187,34 @@ impl Reclaimer {
             warn!(namespace = %j.key.namespace, lock = %j.key.name, kind = %j.key.kind,
                   holder = %lock.holder.name, reason = %reason, changed = %changed,
                   "the holder changed between the judgement and the write; nothing written, judging again");
+            self.stopped(j, &changed).await;
             return Ok(Freed::Changed(changed));
         }
         // Checked again at the moment of the write.
         if !self.gate.may_write() {
             return Ok(Freed::NotLeader);
         }
-        self.free(j, lock).await
+        let freed = self.free(j, lock).await;
+        if let Ok(Freed::Changed(source)) = &freed {
+            self.stopped(
+                j,
+                &format!("the lock changed since it was judged ({source})"),
+            )
+            .await;
+        }
+        freed
+    }
+
+    /// Says on the lock that the reclaim its `StaleLockReclaiming` Event
+    /// announced wrote nothing (`what` changed): the lock is judged again.
+    async fn stopped(&self, j: &Judgement, what: &str) {
+        let say = Say {
+            type_: EventType::Normal,
+            reason: events::REASON_STOPPED,
+            action: "Reclaim",
+            note: format!("Nothing written: {what}. Judging the lock again."),
+        };
+        self.publish(j, say).await;
     }
 
     /// The holder read live once more, the last request before the freeing

@@ -20,7 +20,7 @@ use super::*;
 use crate::controller::{self, decide, Context, LockMeta, Settings};
 use crate::events::{
     REASON_AMBIGUOUS, REASON_BLOCKED, REASON_DETECTED, REASON_POD_DELETED, REASON_RECLAIMED,
-    REASON_RECLAIMING, REASON_UNMANAGEABLE,
+    REASON_RECLAIMING, REASON_STOPPED, REASON_UNMANAGEABLE,
 };
 use crate::fixtures::{
     cm_lock, evicted_pod, holder_pod, lease_for_life, list_of, renewed_lease, to_json, Answer,
@@ -394,6 +394,7 @@ async fn a_409_is_judged_again_never_retried() {
         let pod = evicted_pod();
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind).status(409));
+        script.push(Expect::event("ops", REASON_STOPPED));
         let (out, _, shared) = run(kind, WRITE, script).await;
         assert!(
             matches!(out.freed(), Some(Freed::Changed(_))),
@@ -530,6 +531,7 @@ async fn the_write_carries_what_the_live_read_found() {
         live["metadata"]["uid"] = json!("made-again");
         let mut script = prelude(kind, live, Some(&pod));
         script.push(freeing_write(kind, "made-again", "9").status(409));
+        script.push(Expect::event("ops", REASON_STOPPED));
         let (out, _, _) = run(kind, WRITE, script).await;
         assert!(
             matches!(out.freed(), Some(Freed::Changed(_))),
@@ -613,6 +615,7 @@ async fn a_holder_changed_after_the_intent_event_gets_no_write() {
         ] {
             let mut script = prelude(kind, kind.live(), judged.as_ref());
             *script.last_mut().unwrap() = holder_read_again(again);
+            script.push(Expect::event("ops", REASON_STOPPED));
             let (out, _, shared) = run(kind, WRITE, script).await;
             assert!(
                 matches!(out.freed(), Some(Freed::Changed(_))),
@@ -624,6 +627,7 @@ async fn a_holder_changed_after_the_intent_event_gets_no_write() {
     for kind in DELETED_KINDS {
         let mut script = prelude(kind, kind.live(), None);
         *script.last_mut().unwrap() = holder_read_again(Some(&running));
+        script.push(Expect::event("ops", REASON_STOPPED));
         let (out, _, _) = run(kind, WRITE, script).await;
         assert!(
             matches!(out.freed(), Some(Freed::Changed(_))),
@@ -795,6 +799,7 @@ async fn reconcile_writes_what_it_read_live_and_requeues_a_409() {
     live["metadata"]["uid"] = json!("made-again");
     let mut script = prelude(Kind::ConfigMap, live, Some(&pod));
     script.push(freeing_write(Kind::ConfigMap, "made-again", "9").status(409));
+    script.push(Expect::event("ops", REASON_STOPPED));
     let (client, server) = ApiServer::start(script);
     let (ctx, _) = janitor(client, WRITE);
     // The watched copy: the lock as it was before (uid cm-uid, version 7).

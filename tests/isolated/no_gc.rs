@@ -139,6 +139,12 @@ async fn a_lease_held_for_life_whose_owner_is_gone_is_deleted_after_the_grace() 
         "deleted {:.1}s after its owner was force-deleted",
         gone.elapsed().as_secs_f64()
     );
+    // The grace (3 s) was waited out: nothing freed it sooner.
+    assert!(
+        gone.elapsed() >= Duration::from_secs(3),
+        "deleted {:?} after its owner was force-deleted, within the 3 s grace",
+        gone.elapsed()
+    );
     assert!(
         j.logs().contains("reclaiming after the owner-gone grace"),
         "the janitor waited out the grace first:\n{}",
