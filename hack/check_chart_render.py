@@ -264,7 +264,8 @@ def main():
         check("--dry-run" in args and "--delete-pod" in args, f"args lack --dry-run/--delete-pod: {args}")
         sm = one("ServiceMonitor")
         ep = sm.get("spec", {}).get("endpoints", [{}])[0]
-        check(ep.get("port") == "metrics" and ep.get("honorLabels") is True, "ServiceMonitor does not scrape port metrics with honorLabels")
+        check(ep.get("port") == "metrics" and "honorLabels" not in ep,
+              "ServiceMonitor does not scrape port metrics, or sets honorLabels (the target's labels must win; a lock's namespace is lock_namespace)")
         dash = [c for c in by_kind.get("ConfigMap", []) if c["metadata"]["name"].endswith("-dashboard")]
         check(len(dash) == 1 and dash[0]["metadata"]["labels"].get("grafana_dashboard") == "1",
               "grafanaDashboard.enabled renders no ConfigMap labeled grafana_dashboard")

@@ -418,7 +418,7 @@ async fn reclaims_with_chart_rbac(opts: Opts, prefix: &str) {
     r.evict("leader").await;
     r.wait_gone("op-lock").await;
     let reclaimed = [
-        ("namespace", r.locks.as_str()),
+        ("lock_namespace", r.locks.as_str()),
         ("lock", "op-lock"),
         ("reason", "Evicted"),
     ];
@@ -437,7 +437,7 @@ async fn reclaims_with_chart_rbac(opts: Opts, prefix: &str) {
             (!r.pod_exists("leader").await).then_some(())
         })
         .await;
-        let deleted = [("namespace", r.locks.as_str()), ("reason", "Evicted")];
+        let deleted = [("lock_namespace", r.locks.as_str()), ("reason", "Evicted")];
         assert_eq!(
             wait_metric(&j, "lock_janitor_pod_deletions_total", &deleted, 1.0).await,
             1.0
@@ -795,7 +795,7 @@ async fn needs_configmaps_delete() {
     r.stale_lock("op-lock", "leader").await;
     wait_metric(&j, "lock_janitor_reconcile_errors_total", &FORBIDDEN, 1.0).await;
     let stale = [
-        ("namespace", r.locks.as_str()),
+        ("lock_namespace", r.locks.as_str()),
         ("lock", "op-lock"),
         ("reason", "Evicted"),
     ];
@@ -866,7 +866,7 @@ async fn needs_pods_delete_with_delete_pod() {
         metric(
             &j,
             "lock_janitor_pod_deletions_total",
-            &[("namespace", r.locks.as_str())]
+            &[("lock_namespace", r.locks.as_str())]
         )
         .await,
         None
