@@ -213,6 +213,9 @@ def main():
         ("coordination.k8s.io", "leases", ["get", "list", "watch", "update", "delete", "patch"]),
         ("", "pods", ["get", "list", "watch"] + (["delete"] if delete_pod else [])),
         ("events.k8s.io", "events", ["create", "patch", "list"]),
+        ("apps", "replicasets", ["get"]),
+        ("apps", "deployments", ["get"]),
+        ("apps", "statefulsets", ["get"]),
     ]
     # The leader Lease: its own Lease by name (get, update), create, in the
     # release namespace only.
@@ -239,7 +242,11 @@ def main():
     else:
         check(all(r["metadata"]["name"].endswith("-leader") for r in by_kind.get("Role", []) + by_kind.get("RoleBinding", [])),
               "cluster-wide mode creates Roles other than the leader-election one")
-        rule_sets = [one("ClusterRole").get("rules", [])]
+        cluster_rules = one("ClusterRole").get("rules", [])
+        # Cluster-wide only: whether a freed lock's namespace is being deleted.
+        check(cluster_rules[-1:] == [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}],
+              f"ClusterRole does not end with get on namespaces: {cluster_rules[-1:]}")
+        rule_sets = [cluster_rules[:-1]]
         crb = one("ClusterRoleBinding")
         subj = crb.get("subjects", [{}])[0]
         check(subj.get("name") == sa_name and subj.get("namespace") == release_ns, "ClusterRoleBinding does not bind the janitor's ServiceAccount")

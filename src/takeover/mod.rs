@@ -398,7 +398,11 @@ async fn follow(
                 let wanted = workload::wanted(&s.client, &key.namespace, &old, workload.as_mut());
                 match wanted.await {
                     workload::Wanted::Yes => {}
-                    workload::Wanted::NoNamespace(why) => break why,
+                    workload::Wanted::NoNamespace(why) => {
+                        info!(namespace = %key.namespace, lock = %key.name, why,
+                              "no takeover awaited any more: the namespace is going");
+                        break why;
+                    }
                     workload::Wanted::NoWorkload(why) if workload.is_some() => {
                         info!(namespace = %key.namespace, lock = %key.name, holder = %old.name, why,
                               "no takeover awaited any more: nobody wants the operator to run");

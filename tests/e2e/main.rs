@@ -34,5 +34,6 @@ mod properties;
 mod restore;
 mod scan;
 mod sweeps;
+mod takeover;
 mod two_writers;
 mod upgrade;
