@@ -34,10 +34,10 @@ use crate::metrics::Metrics;
 mod carry;
 mod restore;
 mod workload;
-pub use workload::Workload;
 use crate::call;
 use crate::readiness::Readiness;
 use crate::selector::Selector;
+pub use workload::Workload;
 
 /// How long a gone lock is followed at most (a takeover may still come long
 /// after the timeout, when someone restarts the replica that gave up).

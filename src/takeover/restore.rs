@@ -11,9 +11,7 @@ use kube::api::ListParams;
 use kube::Api;
 use tracing::{info, warn};
 
-use super::{
-    look, reclaim_marker, Awaited, Look, New, TakenBy, Takeovers, Workload, FOLLOW_FOR,
-};
+use super::{look, reclaim_marker, Awaited, Look, New, TakenBy, Takeovers, Workload, FOLLOW_FOR};
 use crate::events;
 use crate::lock::{Holder, LockKey, LockKind};
 use crate::optin::{self, Plan};

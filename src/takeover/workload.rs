@@ -186,16 +186,35 @@ mod tests {
     #[test]
     fn the_workload_is_the_pods_controller_of_a_kind_followed() {
         let table = [
-            (vec![owner("apps/v1", "ReplicaSet", Some(true))], Workload::ReplicaSet("op-7d9f".into())),
-            (vec![owner("apps/v1", "StatefulSet", Some(true))], Workload::StatefulSet("op-7d9f".into())),
+            (
+                vec![owner("apps/v1", "ReplicaSet", Some(true))],
+                Workload::ReplicaSet("op-7d9f".into()),
+            ),
+            (
+                vec![owner("apps/v1", "StatefulSet", Some(true))],
+                Workload::StatefulSet("op-7d9f".into()),
+            ),
             // Not the controller: an owner only.
-            (vec![owner("apps/v1", "ReplicaSet", None)], Workload::Unknown),
-            (vec![owner("batch/v1", "Job", Some(true))], Workload::Unknown),
-            (vec![owner("example.com/v1", "ReplicaSet", Some(true))], Workload::Unknown),
+            (
+                vec![owner("apps/v1", "ReplicaSet", None)],
+                Workload::Unknown,
+            ),
+            (
+                vec![owner("batch/v1", "Job", Some(true))],
+                Workload::Unknown,
+            ),
+            (
+                vec![owner("example.com/v1", "ReplicaSet", Some(true))],
+                Workload::Unknown,
+            ),
             (vec![], Workload::Unknown),
         ];
         for (owners, want) in table {
-            assert_eq!(Workload::of(Some(&pod_owned_by(owners.clone()))), want, "{owners:?}");
+            assert_eq!(
+                Workload::of(Some(&pod_owned_by(owners.clone()))),
+                want,
+                "{owners:?}"
+            );
         }
         assert_eq!(Workload::of(None), Workload::Unread);
     }

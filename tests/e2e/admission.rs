@@ -630,7 +630,12 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         1.0,
     )
     .await;
-    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("lock_namespace", ns.as_str())], 1.0).await;
+    let m = metrics_reclaimed(
+        &j,
+        &[("kind", "lease"), ("lock_namespace", ns.as_str())],
+        1.0,
+    )
+    .await;
     for kind in ["configmap", "lease"] {
         assert_eq!(
             sample(

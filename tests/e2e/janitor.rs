@@ -577,7 +577,11 @@ async fn restarted_janitor_converges() {
         sample(
             &m,
             "lock_janitor_reclaims_total",
-            &[("lock_namespace", ns), ("lock", "a-lock"), ("reason", "Evicted")]
+            &[
+                ("lock_namespace", ns),
+                ("lock", "a-lock"),
+                ("reason", "Evicted")
+            ]
         ),
         None,
         "the second janitor never reclaims the new leader's lock"
