@@ -290,15 +290,17 @@ def main():
                 check((port, proto) in egress_ports, f"NetworkPolicy egress lacks DNS {port}/{proto}: {sorted(egress_ports)}")
     if case in ("all-on", "namespaced"):
         # The PrometheusRule carries exactly the rules of the plain file.
+        # The chart scopes the target matcher to its own namespace.
         with open(RULES_FILE) as f:
-            plain = yaml.safe_load(f)["groups"]
+            plain = yaml.safe_load(f.read().replace(
+                'job=~".*lock-janitor.*"', f'job=~".*lock-janitor.*",namespace="{release_ns}"'))["groups"]
         rendered = one("PrometheusRule").get("spec", {}).get("groups", [])
         if case == "all-on":
             check(rendered == plain, "PrometheusRule groups differ from " + RULES_FILE)
         else:
             flat = yaml.safe_dump(rendered)
-            check('job=~"janitor"' in flat and ".*lock-janitor.*" not in flat,
-                  "prometheusRule.jobRegex was not substituted into LockJanitorDown")
+            check(f'job=~"janitor",namespace="{release_ns}"' in flat and ".*lock-janitor.*" not in flat,
+                  "prometheusRule.jobRegex and the release namespace were not substituted into LockJanitorDown")
             names = [r["alert"] for g in rendered for r in g["rules"]]
             want = [r["alert"] for g in plain for r in g["rules"]]
             check(names == want, f"PrometheusRule alerts {names}, want {want}")

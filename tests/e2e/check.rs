@@ -887,6 +887,18 @@ async fn monitoring_warns_only_where_no_prometheus_selects_it() {
             .expect("Prometheus");
     }
 
+    // No `release` label, and none needed.
+    let out = anything.check(&[]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(out.status("monitoring"), "ok", "{out}");
+    assert!(
+        out.detail("monitoring").contains(&format!(
+            "picked up by Prometheus {}/user-workload",
+            anything.ns
+        )),
+        "{out}"
+    );
+
     let out = unlabeled.check(&[]);
     assert_eq!(out.code, 0, "{out}");
     assert_eq!(out.status("monitoring"), "warn", "{out}");
@@ -908,18 +920,6 @@ async fn monitoring_warns_only_where_no_prometheus_selects_it() {
     assert!(
         out.detail("monitoring")
             .contains(&format!("picked up by Prometheus {}/kps", unlabeled.ns)),
-        "{out}"
-    );
-
-    // No `release` label, and none needed.
-    let out = anything.check(&[]);
-    assert_eq!(out.code, 0, "{out}");
-    assert_eq!(out.status("monitoring"), "ok", "{out}");
-    assert!(
-        out.detail("monitoring").contains(&format!(
-            "picked up by Prometheus {}/user-workload",
-            anything.ns
-        )),
         "{out}"
     );
 
