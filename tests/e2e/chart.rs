@@ -356,7 +356,9 @@ impl Release {
 }
 
 /// The rules the chart grants: exactly what `lock-janitor run` uses.
-fn granted(delete_pod: bool) -> BTreeSet<(String, String, String)> {
+/// What the chart grants where the janitor works; `cluster_wide` adds the
+/// one cluster-scoped read (namespaces, for the takeover followers).
+fn granted(delete_pod: bool, cluster_wide: bool) -> BTreeSet<(String, String, String)> {
     let mut g = BTreeSet::new();
     let mut add = |group: &str, resource: &str, verbs: &[&str]| {
         for v in verbs {
@@ -378,6 +380,12 @@ fn granted(delete_pod: bool) -> BTreeSet<(String, String, String)> {
         &["get", "list", "watch", "update", "delete", "patch"],
     );
     add("events.k8s.io", "events", &["create", "patch", "list"]);
+    for workload in ["replicasets", "deployments", "statefulsets"] {
+        add("apps", workload, &["get"]);
+    }
+    if cluster_wide {
+        add("", "namespaces", &["get"]);
+    }
     g
 }
 
@@ -515,7 +523,7 @@ async fn chart_rbac_reclaims_in_namespaced_mode() {
 
 async fn grants_exactly(opts: Opts, prefix: &str) {
     let r = install(prefix, opts, None).await;
-    let want = granted(opts.delete_pod);
+    let want = granted(opts.delete_pod, !opts.namespaced);
     // Leader election (two replicas by default): its own Lease, by name, and
     // create, in the release namespace only.
     let lease = r
@@ -1339,7 +1347,10 @@ fn rbac_guidance_lists_every_verb_the_chart_grants() {
             said += 1;
         }
     }
-    assert_eq!(said, 4, "configmaps, leases, pods, events: {role:#}");
+    assert_eq!(
+        said, 8,
+        "configmaps, leases, pods, events, replicasets, deployments, statefulsets, namespaces: {role:#}"
+    );
 }
 
 /// `helm template` with `args`: the rendered documents, or helm's error.
@@ -1590,7 +1601,7 @@ fn artifact_hub_metadata_and_runbook_links_name_this_version() {
             }
         }
     }
-    assert_eq!(urls, 8);
+    assert_eq!(urls, 9);
     let notes = std::fs::read_to_string(chart_dir().join("templates/NOTES.txt")).unwrap();
     assert!(!notes.contains("/blob/main/"), "NOTES.txt links main");
     assert!(notes.contains("/blob/v{{ .Chart.AppVersion }}/docs/runbooks.md"));
