@@ -589,7 +589,10 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
             "leases",
             &["create", "deletecollection"],
         ),
-        ("apps", "deployments", &["get", "update"]),
+        // Workloads are read (get), never changed or listed.
+        ("apps", "deployments", &["update", "list", "patch"]),
+        ("apps", "replicasets", &["update", "list", "delete"]),
+        ("apps", "statefulsets", &["update", "list"]),
     ];
     for (g, res, verbs) in denied_here {
         for v in *verbs {
@@ -627,7 +630,8 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
     }
     for (g, res, verbs) in [
         ("", "nodes", &["get", "list", "watch", "patch"][..]),
-        ("", "namespaces", &["get", "list"][..]),
+        // get of a namespace only for a ClusterRole (the takeover followers).
+        ("", "namespaces", &["list", "watch", "delete"][..]),
         ("", "users", &["impersonate"][..]),
         ("", "serviceaccounts", &["impersonate"][..]),
         (
@@ -645,6 +649,7 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
             cases.push((None, g, res, v, false));
         }
     }
+    cases.push((None, "", "namespaces", "get", !opts.namespaced));
     // Namespaced mode: the grants stop at the watched namespace.
     if opts.namespaced {
         for ns in [r.ns.as_str(), "default"] {
