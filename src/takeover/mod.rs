@@ -404,13 +404,13 @@ async fn follow(
                         break why;
                     }
                     workload::Wanted::NoWorkload(why) if workload.is_some() => {
-                        info!(namespace = %key.namespace, lock = %key.name, holder = %old.name, why,
-                              "no takeover awaited any more: nobody wants the operator to run");
                         workload = None;
                         let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
                         if timeouts.as_ref().is_some_and(|t| t.get() == 0) {
                             let _ = s.metrics.takeover_timeouts.remove_label_values(&labels);
                         }
+                        info!(namespace = %key.namespace, lock = %key.name, holder = %old.name, why,
+                              "no takeover awaited any more: nobody wants the operator to run");
                     }
                     workload::Wanted::NoWorkload(_) => {}
                 }

@@ -203,3 +203,89 @@ async fn a_takeover_is_awaited_only_while_someone_wants_the_operator() {
         "{logs}"
     );
 }
+
+/// What is awaited comes back after a restart from the janitor's own
+/// Events, and whether the operator still wants a leader from the API: a
+/// janitor started after the reclaim of a paused operator's lock (its
+/// timeout long past) reads the holder pod's workload and awaits nothing,
+/// while a bare pod's lock freed alongside is said missing.
+#[tokio::test]
+async fn a_restarted_janitor_reads_again_that_the_operator_is_paused() {
+    let cp = shared().await;
+    let client = cp.client().await.expect("admin client");
+    grant_janitor(&client).await;
+    let ns = fresh_namespace(&client, "awaited-restart").await;
+    let node = format!("node-{ns}");
+    kubelet::create_node(&client, &node).await.expect("node");
+    let paused = operator(&client, &ns, "paused", &node).await;
+    create_lock(&client, &lock_for("paused-lock", &paused, true)).await;
+    let bare = running_pod(&client, &ns, "bare", &node).await;
+    create_lock(&client, &lock_for("bare-lock", &bare, true)).await;
+
+    let kc = kubeconfig_as(cp, JANITOR_USER);
+    let args = |timeout: &'static str| {
+        [
+            "--namespace".to_owned(),
+            ns.clone(),
+            "--resync".into(),
+            "2s".into(),
+            "--takeover-timeout".into(),
+            timeout.into(),
+        ]
+    };
+    // The first janitor would wait an hour: it is gone long before.
+    let first_args = args("1h");
+    let first_args: Vec<&str> = first_args.iter().map(String::as_str).collect();
+    let mut first = Janitor::start(&kc, &first_args).await;
+    scale(&client, &ns, "paused", 0).await;
+    let pod = paused.metadata.name.clone().unwrap_or_default();
+    kubelet::set_succeeded(&client, &ns, &pod)
+        .await
+        .expect("stopped");
+    kubelet::set_failed(&client, &ns, "bare", "Evicted", "low on memory")
+        .await
+        .expect("evict");
+    for lock in ["paused-lock", "bare-lock"] {
+        wait_gone(&client, &ns, lock).await;
+        wait_event(&client, &ns, "StaleLockReclaimed", lock).await;
+    }
+    first.kill();
+
+    // Its successor's timeout is already past for both.
+    let second_args = args("1s");
+    let second_args: Vec<&str> = second_args.iter().map(String::as_str).collect();
+    let second = Janitor::start(&kc, &second_args).await;
+    wait_event(&client, &ns, "NoTakeover", "bare-lock").await;
+    wait_for(
+        "the paused operator's lock no longer awaited",
+        WAIT,
+        || async {
+            second
+                .logs()
+                .contains("deployment scaled to 0")
+                .then_some(())
+        },
+    )
+    .await;
+    let m = second.metrics().await;
+    let paused_lock = [("lock_namespace", ns.as_str()), ("lock", "paused-lock")];
+    assert_eq!(
+        sample(&m, "lock_janitor_takeover_timeouts_total", &paused_lock),
+        None,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "lock_janitor_awaiting_takeover", &paused_lock),
+        None,
+        "{m}"
+    );
+    let said: Vec<String> = events(&client, &ns, "NoTakeover")
+        .await
+        .into_iter()
+        .filter_map(|e| e.regarding.and_then(|r| r.name))
+        .collect();
+    assert!(
+        !said.iter().any(|n| n == "paused-lock" || n == &pod),
+        "{said:?}"
+    );
+}
