@@ -517,15 +517,7 @@ async fn no_takeover(s: &Shared, key: &LockKey, old: &Holder, since: Timestamp) 
           "no takeover: nobody created the lock again; is a replica of the operator running, or did it give up?");
     let (taken, freed) = match key.kind {
         LockKind::ConfigMap => ("created lock", "deleted"),
-        // A Lease held for life was deleted, any other released: one that
-        // is not there was the first kind.
-        LockKind::Lease => {
-            let leases: Api<Lease> = Api::namespaced(s.client.clone(), &key.namespace);
-            match call("reading the freed Lease", leases.get_opt(&key.name)).await {
-                Ok(None) => ("created Lease", "deleted"),
-                _ => ("taken Lease", "released"),
-            }
-        }
+        LockKind::Lease => ("taken Lease", "freed"),
     };
     let note = format!(
         "No pod has {taken} {} again {:.0}s after the lock of the dead holder {} was {freed}: \
