@@ -247,6 +247,9 @@ def main():
         ("coordination.k8s.io", "leases", ["get", "list", "watch", "update", "delete", "patch"]),
         ("", "pods", ["get", "list", "watch"] + (["delete"] if delete_pod else [])),
         ("events.k8s.io", "events", ["create", "patch", "list"]),
+        ("apps", "replicasets", ["get"]),
+        ("apps", "deployments", ["get"]),
+        ("apps", "statefulsets", ["get"]),
     ]
     # The leader Lease: its own Lease by name (get, update), create, in the
     # release namespace only.
@@ -273,7 +276,11 @@ def main():
     else:
         check(all(r["metadata"]["name"].endswith("-leader") for r in by_kind.get("Role", []) + by_kind.get("RoleBinding", [])),
               "cluster-wide mode creates Roles other than the leader-election one")
-        rule_sets = [one("ClusterRole").get("rules", [])]
+        cluster_rules = one("ClusterRole").get("rules", [])
+        # Cluster-wide only: whether a freed lock's namespace is being deleted.
+        check(cluster_rules[-1:] == [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}],
+              f"ClusterRole does not end with get on namespaces: {cluster_rules[-1:]}")
+        rule_sets = [cluster_rules[:-1]]
         crb = one("ClusterRoleBinding")
         subj = crb.get("subjects", [{}])[0]
         check(subj.get("name") == sa_name and subj.get("namespace") == release_ns, "ClusterRoleBinding does not bind the janitor's ServiceAccount")
@@ -303,7 +310,8 @@ def main():
         check("--dry-run" in args and "--delete-pod" in args, f"args lack --dry-run/--delete-pod: {args}")
         sm = one("ServiceMonitor")
         ep = sm.get("spec", {}).get("endpoints", [{}])[0]
-        check(ep.get("port") == "metrics" and ep.get("honorLabels") is True, "ServiceMonitor does not scrape port metrics with honorLabels")
+        check(ep.get("port") == "metrics" and "honorLabels" not in ep,
+              "ServiceMonitor does not scrape port metrics, or sets honorLabels (the target's labels must win; a lock's namespace is lock_namespace)")
         dash = [c for c in by_kind.get("ConfigMap", []) if c["metadata"]["name"].endswith("-dashboard")]
         check(len(dash) == 1 and dash[0]["metadata"]["labels"].get("grafana_dashboard") == "1",
               "grafanaDashboard.enabled renders no ConfigMap labeled grafana_dashboard")
@@ -321,15 +329,17 @@ def main():
                 check((port, proto) in egress_ports, f"NetworkPolicy egress lacks DNS {port}/{proto}: {sorted(egress_ports)}")
     if case in ("all-on", "namespaced"):
         # The PrometheusRule carries exactly the rules of the plain file.
+        # The chart scopes the target matcher to its own namespace.
         with open(RULES_FILE) as f:
-            plain = yaml.safe_load(f)["groups"]
+            plain = yaml.safe_load(f.read().replace(
+                'job=~".*lock-janitor.*"', f'job=~".*lock-janitor.*",namespace="{release_ns}"'))["groups"]
         rendered = one("PrometheusRule").get("spec", {}).get("groups", [])
         if case == "all-on":
             check(rendered == plain, "PrometheusRule groups differ from " + RULES_FILE)
         else:
             flat = yaml.safe_dump(rendered)
-            check('job=~"janitor"' in flat and ".*lock-janitor.*" not in flat,
-                  "prometheusRule.jobRegex was not substituted into LockJanitorDown")
+            check(f'job=~"janitor",namespace="{release_ns}"' in flat and ".*lock-janitor.*" not in flat,
+                  "prometheusRule.jobRegex and the release namespace were not substituted into LockJanitorDown")
             names = [r["alert"] for g in rendered for r in g["rules"]]
             want = [r["alert"] for g in plain for r in g["rules"]]
             check(names == want, f"PrometheusRule alerts {names}, want {want}")

@@ -102,8 +102,11 @@ impl Metrics {
         r.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
         ))?;
-        let lock_labels = &["kind", "namespace", "lock", "reason"];
-        let takeover_labels = &["namespace", "lock"];
+        // A lock's namespace is `lock_namespace`: a scrape that does not honour
+        // the target's labels (OpenShift's user workload monitoring) would
+        // overwrite a `namespace` label with the janitor's own.
+        let lock_labels = &["kind", "lock_namespace", "lock", "reason"];
+        let takeover_labels = &["lock_namespace", "lock"];
         let build_info = r.gauges(
             "lock_janitor_build_info",
             "Always 1; carries the version.",
@@ -140,8 +143,8 @@ impl Metrics {
             )?,
             pod_deletions: r.counters(
                 "lock_janitor_pod_deletions_total",
-                "Dead holder pods deleted (--delete-pod), by namespace and reason.",
-                &["namespace", "reason"],
+                "Dead holder pods deleted (--delete-pod), by the lock's namespace and reason.",
+                &["lock_namespace", "reason"],
             )?,
             reconcile_errors: r.counters(
                 "lock_janitor_reconcile_errors_total",
@@ -343,7 +346,7 @@ mod tests {
         let text = m.render().unwrap();
         assert!(
             text.contains(
-                r#"lock_janitor_reclaims_total{kind="configmap",lock="op-lock",namespace="ops",reason="Evicted"} 1"#
+                r#"lock_janitor_reclaims_total{kind="configmap",lock="op-lock",lock_namespace="ops",reason="Evicted"} 1"#
             ),
             "{text}"
         );
@@ -352,7 +355,7 @@ mod tests {
         ));
         m.reclaimed(&LockKey::configmap("ops", "op-lock"), StaleReason::Evicted);
         assert!(m.render().unwrap().contains(
-            r#"lock_janitor_reclaims_total{kind="configmap",lock="op-lock",namespace="ops",reason="Evicted"} 2"#
+            r#"lock_janitor_reclaims_total{kind="configmap",lock="op-lock",lock_namespace="ops",reason="Evicted"} 2"#
         ));
         m.prune_reclaims(std::time::Duration::from_secs(3600));
         assert!(

@@ -29,11 +29,11 @@ use crate::observe::{Judgement, Observer};
 use crate::reclaim::{Mode, Reclaimer};
 use crate::selector::Selector;
 use crate::shared::Shared;
-use crate::takeover::Takeovers;
+use crate::takeover::{Awaited, Takeovers, Workload};
 use crate::verdict::Policy;
 use crate::verdict::{HeldBecause, Verdict};
 use crate::Error;
-use decide::{Done, Judged, Next, State, Step, REJUDGE_AFTER};
+use decide::{Done, Freed, Judged, Next, State, Step, REJUDGE_AFTER};
 
 /// How soon a leader whose claim had lapsed during a write judges again.
 const LAPSED_RETRY: Duration = Duration::from_secs(5);
@@ -201,13 +201,19 @@ impl Context {
     }
 
     /// Forgets a lock that no longer exists (or no longer carries the
-    /// opt-in label), and starts following its name for a takeover.
+    /// opt-in label), and follows its name to carry the opt-in label over
+    /// to a new holder's lock. A takeover is awaited only of a lock the
+    /// janitor freed itself (`reconcile`).
     pub fn forget(&self, key: &LockKey) {
         if let Some(holder) = self.memory.forget(key) {
             info!(namespace = %key.namespace, lock = %key.name, holder = %holder.name,
-                  "watched lock deleted or opted out; awaiting a takeover");
-            self.takeovers
-                .follow(key, holder, k8s_openapi::jiff::Timestamp::now());
+                  "watched lock deleted or opted out; following its name to label a new holder's lock");
+            self.takeovers.follow(
+                key,
+                holder,
+                k8s_openapi::jiff::Timestamp::now(),
+                Awaited::Gone,
+            );
         }
     }
 
@@ -353,6 +359,13 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
         Next::OnLead if ctx.gate.leads() => Action::requeue(LAPSED_RETRY),
         Next::OnLead => Action::requeue(resync_after(ctx.settings.resync)),
         Next::Forget => {
+            // Freed by this janitor: a takeover is awaited (before forget,
+            // which would follow it as merely gone).
+            if let (Some(Freed::Reclaimed { at }), Some(lock)) = (&done.freed, &j.lock) {
+                let workload = Workload::of(j.holder.as_ref());
+                ctx.takeovers
+                    .follow(&key, lock.holder.clone(), *at, Awaited::Freed(workload));
+            }
             ctx.forget(&key);
             Action::await_change()
         }

@@ -1,12 +1,17 @@
 //! After a watched lock is gone (reclaimed, collected or deleted by hand), a
-//! new holder is expected to create it again: follow the name, say when the
-//! takeover comes (`LockTakenOver`, `lock_janitor_takeover_seconds`) or does
-//! not come within `--takeover-timeout` (`NoTakeover`,
-//! `lock_janitor_takeover_timeouts_total`), and carry the opt-in label over
-//! to the new lock, which operator-lib creates without labels. What is
-//! awaited is derived again from the janitor's own `StaleLockReclaimed`
-//! Events after a restart or a failover (`restore`). The label carry-over is
-//! in `carry`.
+//! new holder may create it again: follow the name, say when the takeover
+//! comes (`LockTakenOver`, `lock_janitor_takeover_seconds`), and carry the
+//! opt-in label over to the new lock, which operator-lib creates without
+//! labels. A takeover is *awaited* (`lock_janitor_awaiting_takeover`, and
+//! `NoTakeover` with `lock_janitor_takeover_timeouts_total` when it does not
+//! come within `--takeover-timeout`) only for a lock the janitor itself
+//! freed, and only while someone wants the operator to run: not once the
+//! lock's namespace is being deleted, nor once the holder's workload (its
+//! pod's controller, up through a ReplicaSet to its Deployment, or a
+//! StatefulSet) is gone or scaled to 0 (`workload`). What is awaited is
+//! derived again from the janitor's own `StaleLockReclaimed` Events after a
+//! restart or a failover (`restore`), and whether it is still wanted from a
+//! live read at each look. The label carry-over is in `carry`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,9 +35,11 @@ mod carry;
 #[cfg(test)]
 mod mocked;
 mod restore;
+mod workload;
 use crate::call;
 use crate::readiness::Readiness;
 use crate::selector::Selector;
+pub use workload::Workload;
 
 /// How long a gone lock is followed at most (a takeover may still come long
 /// after the timeout, when someone restarts the replica that gave up).
@@ -68,11 +75,31 @@ struct Shared {
     timeout: Duration,
 }
 
-/// The takeovers being awaited, one follower task per lock.
+/// The locks followed, one follower task per lock.
 pub struct Takeovers {
     shared: Arc<Shared>,
     selector: Selector,
-    followers: Mutex<HashMap<LockKey, JoinHandle<()>>>,
+    followers: Mutex<HashMap<LockKey, Follower>>,
+}
+
+struct Follower {
+    task: JoinHandle<()>,
+    /// Whether it was started to await a takeover (see `Awaited`).
+    awaited: bool,
+}
+
+/// Why a gone lock is followed.
+#[derive(Clone, Debug)]
+pub enum Awaited {
+    /// The janitor freed it: a takeover is awaited, and said missing
+    /// (`NoTakeover`) past `--takeover-timeout` while the holder's workload
+    /// still wants to run. `Workload::Unread` after a restart: read from
+    /// the holder pod, if it is still there.
+    Freed(Workload),
+    /// Someone else deleted it (the garbage collector after the holder pod
+    /// went, a person, an uninstall): followed only to carry the opt-in
+    /// label over to a new lock; nothing is awaited or said missing.
+    Gone,
 }
 
 /// How the followers are set up.
@@ -120,33 +147,53 @@ impl Takeovers {
         }
     }
 
-    /// Starts awaiting a takeover of a lock that is gone since `since`.
-    /// One follower per lock.
-    pub fn follow(&self, key: &LockKey, old: Holder, since: Timestamp) {
-        self.follow_from(key, old, since, None);
+    /// Starts following a lock that is gone (or released) since `since`.
+    /// One follower per lock; a lock the janitor freed replaces a follower
+    /// started for it as merely gone (the watch may tell of the delete
+    /// before the reclaim returns).
+    pub fn follow(&self, key: &LockKey, old: Holder, since: Timestamp, why: Awaited) {
+        self.follow_from(key, old, since, why, None);
     }
 
     /// As `follow`, with a first look already made (a restart's own read).
-    fn follow_from(&self, key: &LockKey, old: Holder, since: Timestamp, first: Option<Look>) {
+    fn follow_from(
+        &self,
+        key: &LockKey,
+        old: Holder,
+        since: Timestamp,
+        why: Awaited,
+        first: Option<Look>,
+    ) {
         if self.shared.label.is_none() && self.selector.opt_in_label().is_none() {
             warn!(namespace = %key.namespace, lock = %key.name, selector = %self.selector,
                   "the selector is not a single key=value label; label the new lock by hand after a takeover");
         }
+        let awaited = matches!(why, Awaited::Freed(_));
         let mut followers = crate::locked(&self.followers);
-        followers.retain(|_, t| !t.is_finished());
-        if followers.contains_key(key) {
-            return;
+        followers.retain(|_, f| !f.task.is_finished());
+        match followers.get(key) {
+            Some(f) if f.awaited || !awaited => return,
+            // Merely gone so far: it sets no series, and the new follower
+            // carries the label over as it would have.
+            Some(f) => f.task.abort(),
+            None => {}
         }
-        let task = follow(self.shared.clone(), key.clone(), old, since, first);
-        followers.insert(key.clone(), tokio::spawn(task));
+        let task = follow(self.shared.clone(), key.clone(), old, since, why, first);
+        followers.insert(
+            key.clone(),
+            Follower {
+                task: tokio::spawn(task),
+                awaited,
+            },
+        );
     }
 
-    /// Locks whose takeover is still awaited.
+    /// Locks followed (their takeover awaited, or their label to carry).
     pub fn awaiting(&self) -> Vec<LockKey> {
         let followers = crate::locked(&self.followers);
         let mut keys: Vec<LockKey> = followers
             .iter()
-            .filter(|(_, t)| !t.is_finished())
+            .filter(|(_, f)| !f.task.is_finished())
             .map(|(k, _)| k.clone())
             .collect();
         keys.sort();
@@ -297,23 +344,31 @@ async fn look_lease(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, cra
 }
 
 /// Follows one gone (or released) lock until a new holder takes it (a
-/// takeover), or for `FOLLOW_FOR`. Says `NoTakeover` once the timeout
-/// passes with nobody holding it.
+/// takeover), or for `FOLLOW_FOR`. A lock the janitor freed is awaited:
+/// `NoTakeover` once the timeout passes with nobody holding it, unless its
+/// namespace or its holder's workload says nobody wants it any more.
 async fn follow(
     s: Arc<Shared>,
     key: LockKey,
     old: Holder,
     since: Timestamp,
+    why: Awaited,
     mut first: Option<Look>,
 ) {
     let labels = [key.namespace.as_str(), key.name.as_str()];
-    s.metrics
-        .awaiting_takeover
-        .with_label_values(&labels)
-        .set(1);
+    let mut workload = match why {
+        Awaited::Freed(w) => Some(w),
+        Awaited::Gone => None,
+    };
     // Born at 0 while awaited, so that increase() counts a first timeout;
     // removed at the end unless one was counted.
-    let timeouts = s.metrics.takeover_timeouts.with_label_values(&labels);
+    let timeouts = workload.is_some().then(|| {
+        s.metrics
+            .awaiting_takeover
+            .with_label_values(&labels)
+            .set(1);
+        s.metrics.takeover_timeouts.with_label_values(&labels)
+    });
     let started = Instant::now();
     let (mut counted, mut said) = (false, false);
     let mut wait = FIRST_LOOK;
@@ -340,15 +395,38 @@ async fn follow(
         };
         let (at, lock_ref, new, made) = match look {
             Ok(Look::Waiting) => {
-                // Still nobody: past the timeout, nobody took over.
-                if !said && seconds_since(since) >= s.timeout.as_secs_f64() {
-                    if !counted {
-                        counted = true;
-                        timeouts.inc();
+                // Still nobody. Is anyone meant to take it?
+                s.limiter.until_ready().await;
+                let wanted = workload::wanted(&s.client, &key.namespace, &old, workload.as_mut());
+                match wanted.await {
+                    workload::Wanted::Yes => {}
+                    workload::Wanted::NoNamespace(why) => {
+                        info!(namespace = %key.namespace, lock = %key.name, why,
+                              "no takeover awaited any more: the namespace is going");
+                        break why;
                     }
-                    // A standby writes no Event: it tries again at its next
-                    // look, and says it once it leads.
-                    said = no_takeover(&s, &key, &old, since).await;
+                    workload::Wanted::NoWorkload(why) if workload.is_some() => {
+                        workload = None;
+                        let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
+                        if timeouts.as_ref().is_some_and(|t| t.get() == 0) {
+                            let _ = s.metrics.takeover_timeouts.remove_label_values(&labels);
+                        }
+                        info!(namespace = %key.namespace, lock = %key.name, holder = %old.name, why,
+                              "no takeover awaited any more: nobody wants the operator to run");
+                    }
+                    workload::Wanted::NoWorkload(_) => {}
+                }
+                // Past the timeout, nobody took over.
+                if let Some(timeouts) = timeouts.as_ref().filter(|_| workload.is_some()) {
+                    if !said && seconds_since(since) >= s.timeout.as_secs_f64() {
+                        if !counted {
+                            counted = true;
+                            timeouts.inc();
+                        }
+                        // A standby writes no Event: it tries again at its
+                        // next look, and says it once it leads.
+                        said = no_takeover(&s, &key, &old, since).await;
+                    }
                 }
                 continue;
             }
@@ -404,10 +482,12 @@ async fn follow(
             // led): the next holder's lock is awaited, and labeled.
             info!(namespace = %key.namespace, lock = %key.name,
                   "the new lock was gone before its label was written; awaiting the next holder");
-            s.metrics
-                .awaiting_takeover
-                .with_label_values(&labels)
-                .set(1);
+            if workload.is_some() {
+                s.metrics
+                    .awaiting_takeover
+                    .with_label_values(&labels)
+                    .set(1);
+            }
             continue;
         }
         // Said after the carry-over, which waits for the lead when it has a
@@ -421,7 +501,7 @@ async fn follow(
         break "taken over";
     };
     let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
-    if timeouts.get() == 0 {
+    if timeouts.is_some_and(|t| t.get() == 0) {
         let _ = s.metrics.takeover_timeouts.remove_label_values(&labels);
     }
     debug!(namespace = %key.namespace, lock = %key.name, outcome, "no longer awaiting a takeover");

@@ -11,7 +11,7 @@ use kube::api::ListParams;
 use kube::Api;
 use tracing::{info, warn};
 
-use super::{look, reclaim_marker, Look, New, TakenBy, Takeovers, FOLLOW_FOR};
+use super::{look, reclaim_marker, Awaited, Look, New, TakenBy, Takeovers, Workload, FOLLOW_FOR};
 use crate::events;
 use crate::lock::{Holder, LockKey, LockKind};
 use crate::optin::{self, Plan};
@@ -81,7 +81,9 @@ impl Takeovers {
             // The lock just read is the follower's first look: a restart
             // spends none of the followers' budget to find the locks it
             // labels, which stay unprotected until they are labeled.
-            self.follow_from(&key, holder, at, first);
+            // Whose workload it was is read from the holder pod at the
+            // first look (`Workload::Unread`), as everything here is.
+            self.follow_from(&key, holder, at, Awaited::Freed(Workload::Unread), first);
             restored += 1;
         }
         Ok(restored)

@@ -666,17 +666,22 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
     );
     metrics_reclaimed(
         &j,
-        &[("kind", "configmap"), ("namespace", ns.as_str())],
+        &[("kind", "configmap"), ("lock_namespace", ns.as_str())],
         1.0,
     )
     .await;
-    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("namespace", ns.as_str())], 1.0).await;
+    let m = metrics_reclaimed(
+        &j,
+        &[("kind", "lease"), ("lock_namespace", ns.as_str())],
+        1.0,
+    )
+    .await;
     for kind in ["configmap", "lease"] {
         assert_eq!(
             sample(
                 &m,
                 "lock_janitor_reclaims_total",
-                &[("kind", kind), ("namespace", ns.as_str())]
+                &[("kind", kind), ("lock_namespace", ns.as_str())]
             ),
             Some(1.0),
             "{m}"

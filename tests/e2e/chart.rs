@@ -356,7 +356,9 @@ impl Release {
 }
 
 /// The rules the chart grants: exactly what `lock-janitor run` uses.
-fn granted(delete_pod: bool) -> BTreeSet<(String, String, String)> {
+/// What the chart grants where the janitor works; `cluster_wide` adds the
+/// one cluster-scoped read (namespaces, for the takeover followers).
+fn granted(delete_pod: bool, cluster_wide: bool) -> BTreeSet<(String, String, String)> {
     let mut g = BTreeSet::new();
     let mut add = |group: &str, resource: &str, verbs: &[&str]| {
         for v in verbs {
@@ -378,6 +380,12 @@ fn granted(delete_pod: bool) -> BTreeSet<(String, String, String)> {
         &["get", "list", "watch", "update", "delete", "patch"],
     );
     add("events.k8s.io", "events", &["create", "patch", "list"]);
+    for workload in ["replicasets", "deployments", "statefulsets"] {
+        add("apps", workload, &["get"]);
+    }
+    if cluster_wide {
+        add("", "namespaces", &["get"]);
+    }
     g
 }
 
@@ -418,7 +426,7 @@ async fn reclaims_with_chart_rbac(opts: Opts, prefix: &str) {
     r.evict("leader").await;
     r.wait_gone("op-lock").await;
     let reclaimed = [
-        ("namespace", r.locks.as_str()),
+        ("lock_namespace", r.locks.as_str()),
         ("lock", "op-lock"),
         ("reason", "Evicted"),
     ];
@@ -437,7 +445,7 @@ async fn reclaims_with_chart_rbac(opts: Opts, prefix: &str) {
             (!r.pod_exists("leader").await).then_some(())
         })
         .await;
-        let deleted = [("namespace", r.locks.as_str()), ("reason", "Evicted")];
+        let deleted = [("lock_namespace", r.locks.as_str()), ("reason", "Evicted")];
         assert_eq!(
             wait_metric(&j, "lock_janitor_pod_deletions_total", &deleted, 1.0).await,
             1.0
@@ -515,7 +523,7 @@ async fn chart_rbac_reclaims_in_namespaced_mode() {
 
 async fn grants_exactly(opts: Opts, prefix: &str) {
     let r = install(prefix, opts, None).await;
-    let want = granted(opts.delete_pod);
+    let want = granted(opts.delete_pod, !opts.namespaced);
     // Leader election (two replicas by default): its own Lease, by name, and
     // create, in the release namespace only.
     let lease = r
@@ -581,7 +589,10 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
             "leases",
             &["create", "deletecollection"],
         ),
-        ("apps", "deployments", &["get", "update"]),
+        // Workloads are read (get), never changed or listed.
+        ("apps", "deployments", &["update", "list", "patch"]),
+        ("apps", "replicasets", &["update", "list", "delete"]),
+        ("apps", "statefulsets", &["update", "list"]),
     ];
     for (g, res, verbs) in denied_here {
         for v in *verbs {
@@ -619,7 +630,8 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
     }
     for (g, res, verbs) in [
         ("", "nodes", &["get", "list", "watch", "patch"][..]),
-        ("", "namespaces", &["get", "list"][..]),
+        // get of a namespace only for a ClusterRole (the takeover followers).
+        ("", "namespaces", &["list", "watch", "delete"][..]),
         ("", "users", &["impersonate"][..]),
         ("", "serviceaccounts", &["impersonate"][..]),
         (
@@ -637,6 +649,7 @@ async fn grants_exactly(opts: Opts, prefix: &str) {
             cases.push((None, g, res, v, false));
         }
     }
+    cases.push((None, "", "namespaces", "get", !opts.namespaced));
     // Namespaced mode: the grants stop at the watched namespace.
     if opts.namespaced {
         for ns in [r.ns.as_str(), "default"] {
@@ -795,7 +808,7 @@ async fn needs_configmaps_delete() {
     r.stale_lock("op-lock", "leader").await;
     wait_metric(&j, "lock_janitor_reconcile_errors_total", &FORBIDDEN, 1.0).await;
     let stale = [
-        ("namespace", r.locks.as_str()),
+        ("lock_namespace", r.locks.as_str()),
         ("lock", "op-lock"),
         ("reason", "Evicted"),
     ];
@@ -866,7 +879,7 @@ async fn needs_pods_delete_with_delete_pod() {
         metric(
             &j,
             "lock_janitor_pod_deletions_total",
-            &[("namespace", r.locks.as_str())]
+            &[("lock_namespace", r.locks.as_str())]
         )
         .await,
         None
@@ -1338,7 +1351,10 @@ fn rbac_guidance_lists_every_verb_the_chart_grants() {
             said += 1;
         }
     }
-    assert_eq!(said, 4, "configmaps, leases, pods, events: {role:#}");
+    assert_eq!(
+        said, 8,
+        "configmaps, leases, pods, events, replicasets, deployments, statefulsets, namespaces: {role:#}"
+    );
 }
 
 /// `helm template` with `args`: the rendered documents, or helm's error.
@@ -1607,7 +1623,7 @@ fn artifact_hub_metadata_and_runbook_links_name_this_version() {
             }
         }
     }
-    assert_eq!(urls, 8);
+    assert_eq!(urls, 9);
     let notes = std::fs::read_to_string(chart_dir().join("templates/NOTES.txt")).unwrap();
     assert!(!notes.contains("/blob/main/"), "NOTES.txt links main");
     assert!(notes.contains("/blob/v{{ .Chart.AppVersion }}/docs/runbooks.md"));

@@ -806,14 +806,18 @@ async fn an_unlabeled_lock_warns() {
     out.others_pass("locks");
 }
 
+/// `check` warns about the monitoring objects only where no Prometheus
+/// would pick them up: kube-prometheus-stack's selects by a `release`
+/// label; one with empty selectors (OpenShift's user workload monitoring)
+/// needs none.
 #[tokio::test]
-async fn monitoring_needs_the_release_label() {
+async fn monitoring_warns_only_where_no_prometheus_selects_it() {
     let cp = shared().await;
     let client = cp.client().await.unwrap();
     // The same CRDs as the chart suite's (support::chart): one definition
     // for every suite, whichever creates them first.
     install_monitoring_crds(&client).await;
-    for plural in ["servicemonitors", "prometheusrules"] {
+    for plural in ["servicemonitors", "prometheusrules", "prometheuses"] {
         wait_for(
             &format!("{plural} served"),
             Duration::from_secs(30),
@@ -827,21 +831,95 @@ async fn monitoring_needs_the_release_label() {
         )
         .await;
     }
-    // Enabled, but without the label kube-prometheus-stack selects by.
-    let i = install(
-        "monitoring",
-        &["serviceMonitor.enabled=true", "prometheusRule.enabled=true"],
+    let monitoring = ["serviceMonitor.enabled=true", "prometheusRule.enabled=true"];
+    // Enabled, without the label kube-prometheus-stack selects by; one with
+    // it; one for a Prometheus that selects anything in its namespace.
+    let unlabeled = install("monitoring", &monitoring).await;
+    let labeled = install(
+        "monitoring-ok",
+        &[
+            monitoring[0],
+            monitoring[1],
+            "serviceMonitor.additionalLabels.release=kps",
+            "prometheusRule.additionalLabels.release=kps",
+        ],
     )
     .await;
-    let out = i.check(&[]);
+    let anything = install("monitoring-any", &monitoring).await;
+    // Each Prometheus looks only at this test's namespaces: the other
+    // suites' objects are not its business.
+    let prometheus = |name: &str, ns: &str, selector: Value, namespaces: &[&str]| {
+        let in_these = json!({"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]});
+        json!({
+            "apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "serviceMonitorSelector": selector, "serviceMonitorNamespaceSelector": in_these,
+                "ruleSelector": selector, "ruleNamespaceSelector": in_these,
+            },
+        })
+    };
+    let ar = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+        "monitoring.coreos.com",
+        "v1",
+        "Prometheus",
+    ));
+    for (ns, p) in [
+        (
+            &unlabeled.ns,
+            prometheus(
+                "kps",
+                &unlabeled.ns,
+                json!({"matchLabels": {"release": "kps"}}),
+                &[&unlabeled.ns, &labeled.ns],
+            ),
+        ),
+        (
+            &anything.ns,
+            prometheus("user-workload", &anything.ns, json!({}), &[&anything.ns]),
+        ),
+    ] {
+        let obj: kube::api::DynamicObject = serde_json::from_value(p).unwrap();
+        Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), ns, &ar)
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect("Prometheus");
+    }
+
+    // No `release` label, and none needed.
+    let out = anything.check(&[]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(out.status("monitoring"), "ok", "{out}");
+    assert!(
+        out.detail("monitoring").contains(&format!(
+            "picked up by Prometheus {}/user-workload",
+            anything.ns
+        )),
+        "{out}"
+    );
+
+    let out = unlabeled.check(&[]);
     assert_eq!(out.code, 0, "{out}");
     assert_eq!(out.status("monitoring"), "warn", "{out}");
     assert!(
-        out.detail("monitoring").contains("no `release` label"),
+        out.detail("monitoring")
+            .contains("picked up by no Prometheus"),
         "{out}"
     );
     assert!(
-        out.hint("monitoring").contains("additionalLabels.release"),
+        out.hint("monitoring")
+            .contains("--set serviceMonitor.additionalLabels.release=kps --set prometheusRule.additionalLabels.release=kps"),
+        "{out}"
+    );
+
+    let out = labeled.check(&[]);
+    assert_eq!(out.code, 0, "{out}");
+    assert_eq!(out.status("monitoring"), "ok", "{out}");
+    assert!(out.detail("monitoring").contains("release=kps"), "{out}");
+    assert!(
+        out.detail("monitoring")
+            .contains(&format!("picked up by Prometheus {}/kps", unlabeled.ns)),
         "{out}"
     );
 
@@ -854,22 +932,6 @@ async fn monitoring_needs_the_release_label() {
             .contains("no ServiceMonitor or PrometheusRule"),
         "{out}"
     );
-
-    // Labeled: ok.
-    let labeled = install(
-        "monitoring-ok",
-        &[
-            "serviceMonitor.enabled=true",
-            "prometheusRule.enabled=true",
-            "serviceMonitor.additionalLabels.release=kps",
-            "prometheusRule.additionalLabels.release=kps",
-        ],
-    )
-    .await;
-    let out = labeled.check(&[]);
-    assert_eq!(out.code, 0, "{out}");
-    assert_eq!(out.status("monitoring"), "ok", "{out}");
-    assert!(out.detail("monitoring").contains("release=kps"), "{out}");
 }
 
 /// `helm test`: the chart's test hook runs `lock-janitor check` against the

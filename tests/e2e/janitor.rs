@@ -110,7 +110,7 @@ async fn reclaimed_when(prefix: &str, kill: impl AsyncFnOnce(&Scenario, &str), l
     s.wait_gone("op-lock").await;
 
     let labels = [
-        ("namespace", s.ns.as_str()),
+        ("lock_namespace", s.ns.as_str()),
         ("lock", "op-lock"),
         ("reason", label),
     ];
@@ -330,7 +330,7 @@ async fn dry_run_writes_nothing_but_events() {
     let ev = wait_event(&s.client, &s.ns, "StaleLockDetected", "op-lock").await;
     assert!(ev.note.unwrap_or_default().contains("dry run"));
     let labels = [
-        ("namespace", s.ns.as_str()),
+        ("lock_namespace", s.ns.as_str()),
         ("lock", "op-lock"),
         ("reason", "Evicted"),
     ];
@@ -407,12 +407,12 @@ async fn delete_pod_deletes_the_dead_holder_and_never_a_live_one() {
     assert_eq!(pod_deletes[0].name.as_deref(), Some("leader"));
 
     // Every metric of docs/design.md is exposed (stale_locks: see the dry-run test).
-    let m = metrics_reclaimed(&j, &[("namespace", s.ns.as_str())], 1.0).await;
+    let m = metrics_reclaimed(&j, &[("lock_namespace", s.ns.as_str())], 1.0).await;
     assert_eq!(
         sample(
             &m,
             "lock_janitor_pod_deletions_total",
-            &[("namespace", s.ns.as_str()), ("reason", "Evicted")]
+            &[("lock_namespace", s.ns.as_str()), ("reason", "Evicted")]
         ),
         Some(1.0)
     );
@@ -560,13 +560,13 @@ async fn restarted_janitor_converges() {
     )
     .await;
     let ns = s.ns.as_str();
-    let m = metrics_reclaimed(&second, &[("namespace", ns), ("lock", "b-lock")], 1.0).await;
+    let m = metrics_reclaimed(&second, &[("lock_namespace", ns), ("lock", "b-lock")], 1.0).await;
     assert_eq!(
         sample(
             &m,
             "lock_janitor_reclaims_total",
             &[
-                ("namespace", ns),
+                ("lock_namespace", ns),
                 ("lock", "b-lock"),
                 ("reason", "Preempted")
             ]
@@ -577,7 +577,11 @@ async fn restarted_janitor_converges() {
         sample(
             &m,
             "lock_janitor_reclaims_total",
-            &[("namespace", ns), ("lock", "a-lock"), ("reason", "Evicted")]
+            &[
+                ("lock_namespace", ns),
+                ("lock", "a-lock"),
+                ("reason", "Evicted")
+            ]
         ),
         None,
         "the second janitor never reclaims the new leader's lock"
@@ -1275,7 +1279,7 @@ async fn a_lock_kept_by_a_finalizer_is_reported_not_counted() {
         "{ev:?}"
     );
     let stale = [
-        ("namespace", s.ns.as_str()),
+        ("lock_namespace", s.ns.as_str()),
         ("lock", "op-lock"),
         ("reason", "Evicted"),
     ];
@@ -1410,7 +1414,7 @@ async fn no_takeover_is_said_and_survives_a_restart() {
     let mut first = s.janitor(&args).await;
     fail_with(&s, "leader", "Evicted").await;
     s.wait_gone("op-lock").await;
-    let awaited = [("namespace", s.ns.as_str()), ("lock", "op-lock")];
+    let awaited = [("lock_namespace", s.ns.as_str()), ("lock", "op-lock")];
     wait_for("awaiting the takeover", Duration::from_secs(10), || async {
         (sample(
             &first.metrics().await,

@@ -821,7 +821,7 @@ async fn reclaimed_and_taken_over(s: &Scenario, j: &Janitor, done: &str) {
     let m = metrics_reclaimed(j, &[("kind", "lease"), ("lock", "op-lease")], 1.0).await;
     let labels = [
         ("kind", "lease"),
-        ("namespace", s.ns.as_str()),
+        ("lock_namespace", s.ns.as_str()),
         ("lock", "op-lease"),
         ("reason", "Evicted"),
     ];

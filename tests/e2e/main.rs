@@ -33,5 +33,6 @@ mod prometheus;
 mod restore;
 mod scan;
 mod sweeps;
+mod takeover;
 mod two_writers;
 mod upgrade;

@@ -180,7 +180,7 @@ async fn real_operator_lib_fails_over_three_times() {
             &m,
             "lock_janitor_reclaims_total",
             &[
-                ("namespace", op.ns.as_str()),
+                ("lock_namespace", op.ns.as_str()),
                 ("lock", LOCK),
                 ("reason", reason),
             ],

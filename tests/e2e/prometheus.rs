@@ -1,7 +1,9 @@
 //! The shipped alert rules in a real Prometheus server: it scrapes the real
-//! janitor's /metrics (every second, with the chart's rules file loaded),
-//! and after a staged eviction and reclaim its HTTP API shows
-//! LockJanitorStaleLockReclaimed firing for that lock.
+//! janitor's /metrics (every second, with the chart's rules file loaded, and
+//! without honouring the metrics' labels, as OpenShift's user workload
+//! monitoring scrapes), and after a staged eviction and reclaim its HTTP API
+//! shows LockJanitorStaleLockReclaimed firing for that lock, named by its
+//! `lock_namespace`.
 //!
 //! Needs the `prometheus` binary (Debian package `prometheus`; $PROMETHEUS
 //! to use another one).
@@ -15,6 +17,8 @@ use lock_janitor_testenv::{fresh_namespace, kubelet, shared};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
+/// The namespace the scrape target says the janitor runs in.
+const JANITOR_HOME: &str = "janitor-home";
 
 fn rules_file() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/lock-janitor/files/prometheus-rules.yaml")
@@ -43,9 +47,11 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    /// Scrapes `127.0.0.1:<target>` every second as job `lock-janitor`,
-    /// keeping the metrics' own labels (the lock's `namespace`) as the chart's
-    /// ServiceMonitor does, and evaluates the chart's rules every second.
+    /// Scrapes `127.0.0.1:<target>` every second as job `lock-janitor`, with
+    /// the target's own `namespace` label (`JANITOR_HOME`, as the Prometheus
+    /// Operator sets it) winning over the metrics' labels (no honor_labels,
+    /// as the chart's ServiceMonitor and OpenShift do), and evaluates the
+    /// chart's rules every second.
     async fn start(target: u16) -> Prometheus {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!(
@@ -62,9 +68,11 @@ rule_files:
   - {rules}
 scrape_configs:
   - job_name: lock-janitor
-    honor_labels: true
+    honor_labels: false
     static_configs:
       - targets: ['127.0.0.1:{target}']
+        labels:
+          namespace: {JANITOR_HOME}
 ",
             rules = rules_file().display()
         );
@@ -198,7 +206,7 @@ async fn reclaim_alert_fires_in_prometheus() {
     // series exists for a lock that was never reclaimed (no series per lock
     // "just in case"), and nothing fires.
     let counter = format!(
-        "lock_janitor_reclaims_total{{kind=\"configmap\",namespace=\"{ns}\",lock=\"op-lock\",reason=\"Evicted\"}}"
+        "lock_janitor_reclaims_total{{kind=\"configmap\",lock_namespace=\"{ns}\",lock=\"op-lock\",reason=\"Evicted\"}}"
     );
     let held = "lock_janitor_locks{kind=\"configmap\",state=\"held\"}";
     wait_for("Prometheus scraped the held lock", WAIT, || async {
@@ -208,7 +216,7 @@ async fn reclaim_alert_fires_in_prometheus() {
     .await;
     assert!(prom.query(&counter).await.is_empty());
     let firing = format!(
-        "ALERTS{{alertname=\"LockJanitorStaleLockReclaimed\",alertstate=\"firing\",namespace=\"{ns}\"}}"
+        "ALERTS{{alertname=\"LockJanitorStaleLockReclaimed\",alertstate=\"firing\",lock_namespace=\"{ns}\"}}"
     );
     assert!(prom.query(&firing).await.is_empty());
 
@@ -225,7 +233,8 @@ async fn reclaim_alert_fires_in_prometheus() {
     })
     .await;
     let labels = &alert["metric"];
-    assert_eq!(labels["namespace"], ns.as_str(), "{alert}");
+    // The lock's namespace, whatever the scrape did to `namespace`.
+    assert_eq!(labels["lock_namespace"], ns.as_str(), "{alert}");
     assert_eq!(labels["lock"], "op-lock", "{alert}");
     assert_eq!(labels["reason"], "Evicted", "{alert}");
     assert_eq!(labels["kind"], "configmap", "{alert}");
@@ -239,7 +248,7 @@ async fn reclaim_alert_fires_in_prometheus() {
         .flatten()
         .find(|a| {
             a["labels"]["alertname"] == "LockJanitorStaleLockReclaimed"
-                && a["labels"]["namespace"] == ns.as_str()
+                && a["labels"]["lock_namespace"] == ns.as_str()
         })
         .unwrap_or_else(|| panic!("not in /api/v1/alerts: {alerts}"));
     assert_eq!(a["state"], "firing");
@@ -251,10 +260,12 @@ async fn reclaim_alert_fires_in_prometheus() {
         .as_str()
         .is_some_and(|u| u.ends_with("docs/runbooks.md#lockjanitorstalelockreclaimed")));
 
-    // The counter was born at 1 with the reclaim.
+    // The counter was born at 1 with the reclaim; its `namespace` is the
+    // target's, its `lock_namespace` the lock's.
     let r = prom.query(&counter).await;
     assert_eq!(r.len(), 1, "{r:?}");
     assert_eq!(value_of(&r[0]), Some(1.0));
+    assert_eq!(r[0]["metric"]["namespace"], JANITOR_HOME, "{r:?}");
     // The documented "how many" queries count that first reclaim, and the
     // first takeover timeout (nobody made the lock again within 4 s).
     // increase() extrapolates from its samples to the window's end, by as
@@ -267,7 +278,7 @@ async fn reclaim_alert_fires_in_prometheus() {
         ),
         (
             "takeover timeouts a day",
-            format!("round(sum by (namespace, lock) (increase(lock_janitor_takeover_timeouts_total{{namespace=\"{ns}\"}}[1d])))"),
+            format!("round(sum by (lock_namespace, lock) (increase(lock_janitor_takeover_timeouts_total{{lock_namespace=\"{ns}\"}}[1d])))"),
         ),
     ] {
         let v = wait_for(what, WAIT, || async {
@@ -278,7 +289,7 @@ async fn reclaim_alert_fires_in_prometheus() {
         assert_eq!(v, 1.0, "{what}: {q}");
     }
     let last = format!(
-        "max by (kind, namespace, lock) (max_over_time(lock_janitor_last_reclaim_timestamp_seconds{{namespace=\"{ns}\"}}[1d]))"
+        "max by (kind, lock_namespace, lock) (max_over_time(lock_janitor_last_reclaim_timestamp_seconds{{lock_namespace=\"{ns}\"}}[1d]))"
     );
     let r = prom.query(&last).await;
     assert_eq!(r.len(), 1, "which locks were reclaimed: {r:?}");
@@ -286,7 +297,7 @@ async fn reclaim_alert_fires_in_prometheus() {
     // Only the reason that happened fires.
     let all = prom
         .query(&format!(
-            "ALERTS{{alertname=\"LockJanitorStaleLockReclaimed\",namespace=\"{ns}\"}}"
+            "ALERTS{{alertname=\"LockJanitorStaleLockReclaimed\",lock_namespace=\"{ns}\"}}"
         ))
         .await;
     assert_eq!(all.len(), 1, "{all:?}");
@@ -336,7 +347,7 @@ async fn reclaim_alert_fires_in_prometheus() {
                 .await
                 .iter()
                 .find(|r| {
-                    r["metric"]["namespace"] == ns.as_str() && r["metric"]["lock"] == "op-lock"
+                    r["metric"]["lock_namespace"] == ns.as_str() && r["metric"]["lock"] == "op-lock"
                 })
                 .and_then(value_of)
                 .filter(|v| *v == 1.0)

@@ -50,7 +50,7 @@ async fn owner_gone_lock_is_reclaimed_after_the_grace() {
         j.logs()
     );
     let labels = [
-        ("namespace", ns.as_str()),
+        ("lock_namespace", ns.as_str()),
         ("lock", "op-lock"),
         ("reason", "OwnerGone"),
     ];

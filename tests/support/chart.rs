@@ -193,9 +193,20 @@ pub fn monitoring_crds() -> Vec<CustomResourceDefinition> {
                 }}},
         }},
     }});
+    // A Prometheus: only what `check` reads of it (its selectors).
+    let prometheus = json!({"type": "object", "properties": {
+        "apiVersion": string, "kind": string, "metadata": {"type": "object"},
+        "spec": {"type": "object", "properties": {
+            "serviceMonitorSelector": label_selector,
+            "serviceMonitorNamespaceSelector": label_selector,
+            "ruleSelector": label_selector,
+            "ruleNamespaceSelector": label_selector,
+        }},
+    }});
     [
         ("servicemonitors", "ServiceMonitor", service_monitor),
         ("prometheusrules", "PrometheusRule", prometheus_rule),
+        ("prometheuses", "Prometheus", prometheus),
     ]
     .into_iter()
     .map(|(plural, kind, schema)| {

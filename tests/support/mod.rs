@@ -214,6 +214,12 @@ pub async fn grant_janitor(client: &Client) {
                 &["events"],
                 &["create", "patch", "list"],
             ),
+            // Whether a freed lock's takeover is still wanted: its
+            // namespace, and its holder's workload.
+            rule(&[""], &["namespaces"], &["get"]),
+            rule(&["apps"], &["replicasets"], &["get"]),
+            rule(&["apps"], &["deployments"], &["get"]),
+            rule(&["apps"], &["statefulsets"], &["get"]),
         ]),
         ..Default::default()
     };

@@ -137,6 +137,18 @@ Rules shared by the ClusterRole and the per-namespace Roles: exactly what
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch", "list"]
+# After freeing a lock, whether its holder's workload still wants a leader
+# (no NoTakeover for an operator scaled to 0 or uninstalled): the holder
+# pod's ReplicaSet, its Deployment, or its StatefulSet, read by name.
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["get"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get"]
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["get"]
 {{- end }}
 
 {{/*

@@ -2,12 +2,15 @@
 //! leader Lease, the auto opt-in policy, the Prometheus Operator objects.
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, Client};
 
+use super::selectors::{self, Labels, Picked};
 use super::{release_selector, Check, Install, PART_OF_LABEL};
 use crate::call;
 
@@ -324,8 +327,12 @@ pub async fn auto_opt_in(i: &Install) -> Check {
     )
 }
 
-/// Check 8: with the Prometheus Operator, a ServiceMonitor and a PrometheusRule
-/// of the release, labeled `release` for kube-prometheus-stack.
+/// Check 8: with the Prometheus Operator, a ServiceMonitor and a
+/// PrometheusRule of the release, each picked up by a Prometheus: its label
+/// and namespace selectors select it (kube-prometheus-stack selects by a
+/// `release` label; a Prometheus with empty selectors, as OpenShift's user
+/// workload monitoring has, needs none). Where the Prometheus objects
+/// cannot be read, it says so and does not warn.
 pub async fn monitoring(i: &Install) -> Check {
     const NAME: &str = "monitoring";
     let gv = "monitoring.coreos.com/v1";
@@ -338,12 +345,17 @@ pub async fn monitoring(i: &Install) -> Check {
         }
         let selector = release_selector(PART_OF_LABEL, i.release.as_deref());
         let lp = ListParams::default().labels(&selector);
-        let mut found = Vec::new();
+        let mut found: Vec<(Picked, String, DynamicObject)> = Vec::new();
         let mut missing = Vec::new();
-        let mut unlabeled = Vec::new();
-        for (kind, plural, ns) in [
-            ("ServiceMonitor", "servicemonitors", None),
+        for (picked, kind, plural, ns) in [
             (
+                Picked::ServiceMonitor,
+                "ServiceMonitor",
+                "servicemonitors",
+                None,
+            ),
+            (
+                Picked::PrometheusRule,
                 "PrometheusRule",
                 "prometheusrules",
                 Some(i.namespace.as_str()),
@@ -377,10 +389,7 @@ pub async fn monitoring(i: &Install) -> Check {
                     o.metadata.namespace.as_deref().unwrap_or_default(),
                     o.metadata.name.as_deref().unwrap_or_default()
                 );
-                match o.metadata.labels.as_ref().and_then(|l| l.get("release")) {
-                    Some(r) => found.push(format!("{id} (release={r})")),
-                    None => unlabeled.push(id),
-                }
+                found.push((picked, id, o));
             }
         }
         if !missing.is_empty() {
@@ -393,20 +402,135 @@ pub async fn monitoring(i: &Install) -> Check {
                 i.helm_upgrade("--set serviceMonitor.enabled=true --set prometheusRule.enabled=true"),
             ));
         }
-        if !unlabeled.is_empty() {
+        let named = |(_, id, o): &(Picked, String, DynamicObject)| match o
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("release"))
+        {
+            Some(r) => format!("{id} (release={r})"),
+            None => id.clone(),
+        };
+        let prometheuses = match prometheuses(&i.client).await {
+            Ok(p) if !p.is_empty() => p,
+            // Nothing to compare with: no warning on a guess.
+            other => {
+                let why = match other {
+                    Ok(_) => "no Prometheus object found".to_owned(),
+                    Err(e) => format!("the Prometheus objects could not be read: {e}"),
+                };
+                let names: Vec<String> = found.iter().map(named).collect();
+                return Ok(Check::ok(
+                    NAME,
+                    format!(
+                        "{} ({why}; whether a Prometheus selects them is not checked)",
+                        names.join(", ")
+                    ),
+                ));
+            }
+        };
+        let mut namespaces: BTreeMap<String, Labels> = BTreeMap::new();
+        let mut picked = Vec::new();
+        let mut unpicked = Vec::new();
+        for f in &found {
+            let (kind, _, o) = f;
+            let ns = o.metadata.namespace.clone().unwrap_or_default();
+            if !namespaces.contains_key(&ns) {
+                let labels = namespace_labels(&i.client, &ns).await;
+                namespaces.insert(ns.clone(), labels);
+            }
+            let labels: Labels = o
+                .metadata
+                .labels
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            let by: Vec<&str> = prometheuses
+                .iter()
+                .filter(|(_, home, spec)| {
+                    selectors::picks(spec, home, *kind, &labels, &ns, &namespaces[&ns])
+                })
+                .map(|(id, _, _)| id.as_str())
+                .collect();
+            if by.is_empty() {
+                unpicked.push(f);
+            } else {
+                picked.push(format!(
+                    "{} picked up by Prometheus {}",
+                    named(f),
+                    by.join(", ")
+                ));
+            }
+        }
+        if let Some((kind, _, _)) = unpicked.first() {
+            let how: Vec<String> = prometheuses
+                .iter()
+                .map(|(id, _, spec)| format!("{id}: {}", selectors::describe(spec, *kind)))
+                .collect();
+            let sets: Vec<String> = unpicked
+                .iter()
+                .flat_map(|(kind, _, _)| {
+                    let value = kind.labels_value();
+                    prometheuses
+                        .iter()
+                        .map(|(_, _, spec)| selectors::wanted_labels(spec, *kind))
+                        .find(|l| !l.is_empty())
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(move |(k, v)| format!("--set {value}.{k}={v}"))
+                })
+                .collect();
+            let hint = if sets.is_empty() {
+                "label them (the chart's serviceMonitor.additionalLabels, prometheusRule.additionalLabels) so that a Prometheus' selectors pick them, or widen its selectors".to_owned()
+            } else {
+                i.helm_upgrade(&sets.join(" "))
+            };
             return Ok(Check::warn(
                 NAME,
                 format!(
-                    "{} carry no `release` label: kube-prometheus-stack selects ServiceMonitors and PrometheusRules by it",
-                    unlabeled.join(", ")
+                    "{} picked up by no Prometheus ({}): no scrapes or no alerts",
+                    unpicked
+                        .iter()
+                        .map(|f| named(f))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    how.join("; ")
                 ),
-                i.helm_upgrade(
-                    "--set serviceMonitor.additionalLabels.release=<kube-prometheus-stack release> \
-                     --set prometheusRule.additionalLabels.release=<kube-prometheus-stack release>",
-                ),
+                hint,
             ));
         }
-        Ok(Check::ok(NAME, found.join(", ")))
+        Ok(Check::ok(NAME, picked.join("; ")))
     };
     Check::or_failed(NAME, r.await, "list on servicemonitors and prometheusrules")
+}
+
+/// Every Prometheus of the Prometheus Operator: (namespace/name, its
+/// namespace, its spec).
+async fn prometheuses(client: &Client) -> anyhow::Result<Vec<(String, String, serde_json::Value)>> {
+    let gv = "monitoring.coreos.com/v1";
+    if !served(client, gv, "prometheuses").await? {
+        return Ok(Vec::new());
+    }
+    let api = dynamic(client, gv, "Prometheus", None);
+    let list = call("listing prometheuses", api.list(&ListParams::default())).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|p| {
+            let ns = p.metadata.namespace.clone().unwrap_or_default();
+            let id = format!("{ns}/{}", p.metadata.name.as_deref().unwrap_or_default());
+            (id, ns, p.data["spec"].clone())
+        })
+        .collect())
+}
+
+/// A namespace's labels; where it cannot be read, the one label the API
+/// server sets on every namespace.
+async fn namespace_labels(client: &Client, ns: &str) -> Labels {
+    let api: Api<Namespace> = Api::all(client.clone());
+    match call(format!("reading namespace {ns}"), api.get_opt(ns)).await {
+        Ok(Some(n)) => n.metadata.labels.unwrap_or_default().into_iter().collect(),
+        _ => Labels::from([("kubernetes.io/metadata.name".to_owned(), ns.to_owned())]),
+    }
 }

@@ -15,6 +15,7 @@
 mod access;
 mod install;
 mod locks;
+mod selectors;
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
