@@ -151,7 +151,7 @@ async fn a_lease_held_for_life_whose_owner_is_gone_is_deleted_after_the_grace() 
         j.logs()
     );
     let labels = [
-        ("namespace", ns.as_str()),
+        ("lock_namespace", ns.as_str()),
         ("lock", "for-life"),
         ("kind", "lease"),
         ("reason", "OwnerGone"),
