@@ -29,8 +29,8 @@ async fn nothing_happens_before_the_watches_sync() {
     let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
     let client = Client::try_from(config).unwrap();
     let shared = Shared::new().unwrap();
-    shared.readiness.expect(2);
-    shared.readiness.synced();
+    shared.readiness.expect_in("", 2);
+    shared.readiness.synced_in("");
     let ctx = Context::new(
         client,
         shared.clone(),
@@ -57,7 +57,7 @@ async fn nothing_happens_before_the_watches_sync() {
 
     // Once synced, the same reconcile reads live, and fails here (nothing
     // listens): an error, never a verdict.
-    shared.readiness.synced();
+    shared.readiness.synced_in("");
     let err = reconcile(lock, ctx).await.unwrap_err();
     assert!(
         matches!(
