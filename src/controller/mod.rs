@@ -512,12 +512,8 @@ fn wire(
         sides.configmaps = Some(side);
     }
     if kinds.contains(&LockKind::Lease) {
-        let (run, side) = scope::run_scope::<Lease>(
-            ctx.clone(),
-            ns.clone(),
-            listed_tx.clone(),
-            shutdown.clone(),
-        );
+        let (run, side) =
+            scope::run_scope::<Lease>(ctx.clone(), ns.clone(), listed_tx.clone(), shutdown.clone());
         runs.push(Box::pin(run));
         sides.leases = Some(side);
     }

@@ -33,6 +33,7 @@ mod prometheus;
 mod properties;
 mod restore;
 mod scan;
+mod scopes;
 mod sweeps;
 mod two_writers;
 mod upgrade;
