@@ -60,8 +60,8 @@ pub enum Error {
     Unsupported { found: String },
     /// Every scope refused its list or watch at start-up (one refused
     /// scope among others is served around, and retried).
-    #[error("every scope refused the janitor's list or watch ({scopes}): does RBAC grant list and watch on configmaps, leases and pods there, and do the namespaces exist?")]
-    Refused { scopes: String },
+    #[error("every scope refused the janitor's list or watch ({scopes}): does RBAC grant list and watch on configmaps, leases and pods there, and do the namespaces exist? The first answer: {answer}")]
+    Refused { scopes: String, answer: String },
 }
 
 /// The bounded values of `lock_janitor_reconcile_errors_total{error}`.

@@ -45,6 +45,9 @@ pub struct Refusal {
     pub scope: Option<String>,
     /// What it may not do, as `verb resource`: "list configmaps".
     pub denied: Vec<String>,
+    /// The first refusal as the API server worded it ("listing configmaps
+    /// in b: ... forbidden ...").
+    pub answer: String,
 }
 
 impl Refusal {
@@ -111,6 +114,7 @@ pub async fn preflight(
             .collect();
         return Err(Error::Refused {
             scopes: each.join("; "),
+            answer: refused[0].answer.clone(),
         });
     }
     Ok(refused)
@@ -144,10 +148,14 @@ pub async fn check_scope(
         check_list_and_watch(leases, &locks, "leases", ns),
         check_list_and_watch(Some(scoped::<Pod>(client, ns)), &pods, "pods", ns),
     );
-    let denied: Vec<String> = [c?, l?, p?].into_iter().flatten().collect();
-    Ok((!denied.is_empty()).then(|| Refusal {
+    let refusals: Vec<(String, String)> = [c?, l?, p?].into_iter().flatten().collect();
+    let Some(answer) = refusals.first().map(|(_, answer)| answer.clone()) else {
+        return Ok(None);
+    };
+    Ok(Some(Refusal {
         scope: ns.map(str::to_owned),
-        denied,
+        denied: refusals.into_iter().map(|(denied, _)| denied).collect(),
+        answer,
     }))
 }
 
@@ -159,14 +167,14 @@ fn refuses(e: &Error) -> bool {
 
 /// Lists (one item) and opens a one-second watch from the list's version;
 /// an error status in the watch stream counts as a failure too. Nothing
-/// to check without an `api` (a lock kind not watched). `Some("list
-/// configmaps")`: that request was refused.
+/// to check without an `api` (a lock kind not watched). `Some(("list
+/// configmaps", the answer))`: that request was refused.
 async fn check_list_and_watch<K>(
     api: Option<Api<K>>,
     (lp, wp): &(ListParams, WatchParams),
     resource: &str,
     ns: Option<&str>,
-) -> Result<Option<String>, Error>
+) -> Result<Option<(String, String)>, Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -175,7 +183,7 @@ where
     };
     let what = format!("{resource} in {}", ns.unwrap_or("all namespaces"));
     let refused = |verb: &str, r: Result<(), Error>| match r {
-        Err(e) if refuses(&e) => Ok(Some(format!("{verb} {resource}"))),
+        Err(e) if refuses(&e) => Ok(Some((format!("{verb} {resource}"), e.to_string()))),
         Err(e) => Err(e),
         Ok(()) => Ok(None),
     };

@@ -417,7 +417,7 @@ pub async fn run_refused(
             Some(r) => {
                 let label = r.scope_label();
                 ctx.shared.readiness.refused(label, r.missing());
-                warn!(scope = %label, missing = %r.missing(), retry_seconds = REFUSED_RETRY.as_secs(),
+                warn!(scope = %label, missing = %r.missing(), answer = %r.answer, retry_seconds = REFUSED_RETRY.as_secs(),
                       "scope refused at start-up: not watched, its locks are not reclaimed; serving the other scopes and checking it again with backoff");
                 let (ctx, shutdown) = (ctx.clone(), shutdown.clone());
                 runs.push(Box::pin(async move {
@@ -450,8 +450,8 @@ pub fn refused_retry(n: u32) -> Duration {
 /// A namespace created later, with its RoleBinding, is picked up so.
 async fn allowed_again(ctx: &Context, ns: &Option<String>, shutdown: &CancellationToken) -> bool {
     let scope = ns.as_deref().unwrap_or_default();
-    for n in 1.. {
-        let wait = refused_retry(n);
+    let mut wait = refused_retry(1);
+    for n in 2.. {
         tokio::select! {
             _ = shutdown.cancelled() => return false,
             _ = tokio::time::sleep(wait) => {}
@@ -463,7 +463,8 @@ async fn allowed_again(ctx: &Context, ns: &Option<String>, shutdown: &Cancellati
             &ctx.settings.kinds,
         )
         .await;
-        let next = refused_retry(n + 1).as_secs();
+        wait = refused_retry(n);
+        let next = wait.as_secs();
         match checked {
             Ok(None) => {
                 info!(scope, "scope allowed now: watching it");
