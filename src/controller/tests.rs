@@ -1,4 +1,5 @@
-//! Unit tests of the controller: the per-lock backoff and the sync gate.
+//! Unit tests of the controller: the per-lock backoff, the refused scope's
+//! backoff and the sync gate.
 
 use super::*;
 
@@ -20,6 +21,21 @@ fn errors_back_off_per_lock_with_jitter() {
     let spread: std::collections::BTreeSet<u128> =
         (0..50).map(|_| error_backoff(3).as_millis()).collect();
     assert!(spread.len() > 1, "jittered");
+}
+
+#[test]
+fn a_refused_scope_is_checked_again_from_5s_up_to_2min() {
+    let within = |d: Duration, base: u64| {
+        let b = Duration::from_secs(base);
+        d >= b.mul_f64(0.8) && d <= b.mul_f64(1.2)
+    };
+    for _ in 0..100 {
+        assert!(within(refused_retry(1), 5));
+        assert!(within(refused_retry(2), 10));
+        assert!(within(refused_retry(5), 80));
+        assert!(within(refused_retry(6), 120), "capped");
+        assert!(within(refused_retry(u32::MAX), 120));
+    }
 }
 
 /// Before every watch has synced, a reconcile does nothing at all: no
