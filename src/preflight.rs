@@ -218,6 +218,26 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::version::Info;
 
     #[test]
+    fn a_403_or_a_404_refuses_a_scope_and_nothing_else_does() {
+        let answered = |code: u16| Error::Kube {
+            action: "listing configmaps in b".into(),
+            source: kube::Error::Api(
+                kube::core::Status::failure("no", "Forbidden")
+                    .with_code(code)
+                    .boxed(),
+            ),
+        };
+        assert!(refuses(&answered(403)));
+        assert!(refuses(&answered(404)));
+        assert!(!refuses(&answered(500)), "an API server in trouble");
+        assert!(!refuses(&answered(429)));
+        assert!(!refuses(&Error::Timeout {
+            action: "listing".into(),
+            after: std::time::Duration::from_secs(15),
+        }));
+    }
+
+    #[test]
     fn the_minor_is_read_as_managed_services_write_it() {
         let info = |major: &str, minor: &str| Info {
             major: major.into(),
