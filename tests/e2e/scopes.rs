@@ -278,6 +278,39 @@ async fn a_namespace_created_later_is_watched_once_it_exists() {
     );
 }
 
+/// Only a refusal of every scope stops start-up: exit 1, naming each scope
+/// and the API server's answer.
+#[tokio::test]
+async fn every_scope_refused_fails_start_up() {
+    let cp = shared().await;
+    let admin = cp.client().await.expect("admin client");
+    let a = fresh_namespace(&admin, "scopes-none").await;
+    let (x, y) = (format!("{a}-x"), format!("{a}-y"));
+    let i = install("scopes-none", &[&x, &y], 1).await;
+    apply_rbac(
+        &i.client,
+        &i.rbac_outside(&x)
+            .into_iter()
+            .filter(|d| d["metadata"]["namespace"].as_str() != Some(y.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let mut j = i.spawn();
+    let status = j
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("still running:\n{}", j.logs()));
+    assert_eq!(status.code(), Some(1), "{}", j.logs());
+    let logs = j.logs();
+    assert!(
+        logs.contains("every scope refused the janitor's list or watch")
+            && logs.contains(&format!("namespace {x}: list configmaps"))
+            && logs.contains(&format!("namespace {y}: list configmaps"))
+            && logs.contains("forbidden"),
+        "{logs}"
+    );
+}
+
 /// Two electors of one Lease, in-process: one whose scope never lists
 /// (not ready), started first, and one ready. The not-ready one reads the
 /// missing Lease first; the ready one still creates it, and leads.
