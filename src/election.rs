@@ -113,11 +113,13 @@ impl Gate {
 /// Returns the gate at once; the task runs in the background.
 ///
 /// A leader whose watches have been failing past the readiness threshold
-/// (`readiness`: not ready for a minute) offers the lease to a ready
-/// replica (releases it); a replica that is not ready takes only a lease
-/// nobody took for a lease duration. So a ready standby leads if there is
-/// one, and otherwise the not-ready one leads its healthy scopes again
-/// (one broken namespace does not stop reclaims in the others).
+/// (`readiness`: not ready for a minute), or with a scope refused at
+/// start-up, offers the lease to a ready replica (releases it); a replica
+/// that is not ready for any reason (its watches still listing included)
+/// takes or creates only a lease nobody took for a lease duration. So a
+/// ready standby leads if there is one, and otherwise the not-ready one
+/// leads its healthy scopes (one broken namespace does not stop reclaims in
+/// the others).
 pub fn start(
     client: Client,
     election: Election,
@@ -141,7 +143,8 @@ pub fn start(
             let mut offered: Option<(Vec<String>, Instant)> = None;
             loop {
                 let started = Instant::now();
-                let failing = readiness.failing_watches();
+                // A scope refused at start-up counts as a failing watch.
+                let failing = readiness.troubles();
                 let mut offering = false;
                 if failing.is_empty() {
                     if offered.take().is_some() {
@@ -167,9 +170,12 @@ pub fn start(
                         }
                     }
                 }
-                // A replica that is not ready takes only a lease that nobody
-                // took for a lease duration: a ready one comes first.
-                let patience = if failing.is_empty() {
+                // A replica that is not ready (a scope refused or failing,
+                // or its watches still listing) takes or creates only a
+                // lease that nobody took for a lease duration: a ready one
+                // comes first, and when none can be ready this one still
+                // leads the scopes it serves.
+                let patience = if readiness.is_ready() {
                     Duration::ZERO
                 } else {
                     election.lease_duration
@@ -304,6 +310,10 @@ async fn try_acquire_or_renew(
 ) -> Result<bool, Error> {
     let secs = i32::try_from(e.lease_duration.as_secs()).unwrap_or(i32::MAX);
     let Some(current) = call("reading the leader lease", api.get_opt(&e.lease)).await? else {
+        // Missing: free since it was first seen missing.
+        if free_since(state, String::new(), None).elapsed() < patience {
+            return Ok(false);
+        }
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(e.lease.clone()),
@@ -330,16 +340,7 @@ async fn try_acquire_or_renew(
         .lease_duration_seconds
         .map(|s| Duration::from_secs(s.max(0) as u64))
         .unwrap_or(e.lease_duration);
-    let seen = {
-        let mut s = locked(state);
-        let changed = !matches!(&s.observed, Some((h, r, _)) if *h == holder && *r == renewed);
-        if changed {
-            s.observed = Some((holder.clone(), renewed, Instant::now()));
-        }
-        s.observed
-            .as_ref()
-            .map_or_else(Instant::now, |(_, _, seen)| *seen)
-    };
+    let seen = free_since(state, holder.clone(), renewed);
     let mine = holder == e.identity;
     if !mine {
         // Free since it was first seen held by nobody, or since it expired.
@@ -375,6 +376,20 @@ async fn try_acquire_or_renew(
     )
     .await;
     won(replaced, state, !mine)
+}
+
+/// Records the lease record seen (`holder`, `renewed`; an empty holder and
+/// no renewal for a missing Lease) and returns since when it has been
+/// seen so, on this replica's clock.
+fn free_since(state: &Mutex<State>, holder: String, renewed: Option<Timestamp>) -> Instant {
+    let mut s = locked(state);
+    let changed = !matches!(&s.observed, Some((h, r, _)) if *h == holder && *r == renewed);
+    if changed {
+        s.observed = Some((holder, renewed, Instant::now()));
+    }
+    s.observed
+        .as_ref()
+        .map_or_else(Instant::now, |(_, _, seen)| *seen)
 }
 
 /// Ok(true) when the write went through (`took`: the lease was not this

@@ -45,8 +45,18 @@ async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
     if ready {
         return (StatusCode::OK, "ok\n".to_owned());
     }
+    let refused: Vec<String> = r
+        .refused_scopes()
+        .into_iter()
+        .map(|(scope, missing)| format!("{} ({missing})", crate::readiness::scope_text(&scope)))
+        .collect();
     let failing = r.failing_watches();
-    let why = if !failing.is_empty() {
+    let why = if !refused.is_empty() {
+        format!(
+            "scopes refused at start-up, checked again with backoff (the other scopes are served): {}",
+            refused.join(", ")
+        )
+    } else if !failing.is_empty() {
         format!(
             "watches failing for more than a minute: {}",
             failing.join(", ")

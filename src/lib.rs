@@ -58,6 +58,10 @@ pub enum Error {
     Metrics(#[from] prometheus::Error),
     #[error("the API server runs Kubernetes {found}; lock-janitor supports Kubernetes 1.{} and later (docs/compatibility.md)", crate::preflight::OLDEST_MINOR)]
     Unsupported { found: String },
+    /// Every scope refused its list or watch at start-up (one refused
+    /// scope among others is served around, and retried).
+    #[error("every scope refused the janitor's list or watch ({scopes}): does RBAC grant list and watch on configmaps, leases and pods there, and do the namespaces exist? The first answer: {answer}")]
+    Refused { scopes: String, answer: String },
 }
 
 /// The bounded values of `lock_janitor_reconcile_errors_total{error}`.
@@ -102,6 +106,7 @@ impl Error {
                 source: kube::Error::Api(status),
                 ..
             } if status.code == 403 => ErrorKind::Forbidden,
+            Error::Refused { .. } => ErrorKind::Forbidden,
             Error::Kube { .. } | Error::Metrics(_) | Error::Unsupported { .. } => ErrorKind::Api,
             Error::Timeout { .. } => ErrorKind::Timeout,
         }

@@ -146,10 +146,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         http_stop.clone().cancelled_owned(),
     ));
 
-    tokio::select! {
+    // Scopes that refuse are served around and retried; only a refusal of
+    // every scope stops here.
+    let refused = tokio::select! {
         checked = lock_janitor::preflight::preflight(&control, &settings.selector, &settings.namespaces, &settings.kinds) => checked.map_err(|e| {
             let hint = match e {
-                lock_janitor::Error::Unsupported { .. } => "start-up check failed",
+                lock_janitor::Error::Unsupported { .. } | lock_janitor::Error::Refused { .. } => "start-up check failed",
                 _ => "start-up check failed (is the selector valid, and does RBAC grant list and watch on configmaps and pods?)",
             };
             anyhow::Error::new(e).context(hint)
@@ -158,7 +160,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             info!("stopped before start-up finished");
             return Ok(());
         }
-    }
+    };
 
     // The lease is renewed through the drain and released after it.
     let election_stop = CancellationToken::new();
@@ -206,7 +208,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // The drain after a signal is bounded: in-flight reclaims get DRAIN_BOUND
     // to finish (each API call is bounded too), then the process goes on
     // to release its lease and exit. The chart's grace period is above it.
-    let drained = controller::run(ctx.clone(), shutdown.clone());
+    let drained = controller::run_refused(ctx.clone(), refused, shutdown.clone());
     tokio::pin!(drained);
     let deadline = async {
         shutdown.cancelled().await;

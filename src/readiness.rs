@@ -1,9 +1,12 @@
-//! Readiness: every watch has listed once, none has been failing for more
-//! than a minute, and shutdown has not started. What `/readyz` answers and
-//! `lock_janitor_ready` shows, and what gates every write (safety rule 4).
+//! Readiness: every scope's watches have listed once, none has been failing
+//! for more than a minute, no scope was refused at start-up, and shutdown
+//! has not started. What `/readyz` answers and `lock_janitor_ready` shows.
+//! Each scope also gates its own reconciles on its own first lists (safety
+//! rule 4, per scope): a scope that is refused, or slow to list, holds no
+//! other.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -48,42 +51,83 @@ pub enum Report {
     Quiet,
 }
 
-/// Readiness: a count of watches that have not finished their first list,
-/// the health of each watch, and a flag raised when shutdown starts.
+/// Where a scope stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ScopeState {
+    /// Refused its list or watch at start-up: not watched, retried with
+    /// backoff. What it may not do ("list configmaps, watch pods").
+    Refused { missing: String },
+    /// Watched: this many of its watches (and its first sweep) have not
+    /// listed once yet; 0 once they all have.
+    Listing(usize),
+}
+
+/// Readiness: per scope, refused or how many of its watches have not
+/// listed once; the health of each watch; a flag raised when shutdown
+/// starts.
 #[derive(Debug, Default)]
 pub struct Readiness {
-    unsynced: AtomicUsize,
-    registered: AtomicBool,
     shutting_down: AtomicBool,
     watches: Mutex<HashMap<String, Health>>,
-    /// Every scope watched (`scopes`), for `lock_janitor_scope_ready`.
-    scopes: Mutex<Vec<String>>,
+    /// Every scope (its namespace, or "" for the whole cluster), for
+    /// `lock_janitor_scope_ready`.
+    scopes: Mutex<BTreeMap<String, ScopeState>>,
 }
 
 impl Readiness {
-    /// Declares `n` watches that must each call `synced` once.
-    pub fn expect(&self, n: usize) {
-        self.unsynced.fetch_add(n, Ordering::SeqCst);
-        self.registered.store(true, Ordering::SeqCst);
+    /// The scope `scope` (a namespace, or "" for the cluster) refused its
+    /// list or watch at start-up; `missing` says what it may not do.
+    pub fn refused(&self, scope: &str, missing: String) {
+        crate::locked(&self.scopes).insert(scope.to_owned(), ScopeState::Refused { missing });
     }
-    pub fn synced(&self) {
-        self.unsynced.fetch_sub(1, Ordering::SeqCst);
+    /// The scope `scope` is watched: `n` watches (or sweeps) must each call
+    /// `synced_in` once before anything in it is judged.
+    pub fn expect_in(&self, scope: &str, n: usize) {
+        crate::locked(&self.scopes).insert(scope.to_owned(), ScopeState::Listing(n));
+    }
+    /// As `expect_in` for the whole cluster, which serves every namespace
+    /// (`expect(0)`: judgements may run at once, as in-process tests do).
+    pub fn expect(&self, n: usize) {
+        self.expect_in("", n)
+    }
+    /// One of the scope's watches has listed once.
+    pub fn synced_in(&self, scope: &str) {
+        if let Some(ScopeState::Listing(n)) = crate::locked(&self.scopes).get_mut(scope) {
+            *n = n.saturating_sub(1);
+        }
     }
     pub fn shutting_down(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
-    /// Every declared watch has listed once.
+    /// Every scope is watched and has listed once (none refused).
     pub fn is_synced(&self) -> bool {
-        self.registered.load(Ordering::SeqCst) && self.unsynced.load(Ordering::SeqCst) == 0
+        let scopes = crate::locked(&self.scopes);
+        !scopes.is_empty() && scopes.values().all(|s| *s == ScopeState::Listing(0))
+    }
+    /// Whether the scope that holds `namespace` (the namespace itself, or
+    /// the whole cluster) has listed once: what a judgement or a write in
+    /// that namespace waits for.
+    pub fn serves(&self, namespace: &str) -> bool {
+        let scopes = crate::locked(&self.scopes);
+        scopes
+            .get(namespace)
+            .or_else(|| scopes.get(""))
+            .is_some_and(|s| *s == ScopeState::Listing(0))
+    }
+    /// The scopes refused at start-up and not allowed since, with what each
+    /// may not do.
+    pub fn refused_scopes(&self) -> Vec<(String, String)> {
+        crate::locked(&self.scopes)
+            .iter()
+            .filter_map(|(scope, s)| match s {
+                ScopeState::Refused { missing } => Some((scope.clone(), missing.clone())),
+                ScopeState::Listing(_) => None,
+            })
+            .collect()
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Health>) -> T) -> T {
         f(&mut crate::locked(&self.watches))
-    }
-
-    /// The scopes watched: each namespace, or "" for the whole cluster.
-    pub fn scopes(&self, scopes: Vec<String>) {
-        *crate::locked(&self.scopes) = scopes;
     }
 
     /// The watch `name`, of scope `scope` (a namespace, or "" for the
@@ -149,8 +193,21 @@ impl Readiness {
         v
     }
 
-    /// Per scope watched, whether it works: every watch has listed once and
-    /// none of the scope's has been failing for more than a minute.
+    /// What keeps this replica from being ready, besides its first lists
+    /// and shutdown: the scopes refused at start-up and the watches failing
+    /// for more than a minute. The election offers its lease on these.
+    pub fn troubles(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .refused_scopes()
+            .into_iter()
+            .map(|(scope, missing)| format!("{} refused ({missing})", scope_text(&scope)))
+            .collect();
+        v.extend(self.failing_watches());
+        v
+    }
+
+    /// Per scope, whether it works: watched, every watch of it has listed
+    /// once, and none of its has been failing for more than a minute.
     pub fn scope_readiness(&self) -> Vec<(String, bool)> {
         let now = Instant::now();
         let failing: std::collections::HashSet<String> = self.with(|w| {
@@ -159,17 +216,32 @@ impl Readiness {
                 .map(|h| h.scope.clone())
                 .collect()
         });
-        let synced = self.is_synced();
         crate::locked(&self.scopes)
             .iter()
-            .map(|s| (s.clone(), synced && !failing.contains(s)))
+            .map(|(s, state)| {
+                (
+                    s.clone(),
+                    *state == ScopeState::Listing(0) && !failing.contains(s),
+                )
+            })
             .collect()
     }
 
+    /// Ready: every scope watched and listed once, none refused, no watch
+    /// failing for more than a minute, shutdown not started.
     pub fn is_ready(&self) -> bool {
         self.is_synced()
             && !self.shutting_down.load(Ordering::SeqCst)
             && self.failing_watches().is_empty()
+    }
+}
+
+/// A scope as logs and `/readyz` name it.
+pub fn scope_text(scope: &str) -> String {
+    if scope.is_empty() {
+        "all namespaces".to_owned()
+    } else {
+        format!("namespace {scope}")
     }
 }
 
@@ -180,8 +252,8 @@ mod tests {
     #[test]
     fn a_watch_failing_for_a_minute_is_not_ready_until_it_recovers() {
         let r = Readiness::default();
-        r.expect(1);
-        r.synced();
+        r.expect_in("", 1);
+        r.synced_in("");
         assert!(r.is_ready());
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
@@ -217,5 +289,42 @@ mod tests {
         // A new run of errors after a quiet spell starts a new minute.
         r.watch_failed_at("ops", "configmaps in ops", at(500));
         assert!(r.failing_at(at(501)).is_empty());
+    }
+
+    #[test]
+    fn a_refused_scope_holds_readiness_but_not_the_other_scopes() {
+        let r = Readiness::default();
+        assert!(!r.is_synced(), "nothing declared yet");
+        r.expect_in("a", 3);
+        r.refused("b", "list configmaps, list pods".into());
+        for _ in 0..2 {
+            r.synced_in("a");
+        }
+        assert!(!r.serves("a"), "one of a's watches has not listed");
+        r.synced_in("a");
+        assert!(r.serves("a"));
+        assert!(!r.serves("b"));
+        assert!(!r.serves("c"), "not a scope");
+        assert!(!r.is_ready(), "b is refused");
+        assert_eq!(
+            r.scope_readiness(),
+            vec![("a".to_owned(), true), ("b".to_owned(), false)]
+        );
+        assert_eq!(
+            r.troubles(),
+            vec!["namespace b refused (list configmaps, list pods)"]
+        );
+        // Allowed later: watched, and ready once it has listed.
+        r.expect_in("b", 1);
+        assert!(r.refused_scopes().is_empty());
+        assert!(!r.is_ready());
+        r.synced_in("b");
+        assert!(r.is_ready());
+        assert!(r.troubles().is_empty());
+        // The whole cluster serves every namespace.
+        let all = Readiness::default();
+        all.expect_in("", 1);
+        all.synced_in("");
+        assert!(all.serves("anything"));
     }
 }

@@ -315,11 +315,12 @@ pub fn key_of<K: Watched>(o: &K) -> LockKey {
 /// Judges one lock from live reads and writes what the verdict calls for,
 /// unless its last judgement still stands (nothing changed since).
 pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.shared.readiness.is_synced() {
-        // Safety rule 4: nothing happens before every watch has synced.
+    let key = key_of(&*obj);
+    if !ctx.shared.readiness.serves(&key.namespace) {
+        // Safety rule 4: nothing happens in a scope before each of its
+        // watches has synced (other scopes do not wait for it).
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let key = key_of(&*obj);
     let Some(mut state) = ctx.memory.take(&key, &obj.version(), obj.cached_holder()) else {
         // Its judgement stands until the lock or its holder changes: the
         // lock watch, the terminal-pod watch and each sweep say so. No
@@ -409,56 +410,137 @@ pub fn error_policy<K: Watched>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> 
 /// Runs one controller per scope and lock kind until `shutdown` is
 /// cancelled and every in-flight reconcile has finished.
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let scopes = crate::scopes(&ctx.settings.namespaces);
-    let kinds = &ctx.settings.kinds;
-    // Per scope, before anything is judged: each kind's lock watch, the
-    // terminal-pod watch and the first sweep.
-    ctx.shared
-        .readiness
-        .expect((kinds.len() + 2) * scopes.len());
-    ctx.shared.readiness.scopes(
-        scopes
-            .iter()
-            .map(|s| s.clone().unwrap_or_default())
-            .collect(),
-    );
+    run_refused(ctx, Vec::new(), shutdown).await
+}
+
+/// As `run`, with the scopes that refused at start-up (`preflight`) left
+/// out: each is said, shown not ready (`lock_janitor_scope_ready` 0), and
+/// checked again with backoff (`REFUSED_RETRY` doubling to
+/// `MAX_REFUSED_RETRY`); watched from the moment it is allowed. The other
+/// scopes are served meanwhile.
+pub async fn run_refused(
+    ctx: Arc<Context>,
+    refused: Vec<crate::preflight::Refusal>,
+    shutdown: CancellationToken,
+) {
     let mut runs: Vec<future::BoxFuture<'static, ()>> = Vec::new();
-    for ns in scopes {
-        // How many of the scope's watches have listed once.
-        let (listed_tx, listed_rx) = tokio::sync::watch::channel(0u8);
-        let listed_tx = Arc::new(listed_tx);
-        let mut sides = pods::Sides::default();
-        if kinds.contains(&LockKind::ConfigMap) {
-            let (run, side) = scope::run_scope::<LockMeta>(
-                ctx.clone(),
-                ns.clone(),
-                listed_tx.clone(),
-                shutdown.clone(),
-            );
-            runs.push(Box::pin(run));
-            sides.configmaps = Some(side);
+    for ns in crate::scopes(&ctx.settings.namespaces) {
+        match refused.iter().find(|r| r.scope == ns) {
+            None => runs.extend(wire(&ctx, ns, &shutdown)),
+            Some(r) => {
+                let label = r.scope_label();
+                ctx.shared.readiness.refused(label, r.missing());
+                warn!(scope = %label, missing = %r.missing(), answer = %r.answer, retry_seconds = REFUSED_RETRY.as_secs(),
+                      "scope refused at start-up: not watched, its locks are not reclaimed; serving the other scopes and checking it again with backoff");
+                let (ctx, shutdown) = (ctx.clone(), shutdown.clone());
+                runs.push(Box::pin(async move {
+                    if allowed_again(&ctx, &ns, &shutdown).await {
+                        future::join_all(wire(&ctx, ns, &shutdown)).await;
+                    }
+                }));
+            }
         }
-        if kinds.contains(&LockKind::Lease) {
-            let (run, side) = scope::run_scope::<Lease>(
-                ctx.clone(),
-                ns.clone(),
-                listed_tx.clone(),
-                shutdown.clone(),
-            );
-            runs.push(Box::pin(run));
-            sides.leases = Some(side);
-        }
-        let expect = u8::try_from(kinds.len() + 1).unwrap_or(u8::MAX);
-        runs.push(Box::pin(pods::run(
-            ctx.clone(),
-            ns,
-            sides,
-            (listed_tx, listed_rx),
-            expect,
-            shutdown.clone(),
-        )));
     }
     future::join_all(runs).await;
+}
+
+/// A scope refused at start-up is checked again after this, then after
+/// twice as long each time, up to `MAX_REFUSED_RETRY` (±20 % jitter).
+pub const REFUSED_RETRY: Duration = Duration::from_secs(5);
+pub const MAX_REFUSED_RETRY: Duration = Duration::from_secs(120);
+
+/// The wait before the `n`th check (from 1) of a refused scope.
+pub fn refused_retry(n: u32) -> Duration {
+    let doublings = n.saturating_sub(1).min(10);
+    REFUSED_RETRY
+        .saturating_mul(1 << doublings)
+        .min(MAX_REFUSED_RETRY)
+        .mul_f64(0.8 + 0.4 * fastrand::f64())
+}
+
+/// Checks a refused scope again with backoff (the start-up check, within
+/// the API budget) until it is allowed (true) or shutdown starts (false).
+/// A namespace created later, with its RoleBinding, is picked up so.
+async fn allowed_again(ctx: &Context, ns: &Option<String>, shutdown: &CancellationToken) -> bool {
+    let scope = ns.as_deref().unwrap_or_default();
+    let mut wait = refused_retry(1);
+    for n in 2.. {
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        let checked = crate::preflight::check_scope(
+            &ctx.client,
+            &ctx.settings.selector,
+            ns.as_deref(),
+            &ctx.settings.kinds,
+        )
+        .await;
+        wait = refused_retry(n);
+        let next = wait.as_secs();
+        match checked {
+            Ok(None) => {
+                info!(scope, "scope allowed now: watching it");
+                return true;
+            }
+            Ok(Some(r)) => {
+                ctx.shared.readiness.refused(scope, r.missing());
+                warn!(scope, missing = %r.missing(), retry_seconds = next,
+                      "scope still refused: not watched, its locks are not reclaimed; checking it again");
+            }
+            Err(e) => {
+                warn!(scope, error = %e, retry_seconds = next,
+                      "could not check a refused scope; checking it again");
+            }
+        }
+    }
+    false
+}
+
+/// A scope's watches: each kind's lock watch and Controller, the
+/// terminal-pod watch and the sweeper. Declared to readiness: nothing in
+/// the scope is judged before each kind's lock watch, the pod watch and the
+/// first sweep are done.
+fn wire(
+    ctx: &Arc<Context>,
+    ns: Option<String>,
+    shutdown: &CancellationToken,
+) -> Vec<future::BoxFuture<'static, ()>> {
+    let kinds = &ctx.settings.kinds;
+    ctx.shared
+        .readiness
+        .expect_in(ns.as_deref().unwrap_or_default(), kinds.len() + 2);
+    let mut runs: Vec<future::BoxFuture<'static, ()>> = Vec::new();
+    // How many of the scope's watches have listed once.
+    let (listed_tx, listed_rx) = tokio::sync::watch::channel(0u8);
+    let listed_tx = Arc::new(listed_tx);
+    let mut sides = pods::Sides::default();
+    if kinds.contains(&LockKind::ConfigMap) {
+        let (run, side) = scope::run_scope::<LockMeta>(
+            ctx.clone(),
+            ns.clone(),
+            listed_tx.clone(),
+            shutdown.clone(),
+        );
+        runs.push(Box::pin(run));
+        sides.configmaps = Some(side);
+    }
+    if kinds.contains(&LockKind::Lease) {
+        let (run, side) =
+            scope::run_scope::<Lease>(ctx.clone(), ns.clone(), listed_tx.clone(), shutdown.clone());
+        runs.push(Box::pin(run));
+        sides.leases = Some(side);
+    }
+    let expect = u8::try_from(kinds.len() + 1).unwrap_or(u8::MAX);
+    runs.push(Box::pin(pods::run(
+        ctx.clone(),
+        ns,
+        sides,
+        (listed_tx, listed_rx),
+        expect,
+        shutdown.clone(),
+    )));
+    runs
 }
 
 pub mod cadence;

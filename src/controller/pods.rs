@@ -134,8 +134,9 @@ pub(super) async fn run(
     let watch = {
         let readiness = ctx.shared.readiness.clone();
         let (ctx, sides) = (ctx.clone(), sides.clone());
+        let within = namespace.clone().unwrap_or_default();
         terminal_pods(&ctx.clone(), namespace.as_deref(), &scope, move || {
-            readiness.synced();
+            readiness.synced_in(&within);
             listed_tx.send_modify(|n| *n += 1);
         })
         .for_each(move |pod| {
@@ -234,7 +235,9 @@ async fn sweeper(
                             Err(e) => warn!(error = %e,
                                 "could not read the janitor's reclaim Events; takeovers awaited before a restart are not followed"),
                         }
-                        ctx.shared.readiness.synced();
+                        ctx.shared
+                            .readiness
+                            .synced_in(ns.as_deref().unwrap_or_default());
                         first = false;
                         // Leading already counts as taken: no second sweep.
                         if let Some(rx) = lead.as_mut() {

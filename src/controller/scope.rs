@@ -140,6 +140,7 @@ pub(super) fn run_scope<K: Kind>(
         let (ns, accepting) = (namespace.clone(), accepting.clone());
         let (shared, readiness) = (ctx.shared.clone(), ctx.shared.readiness.clone());
         let mut listed_once = false;
+        let ns_label = namespace.clone().unwrap_or_default();
         let config = watcher::Config::default()
             .labels(ctx.settings.selector.as_str())
             .any_semantic();
@@ -175,7 +176,7 @@ pub(super) fn run_scope<K: Kind>(
             });
         let stream = watch_health(stream, shared, K::RESOURCE, namespace.as_deref(), &scope);
         let synced = on_first_sync(stream, move || {
-            readiness.synced();
+            readiness.synced_in(ns_label.as_str());
             listed.send_modify(|n| *n += 1);
         });
         objects_only(synced.applied_objects())

@@ -1,4 +1,5 @@
-//! Unit tests of the controller: the per-lock backoff and the sync gate.
+//! Unit tests of the controller: the per-lock backoff, the refused scope's
+//! backoff and the sync gate.
 
 use super::*;
 
@@ -22,6 +23,21 @@ fn errors_back_off_per_lock_with_jitter() {
     assert!(spread.len() > 1, "jittered");
 }
 
+#[test]
+fn a_refused_scope_is_checked_again_from_5s_up_to_2min() {
+    let within = |d: Duration, base: u64| {
+        let b = Duration::from_secs(base);
+        d >= b.mul_f64(0.8) && d <= b.mul_f64(1.2)
+    };
+    for _ in 0..100 {
+        assert!(within(refused_retry(1), 5));
+        assert!(within(refused_retry(2), 10));
+        assert!(within(refused_retry(5), 80));
+        assert!(within(refused_retry(6), 120), "capped");
+        assert!(within(refused_retry(u32::MAX), 120));
+    }
+}
+
 /// Before every watch has synced, a reconcile does nothing at all: no
 /// API call (the client points nowhere), no judgement.
 #[tokio::test]
@@ -29,8 +45,8 @@ async fn nothing_happens_before_the_watches_sync() {
     let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
     let client = Client::try_from(config).unwrap();
     let shared = Shared::new().unwrap();
-    shared.readiness.expect(2);
-    shared.readiness.synced();
+    shared.readiness.expect_in("", 2);
+    shared.readiness.synced_in("");
     let ctx = Context::new(
         client,
         shared.clone(),
@@ -57,7 +73,7 @@ async fn nothing_happens_before_the_watches_sync() {
 
     // Once synced, the same reconcile reads live, and fails here (nothing
     // listens): an error, never a verdict.
-    shared.readiness.synced();
+    shared.readiness.synced_in("");
     let err = reconcile(lock, ctx).await.unwrap_err();
     assert!(
         matches!(

@@ -82,7 +82,7 @@ pub(super) async fn carry_label_over<K: Lockish>(
         // a lock that is present again as taken over, not as awaited.
         let (waiting, mut looked) = (Instant::now(), Instant::now());
         let mut settled = false;
-        while !s.readiness.is_synced() || !s.gate.may_write() {
+        while !s.readiness.serves(&key.namespace) || !s.gate.may_write() {
             if waiting.elapsed() > FOLLOW_FOR {
                 return false;
             }

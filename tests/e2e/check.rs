@@ -604,6 +604,29 @@ async fn rbac_missing_a_verb_fails() {
     out.others_pass("rbac");
 }
 
+/// A watched namespace whose RoleBinding is gone: the janitor leaves it
+/// out (and retries it), and `check` names it as a refused scope.
+#[tokio::test]
+async fn a_refused_scope_is_named() {
+    let i = install("refused", &[]).await;
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(i.client.clone(), &i.locks)
+        .delete(RELEASE, &DeleteParams::default())
+        .await
+        .expect("delete the chart's RoleBinding");
+    let out = i.check(&[]);
+    assert_eq!(out.code, 1, "{out}");
+    assert_eq!(out.status("rbac"), "fail", "{out}");
+    let detail = out.detail("rbac");
+    assert!(detail.contains("list configmaps in"), "{out}");
+    assert!(
+        detail.ends_with(&format!(
+            "the janitor serves the others and checks these again every 2 minutes at most): {}",
+            i.locks
+        )),
+        "{out}"
+    );
+}
+
 #[tokio::test]
 async fn a_removed_or_toothless_guard_fails() {
     let i = install("guard", &[]).await;

@@ -32,6 +32,7 @@ mod plugin;
 mod prometheus;
 mod restore;
 mod scan;
+mod scopes;
 mod sweeps;
 mod takeover;
 mod two_writers;

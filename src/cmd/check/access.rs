@@ -137,10 +137,14 @@ pub async fn rbac(i: &Install) -> Check {
         .collect()
         .await;
     let mut missing = Vec::new();
+    let mut denied = Vec::new();
     for (n, r) in needs.iter().zip(results) {
         match r {
             Ok(true) => {}
-            Ok(false) => missing.push(need_text(n)),
+            Ok(false) => {
+                missing.push(need_text(n));
+                denied.push(n.clone());
+            }
             Err(e) => return Check::or_failed(NAME, Err(e), "create on subjectaccessreviews"),
         }
     }
@@ -162,14 +166,53 @@ pub async fn rbac(i: &Install) -> Check {
     } else {
         format!("Role {} in each watched namespace", i.name)
     };
+    let mut refused = Vec::new();
+    for ns in refused_scopes(&denied) {
+        let gone = matches!(
+            Api::<k8s_openapi::api::core::v1::Namespace>::all(i.client.clone())
+                .get_opt(&ns)
+                .await,
+            Ok(None)
+        );
+        refused.push(if gone {
+            format!("{ns} (no such namespace)")
+        } else {
+            ns
+        });
+    }
+    let refused = if refused.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; scopes refused (not watched, their locks not reclaimed; the janitor serves the others and checks these again every 2 minutes at most): {}",
+            refused.join(", ")
+        )
+    };
     Check::fail(
         NAME,
-        format!("{} may not: {}", i.user(), missing.join(", ")),
+        format!("{} may not: {}{refused}", i.user(), missing.join(", ")),
         format!(
-            "the chart's {role} grants these; restore them: {}",
+            "the chart's {role} grants these (a namespace must exist before its Role can); restore them: {}",
             i.helm_upgrade("")
         ),
     )
+}
+
+/// The watched namespaces where a list or watch the janitor's start-up
+/// check makes is denied: `run` leaves them out and retries them.
+fn refused_scopes(denied: &[Need]) -> Vec<String> {
+    let mut v: Vec<String> = denied
+        .iter()
+        .filter(|(_, resource, verb, _, name)| {
+            name.is_none()
+                && matches!(*verb, "list" | "watch")
+                && matches!(*resource, "configmaps" | "leases" | "pods")
+        })
+        .filter_map(|(_, _, _, ns, _)| ns.clone())
+        .collect();
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// A ConfigMap in the janitor's scope that is not opted in: the DELETE the
@@ -317,4 +360,30 @@ pub async fn delete_guard(i: &Install) -> Check {
         r.await,
         "get on validatingadmissionpolicies and their bindings",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scope_without_list_or_watch_is_refused() {
+        let need =
+            |resource, verb, ns: &str| -> Need { ("", resource, verb, Some(ns.to_owned()), None) };
+        let denied = vec![
+            need("configmaps", "list", "b"),
+            need("pods", "watch", "b"),
+            need("configmaps", "delete", "c"),
+            need("events", "list", "d"),
+            (
+                "coordination.k8s.io",
+                "leases",
+                "get",
+                Some("ops".into()),
+                Some("lock-janitor".into()),
+            ),
+            need("leases", "watch", "a"),
+        ];
+        assert_eq!(refused_scopes(&denied), ["a", "b"]);
+    }
 }
