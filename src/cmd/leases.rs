@@ -1,10 +1,11 @@
 //! The Lease locks of `scan` and `label`: one paged list of Leases per scope,
-//! and the pods of each namespace where a Lease's holder identity could name
-//! one (a Lease's holder may be named by a pod's `spec.hostname`, so the
-//! namespace's pods are listed whole, once). A Lease is a candidate when it
-//! is opted in, or when its holder identity names exactly one pod of its
-//! namespace (docs/design.md, "lock-shaped": node heartbeats in `kube-node-lease`
-//! and the control plane's own leases name no pod and are left out).
+//! and the pods of each namespace with a candidate (a Lease's holder may be
+//! named by a pod's `spec.hostname`, so the namespace's pods are listed
+//! whole, once). A Lease is a candidate when it is opted in, or when
+//! `lock::candidate::lease` says so: held for life, or held under an
+//! identity that names exactly one pod of its namespace (node heartbeats in
+//! `kube-node-lease` and the control plane's own leases name no pod and are
+//! left out), outside the excluded namespaces unless named with -n.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,6 +17,7 @@ use kube::Api;
 use super::report::{row, Row};
 use super::Cluster;
 use crate::cli::Scope;
+use crate::lock::candidate::{self, Shape};
 use crate::lock::{self, LockKey};
 use crate::observe::{Judgement, Observer};
 use crate::Error;
@@ -51,11 +53,20 @@ pub async fn list_lease_candidates(
         leases.extend(crate::list_all(&api, &what).await?);
     }
     let scanned = leases.len();
-    let hosts = |l: &Lease| lock::lease::parse(l).ok().and_then(|p| p.host);
+    let shapes: Vec<Option<Shape>> = leases
+        .iter()
+        .map(|l| {
+            let ns = l.metadata.namespace.as_deref().unwrap_or_default();
+            candidate::lease(l).filter(|_| !scope.leaves_out(ns))
+        })
+        .collect();
+    // The pods of every namespace with a candidate: a host to look for, or
+    // the owner of a Lease held for life (its judgement reads them).
     let wanted: BTreeSet<String> = leases
         .iter()
-        .filter(|l| hosts(l).is_some())
-        .filter_map(|l| l.metadata.namespace.clone())
+        .zip(&shapes)
+        .filter(|(l, shape)| shape.is_some() || scope.selector.matches(l.metadata.labels.as_ref()))
+        .filter_map(|(l, _)| l.metadata.namespace.clone())
         .collect();
     let mut pods = BTreeMap::new();
     for ns in wanted {
@@ -65,15 +76,15 @@ pub async fn list_lease_candidates(
     }
     let mut candidates: Vec<LeaseCandidate> = leases
         .into_iter()
-        .filter_map(|lease| {
+        .zip(shapes)
+        .filter_map(|(lease, shape)| {
             let labeled = scope.selector.matches(lease.metadata.labels.as_ref());
-            let names_one_pod = hosts(&lease).is_some_and(|h| {
-                let ns = lease.metadata.namespace.as_deref().unwrap_or_default();
-                pods.get(ns).map_or(0, |ps| {
-                    ps.iter().filter(|p| lock::lease::names(&h, p)).count()
-                }) == 1
+            let ns = lease.metadata.namespace.as_deref().unwrap_or_default();
+            let found = pods.get(ns).map(Vec::as_slice).unwrap_or_default();
+            let is_candidate = shape.is_some_and(|s| {
+                s.host().is_none_or(|h| candidate::names_one_pod(h, found))
             });
-            (labeled || names_one_pod).then_some(LeaseCandidate { lease, labeled })
+            (labeled || is_candidate).then_some(LeaseCandidate { lease, labeled })
         })
         .collect();
     candidates.sort_by(|a, b| {

@@ -19,7 +19,6 @@ use kube::{Api, Client};
 
 use crate::cli::Scope;
 use crate::lock::{holds_data, looks_like_lock};
-use crate::selector::Selector;
 use crate::{call, Error, Paged};
 
 /// Objects per page of a list.
@@ -222,7 +221,8 @@ pub fn encode(value: &impl serde::Serialize, yaml: bool) -> anyhow::Result<Strin
 }
 
 /// Lists every ConfigMap in scope (paged, metadata only) and keeps the
-/// candidates (those matching the scope's selector, or lock-shaped).
+/// candidates (those matching the scope's selector, or lock-shaped outside
+/// the excluded namespaces: `Scope::leaves_out`).
 pub async fn list_candidates(
     cluster: &Cluster,
     scope: &Scope,
@@ -230,7 +230,7 @@ pub async fn list_candidates(
 ) -> anyhow::Result<Listing> {
     let mut listing = Listing::default();
     for ns in crate::scopes(&scope.namespaces) {
-        list_namespace(cluster, ns.as_deref(), &scope.selector, &mut listing)
+        list_namespace(cluster, ns.as_deref(), scope, &mut listing)
             .await
             .map_err(|e| explain(e, cluster, needs))?;
     }
@@ -286,7 +286,7 @@ async fn keep_lock_shaped(cluster: &Cluster, listing: &mut Listing) -> Result<()
 async fn list_namespace(
     cluster: &Cluster,
     ns: Option<&str>,
-    selector: &Selector,
+    scope: &Scope,
     out: &mut Listing,
 ) -> Result<(), Error> {
     let api: Api<ConfigMap> = crate::scoped(&cluster.client, ns);
@@ -307,8 +307,9 @@ async fn list_namespace(
             let mut meta = item.metadata;
             // Not needed, and the largest part of the metadata.
             meta.managed_fields = None;
-            let labeled = selector.matches(meta.labels.as_ref());
-            if labeled || looks_like_lock(&meta) {
+            let labeled = scope.selector.matches(meta.labels.as_ref());
+            let excluded = || scope.leaves_out(meta.namespace.as_deref().unwrap_or_default());
+            if labeled || (looks_like_lock(&meta) && !excluded()) {
                 found.push(Candidate {
                     meta,
                     labeled,
