@@ -1431,13 +1431,11 @@ fn chart_duration_bounds_are_the_binarys() {
 /// ServiceAccount gets the cluster-wide rights of its own install.
 #[tokio::test]
 async fn two_installs_of_one_release_name_share_no_cluster_scoped_name() {
-    const CLUSTER_SCOPED: [&str; 6] = [
+    const CLUSTER_SCOPED: [&str; 4] = [
         "ClusterRole",
         "ClusterRoleBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
-        "MutatingAdmissionPolicy",
-        "MutatingAdmissionPolicyBinding",
     ];
     let cp = shared().await;
     let client = cp.client().await.expect("admin client");
@@ -1450,12 +1448,6 @@ async fn two_installs_of_one_release_name_share_no_cluster_scoped_name() {
             &ns,
             &[
                 "--api-versions=admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy".into(),
-                "--api-versions=admissionregistration.k8s.io/v1/MutatingAdmissionPolicy".into(),
-                "--set".into(),
-                "admissionPolicies.autoOptIn.enabled=true".into(),
-                "--set-json".into(),
-                r#"admissionPolicies.autoOptIn.namespaceSelector={"matchLabels":{"team":"a"}}"#
-                    .into(),
                 "--set".into(),
                 format!("selector={LABEL_KEY}={ns}"),
             ],

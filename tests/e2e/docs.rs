@@ -552,6 +552,7 @@ async fn metrics_listed_are_the_metrics_exported() {
             "1s",
             "--resync",
             "5s",
+            "--auto-opt-in",
         ],
     )
     .await;
