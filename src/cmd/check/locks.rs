@@ -130,18 +130,7 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
         ));
     }
     let mut hints = Vec::new();
-    if !not_in.is_empty() && i.run.auto_opt_in {
-        detail.push_str(&format!(
-            ", {} not opted in: {}",
-            not_in.len(),
-            names(&not_in)
-        ));
-        hints.push(format!(
-            "the janitor runs with --auto-opt-in: its leader labels these within seconds; if they stay \
-             unlabeled, its log says why (a 403 names the missing permission; docs/runbooks.md, \
-             LockJanitorUnprotectedLocks); to keep one out on purpose, label it {key}=false"
-        ));
-    } else if !not_in.is_empty() {
+    if !not_in.is_empty() {
         detail.push_str(&format!(
             ", {} not opted in: {}",
             not_in.len(),
@@ -152,8 +141,15 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
             .iter()
             .map(|ns| format!("lock-janitor label -n {ns}{sel} --apply"))
             .collect();
+        let auto = if i.run.auto_opt_in {
+            "the janitor runs with --auto-opt-in: its leader labels these within seconds, and when \
+             they stay unlabeled its log says why (a 403 names the missing permission; docs/runbooks.md, \
+             LockJanitorUnprotectedLocks); to label them now: "
+        } else {
+            "the janitor frees only opted-in locks: "
+        };
         hints.push(format!(
-            "the janitor frees only opted-in locks: {} (without --apply it shows what it would label); \
+            "{auto}{} (without --apply it shows what it would label); \
              to keep one out on purpose, label it {key}=false",
             names(&commands)
         ));
