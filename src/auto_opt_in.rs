@@ -669,4 +669,124 @@ mod tests {
         assert!(!changed_lately(&lease(3600, None), now));
         assert!(changed_lately(&lease(1, None), now), "new, no acquire time");
     }
+
+    fn configmap(rv: &str, label: Option<&str>) -> serde_json::Value {
+        let mut cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "op-lock", "namespace": "ops", "uid": "cm-uid", "resourceVersion": rv,
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "op-1", "uid": "pod-uid"}]}});
+        if let Some(v) = label {
+            cm["metadata"]["labels"] = serde_json::json!({"lock-janitor.io/watch": v});
+        }
+        cm
+    }
+
+    fn auto(client: Client) -> (Arc<AutoOptIn>, Metrics) {
+        let metrics = Metrics::new().unwrap();
+        let a = AutoOptIn::new(
+            client,
+            Gate::always(),
+            metrics.clone(),
+            Settings {
+                key: "lock-janitor.io/watch".into(),
+                value: "true".into(),
+                namespaces: vec!["ops".into()],
+                exclusions: Exclusions::parse("kube-system").unwrap(),
+                kinds: vec![LockKind::ConfigMap],
+                own_lease: None,
+                retry: Duration::from_secs(300),
+                write: true,
+            },
+        );
+        (a, metrics)
+    }
+
+    const CM: &str = "/api/v1/namespaces/ops/configmaps/op-lock";
+
+    fn value(m: &Metrics, name: &str, labels: &str) -> String {
+        let text = m.render().unwrap();
+        let line = format!("{name}{{{labels}}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or("absent")
+            .to_owned()
+    }
+
+    /// A 409 reads and judges again: the second read still a candidate is
+    /// labeled (its own resourceVersion in the patch), and said.
+    #[tokio::test]
+    async fn a_conflict_reads_and_judges_again() {
+        use crate::fixtures::{scripted, status, Exchange};
+        let event = serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": "e", "namespace": "ops"}, "eventTime": "2026-12-06T20:00:00.000000Z"});
+        let (client, received) = scripted(vec![
+            Exchange::new("GET", CM, 200, configmap("7", None)),
+            Exchange::new("PATCH", CM, 409, status(409, "Conflict")),
+            Exchange::new("GET", CM, 200, configmap("9", None)),
+            Exchange::new("PATCH", CM, 200, configmap("10", Some("true"))),
+            Exchange::new("POST", "/apis/events.k8s.io/v1/namespaces/ops/events", 201, event),
+        ]);
+        let (a, m) = auto(client);
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None).await;
+        let received = received.lock().unwrap().clone();
+        let calls: Vec<(&str, &str)> = received
+            .iter()
+            .map(|(m, u, _)| (m.as_str(), u.split('?').next().unwrap_or_default()))
+            .collect();
+        assert_eq!(
+            &calls[..4],
+            [("GET", CM), ("PATCH", CM), ("GET", CM), ("PATCH", CM)],
+            "{received:#?}"
+        );
+        assert_eq!(received[3].2["metadata"]["resourceVersion"], "9");
+        assert_eq!(calls.get(4).map(|c| c.0), Some("POST"), "the LockOptedIn Event");
+        assert_eq!(received[4].2["reason"], "LockOptedIn", "{received:#?}");
+        assert_eq!(value(&m, "lock_janitor_opt_ins_total", r#"kind="configmap""#), "1");
+        assert_eq!(value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#), "0");
+    }
+
+    /// Read again after a 409, the lock carries the key with another value
+    /// (someone opted it out meanwhile): nothing more is written.
+    #[tokio::test]
+    async fn an_opt_out_made_meanwhile_is_never_overwritten() {
+        use crate::fixtures::{scripted, status, Exchange};
+        let (client, received) = scripted(vec![
+            Exchange::new("GET", CM, 200, configmap("7", None)),
+            Exchange::new("PATCH", CM, 409, status(409, "Conflict")),
+            Exchange::new("GET", CM, 200, configmap("9", Some("false"))),
+        ]);
+        let (a, m) = auto(client);
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None).await;
+        assert_eq!(received.lock().unwrap().len(), 3);
+        assert_eq!(value(&m, "lock_janitor_opt_ins_total", r#"kind="configmap""#), "0");
+        assert_eq!(value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#), "0");
+    }
+
+    /// A refused label is counted as `forbidden`, and the lock stays
+    /// counted as unprotected; a ConfigMap with data is never written.
+    #[tokio::test]
+    async fn a_refusal_is_counted_and_data_is_never_labeled() {
+        use crate::fixtures::{scripted, status, Exchange};
+        let (client, received) = scripted(vec![
+            Exchange::new("GET", CM, 200, configmap("7", None)),
+            Exchange::new("PATCH", CM, 403, status(403, "Forbidden")),
+        ]);
+        let (a, m) = auto(client);
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None).await;
+        assert_eq!(received.lock().unwrap().len(), 2);
+        assert_eq!(value(&m, "lock_janitor_reconcile_errors_total", r#"error="forbidden""#), "1");
+        assert_eq!(value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#), "1");
+
+        let mut spark = configmap("7", None);
+        spark["data"] = serde_json::json!({"spark.conf": "x"});
+        let (client, received) = scripted(vec![Exchange::new("GET", CM, 200, spark)]);
+        let (a, m) = auto(client);
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None).await;
+        assert_eq!(received.lock().unwrap().len(), 1, "one read, no write");
+        assert_eq!(value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#), "0");
+        // Excluded: not even read.
+        let (client, received) = scripted(vec![]);
+        let (a, _) = auto(client);
+        a.judge_and_label(&LockKey::configmap("kube-system", "op-lock"), None).await;
+        assert!(received.lock().unwrap().is_empty());
+    }
 }
