@@ -37,7 +37,8 @@ async fn client_for(kubeconfig: &std::path::Path) -> Client {
 }
 
 /// The rendered Deployment's ServiceAccount and container args (without
-/// the metrics address and log format, which tests set).
+/// the metrics address and log format, which tests set, and without
+/// --auto-opt-in).
 fn deployment_of(docs: &[Value]) -> (String, Vec<String>) {
     let deployment = docs.iter().find(|d| kind_of(d) == "Deployment").unwrap();
     let spec = &deployment["spec"]["template"]["spec"];
@@ -48,6 +49,9 @@ fn deployment_of(docs: &[Value]) -> (String, Vec<String>) {
         .iter()
         .filter_map(Value::as_str)
         .filter(|a| !a.starts_with("--metrics-bind-address") && !a.starts_with("--log-format"))
+        // Cluster-wide on the shared control plane, --auto-opt-in would
+        // label every suite's locks: this janitor is scoped by its selector.
+        .filter(|a| *a != "--auto-opt-in")
         .map(str::to_owned)
         .collect();
     (sa, args)

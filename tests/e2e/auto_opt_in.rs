@@ -80,8 +80,40 @@ async fn a_real_operator_lib_lock_is_protected_with_no_human_step() {
     let ns = fresh_namespace(&client, "auto-opt-in-op").await;
     let node = format!("node-{ns}");
     kubelet::create_node(&client, &node).await.expect("node");
-    let kc = kubeconfig_as(cp, JANITOR_USER);
-    let janitor = Janitor::start(&kc, &["--namespace", &ns, "--auto-opt-in", "--resync", "5s"]).await;
+    // The chart's defaults, watching this namespace: its Role, its
+    // ServiceAccount, its Deployment's flags (--auto-opt-in among them).
+    let rel = fresh_namespace(&client, "auto-opt-in-rel").await;
+    let docs = crate::support::chart::render(
+        &rel,
+        &rel,
+        &[
+            "--set".into(),
+            format!("watchNamespaces={{{ns}}}"),
+            "--set".into(),
+            "replicas=1".into(),
+        ],
+    );
+    crate::support::chart::apply_rbac(&client, &docs).await;
+    let deployment = docs
+        .iter()
+        .find(|d| crate::support::chart::kind_of(d) == "Deployment")
+        .expect("the Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let sa = pod["serviceAccountName"].as_str().expect("its ServiceAccount");
+    let mut args: Vec<String> = pod["containers"][0]["args"]
+        .as_array()
+        .expect("its args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .filter(|a| !a.starts_with("--metrics-bind-address"))
+        .map(str::to_owned)
+        .collect();
+    assert!(args.iter().any(|a| a == "--auto-opt-in"), "the chart's default: {args:?}");
+    args.extend(["--resync".into(), "5s".into()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let kc = crate::support::chart::sa_kubeconfig(cp, &rel, sa);
+    let janitor = Janitor::start(&kc, &refs).await;
+    let janitor_user = format!("system:serviceaccount:{rel}:{sa}");
 
     running_pod(&client, &ns, "operator-a", &node).await;
     let mut a = Peer::become_leader(cp.kubeconfig_path(), cp.dir(), &ns, "operator-a", LOCK)
@@ -117,7 +149,7 @@ async fn a_real_operator_lib_lock_is_protected_with_no_human_step() {
         "{m}"
     );
     // The patch carried the resourceVersion read and nothing but the label.
-    let patches: Vec<_> = writes_in(cp, JANITOR_USER, &ns)
+    let patches: Vec<_> = writes_in(cp, &janitor_user, &ns)
         .into_iter()
         .filter(|e| e.verb == "patch")
         .collect();

@@ -146,6 +146,12 @@ async fn install(prefix: &str, opts: Opts, without: Option<Verb>) -> Release {
         .iter()
         .filter_map(Value::as_str)
         .filter(|a| !a.starts_with("--metrics-bind-address"))
+        // A janitor scoped by its selector alone runs cluster-wide on the
+        // shared control plane: with --auto-opt-in it would label every
+        // suite's locks, and here it would race the label carry-over these
+        // tests follow. tests/e2e/auto_opt_in.rs runs the chart's own flags
+        // and RBAC with it.
+        .filter(|a| *a != "--auto-opt-in")
         .map(str::to_owned)
         .collect();
     Release {
