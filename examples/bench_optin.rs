@@ -43,7 +43,9 @@ use kube::{Api, Client, ResourceExt};
 use support::{sample, Janitor, WATCH_LABEL};
 
 #[derive(Parser, Debug)]
-#[command(about = "The cost of lock-janitor run --auto-opt-in among bystander ConfigMaps and Leases")]
+#[command(
+    about = "The cost of lock-janitor run --auto-opt-in among bystander ConfigMaps and Leases"
+)]
 struct Args {
     /// Bystander ConfigMaps (no owner, 1 KiB of data each).
     #[arg(long, default_value_t = 20_000)]
@@ -122,7 +124,10 @@ struct Run {
 async fn main() {
     let args = Args::parse();
     if !args.bin.exists() {
-        die(&format!("{} not found: build it first (hack/bench-optin.sh does)", args.bin.display()));
+        die(&format!(
+            "{} not found: build it first (hack/bench-optin.sh does)",
+            args.bin.display()
+        ));
     }
     // support::Janitor runs LOCK_JANITOR_BIN.
     std::env::set_var("LOCK_JANITOR_BIN", &args.bin);
@@ -142,7 +147,10 @@ async fn main() {
             async move {
                 let api: Api<ConfigMap> = Api::namespaced(client, &ns);
                 let cm = bystander_configmap(&ns, i);
-                retry("creating a ConfigMap", || async { api.create(&PostParams::default(), &cm).await }).await;
+                retry("creating a ConfigMap", || async {
+                    api.create(&PostParams::default(), &cm).await
+                })
+                .await;
             }
         })
         .buffer_unordered(WRITERS)
@@ -157,7 +165,10 @@ async fn main() {
             async move {
                 let api: Api<Lease> = Api::namespaced(client, &ns);
                 let l = held_lease(&ns, &name, &format!("{name}-holder"));
-                retry("creating a Lease", || async { api.create(&PostParams::default(), &l).await }).await;
+                retry("creating a Lease", || async {
+                    api.create(&PostParams::default(), &l).await
+                })
+                .await;
             }
         })
         .buffer_unordered(WRITERS)
@@ -176,13 +187,18 @@ async fn main() {
                 tick.tick().await;
                 let api: Api<Lease> = Api::namespaced(client.clone(), ns);
                 let p = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
-                let _ = api.patch(name, &PatchParams::default(), &Patch::Merge(&p)).await;
+                let _ = api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&p))
+                    .await;
             }
         })
     };
 
     let base = ["--resync", "5m"];
-    step(&format!("without --auto-opt-in: idle for {}", secs(args.idle)));
+    step(&format!(
+        "without --auto-opt-in: idle for {}",
+        secs(args.idle)
+    ));
     let without = measure(&kubeconfig, &base, &args, None).await;
 
     step(&format!(
@@ -196,7 +212,13 @@ async fn main() {
         running(&client, &ns_of(i), h, &node_of(i), "operator").await;
     }
     let with_args = ["--resync", "5m", "--auto-opt-in"];
-    let with = measure(&kubeconfig, &with_args, &args, Some((&client, &ns_of, &holders))).await;
+    let with = measure(
+        &kubeconfig,
+        &with_args,
+        &args,
+        Some((&client, &ns_of, &holders)),
+    )
+    .await;
     renewer.abort();
 
     step("results");
@@ -208,7 +230,10 @@ async fn main() {
         args.candidates,
         secs(args.idle)
     );
-    for (name, r) in [("without --auto-opt-in", &without), ("with --auto-opt-in", &with)] {
+    for (name, r) in [
+        ("without --auto-opt-in", &without),
+        ("with --auto-opt-in", &with),
+    ] {
         println!(
             "{name:<22} VmRSS {} MiB  VmHWM {} MiB  RssAnon {} MiB  requests/s at idle {:.2}",
             mib(r.rss.rss),
@@ -233,7 +258,12 @@ type Candidates<'a> = (&'a Client, &'a dyn Fn(usize) -> String, &'a [String]);
 
 /// One janitor run: started, ready, candidates created (if any) and their
 /// labels timed, then the idle window measured.
-async fn measure(kubeconfig: &std::path::Path, flags: &[&str], args: &Args, candidates: Option<Candidates<'_>>) -> Run {
+async fn measure(
+    kubeconfig: &std::path::Path,
+    flags: &[&str],
+    args: &Args,
+    candidates: Option<Candidates<'_>>,
+) -> Run {
     let started = Instant::now();
     let j = Janitor::start(kubeconfig, flags).await;
     println!("ready in {}", secs(started.elapsed()));
@@ -248,7 +278,11 @@ async fn measure(kubeconfig: &std::path::Path, flags: &[&str], args: &Args, cand
     let m = j.metrics().await;
     let after = requests(&m);
     let rss = mem(j.pid());
-    if let Some(n) = sample(&m, "lock_janitor_unprotected_locks", &[("kind", "configmap")]) {
+    if let Some(n) = sample(
+        &m,
+        "lock_janitor_unprotected_locks",
+        &[("kind", "configmap")],
+    ) {
         println!("unprotected at the end: {n} ConfigMaps");
     }
     Run {
@@ -260,7 +294,12 @@ async fn measure(kubeconfig: &std::path::Path, flags: &[&str], args: &Args, cand
 
 /// Creates the candidates one at a time and returns, for each, the seconds
 /// from its create's answer to a watch here seeing it labeled.
-async fn label_times(client: &Client, ns_of: &dyn Fn(usize) -> String, holders: &[String], args: &Args) -> Vec<f64> {
+async fn label_times(
+    client: &Client,
+    ns_of: &dyn Fn(usize) -> String,
+    holders: &[String],
+    args: &Args,
+) -> Vec<f64> {
     let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let selector = format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1);
     let (synced_tx, mut synced_rx) = tokio::sync::mpsc::channel::<()>(2);
@@ -274,7 +313,11 @@ async fn label_times(client: &Client, ns_of: &dyn Fn(usize) -> String, holders: 
             while let Some(ev) = stream.next().await {
                 match ev {
                     Ok(watcher::Event::Apply(o)) => {
-                        let key = format!("configmap/{}/{}", o.namespace().unwrap_or_default(), o.name_any());
+                        let key = format!(
+                            "configmap/{}/{}",
+                            o.namespace().unwrap_or_default(),
+                            o.name_any()
+                        );
                         seen.lock().unwrap().entry(key).or_insert_with(Instant::now);
                     }
                     Ok(watcher::Event::InitDone) => {
@@ -295,7 +338,11 @@ async fn label_times(client: &Client, ns_of: &dyn Fn(usize) -> String, holders: 
             while let Some(ev) = stream.next().await {
                 match ev {
                     Ok(watcher::Event::Apply(o)) => {
-                        let key = format!("lease/{}/{}", o.namespace().unwrap_or_default(), o.name_any());
+                        let key = format!(
+                            "lease/{}/{}",
+                            o.namespace().unwrap_or_default(),
+                            o.name_any()
+                        );
                         seen.lock().unwrap().entry(key).or_insert_with(Instant::now);
                     }
                     Ok(watcher::Event::InitDone) => {
@@ -322,13 +369,19 @@ async fn label_times(client: &Client, ns_of: &dyn Fn(usize) -> String, holders: 
                 .unwrap_or_else(|e| die(&format!("holder {ns}/{holder}: {e}")));
             let cm = support::lock_for(&format!("operator-{i}-lock"), &pod, false);
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-            retry("creating a lock", || async { api.create(&PostParams::default(), &cm).await }).await;
+            retry("creating a lock", || async {
+                api.create(&PostParams::default(), &cm).await
+            })
+            .await;
             format!("configmap/{ns}/operator-{i}-lock")
         } else {
             let name = format!("operator-{i}-lease");
             let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
             let l = held_lease(&ns, &name, holder);
-            retry("creating a Lease lock", || async { api.create(&PostParams::default(), &l).await }).await;
+            retry("creating a Lease lock", || async {
+                api.create(&PostParams::default(), &l).await
+            })
+            .await;
             format!("lease/{ns}/{name}")
         };
         created.push((key, at));
@@ -349,9 +402,15 @@ async fn label_times(client: &Client, ns_of: &dyn Fn(usize) -> String, holders: 
     cms.abort();
     leases.abort();
     let seen = seen.lock().unwrap();
-    let missing = created.iter().filter(|(k, _)| !seen.contains_key(k)).count();
+    let missing = created
+        .iter()
+        .filter(|(k, _)| !seen.contains_key(k))
+        .count();
     if missing > 0 {
-        println!("{missing} of {} candidates not labeled within 60 s of the last creation", created.len());
+        println!(
+            "{missing} of {} candidates not labeled within 60 s of the last creation",
+            created.len()
+        );
     }
     created
         .iter()

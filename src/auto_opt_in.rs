@@ -186,8 +186,10 @@ impl AutoOptIn {
     /// one Pod owner and no opt-in key is read whole once (does it hold
     /// data?) and, when it does not, is a candidate.
     async fn watch_configmaps(self: Arc<Self>, namespace: Option<String>) {
-        let api: Api<PartialObjectMeta<ConfigMap>> = crate::scoped(&self.client, namespace.as_deref());
-        let stream = watcher(api, watcher::Config::default().any_semantic()).backoff(watch_backoff());
+        let api: Api<PartialObjectMeta<ConfigMap>> =
+            crate::scoped(&self.client, namespace.as_deref());
+        let stream =
+            watcher(api, watcher::Config::default().any_semantic()).backoff(watch_backoff());
         let mut relist = Relist::default();
         let mut stream = std::pin::pin!(stream);
         let mut errors = Warned::default();
@@ -213,7 +215,10 @@ impl AutoOptIn {
             };
             let key = key_of(LockKind::ConfigMap, &meta);
             relist.seen(&key);
-            if !self.in_reach(&key.namespace) || self.has_key(&meta) || !candidate::one_pod_owner(&meta) {
+            if !self.in_reach(&key.namespace)
+                || self.has_key(&meta)
+                || !candidate::one_pod_owner(&meta)
+            {
                 self.drop_key(&key);
                 continue;
             }
@@ -234,7 +239,8 @@ impl AutoOptIn {
     /// changed lately, and at most once per holder within `RECENT`.
     async fn watch_leases(self: Arc<Self>, namespace: Option<String>) {
         let api: Api<Lease> = crate::scoped(&self.client, namespace.as_deref());
-        let stream = watcher(api, watcher::Config::default().any_semantic()).backoff(watch_backoff());
+        let stream =
+            watcher(api, watcher::Config::default().any_semantic()).backoff(watch_backoff());
         let mut relist = Relist::default();
         // Listed Leases whose identity names a host, by namespace: their
         // pods are listed once per namespace when the list is done.
@@ -431,7 +437,9 @@ impl AutoOptIn {
                 if candidate::one_pod_owner(&cm.metadata) && candidate::holds_data(&cm) {
                     // Not read again until it changes.
                     let rv = cm.metadata.resource_version.clone().unwrap_or_default();
-                    crate::locked(&self.state).holds_data.insert(key.clone(), rv);
+                    crate::locked(&self.state)
+                        .holds_data
+                        .insert(key.clone(), rv);
                     return Ok(None);
                 }
                 let yes = candidate::configmap(&cm).is_some() && !self.has_key(&cm.metadata);
@@ -579,7 +587,10 @@ struct Warned(Option<Instant>);
 impl Warned {
     fn failed(&mut self, metrics: &Metrics, resource: &str, ns: Option<&str>, e: &watcher::Error) {
         metrics.watch_errors.with_label_values(&[resource]).inc();
-        if self.0.is_none_or(|at| at.elapsed() > Duration::from_secs(30)) {
+        if self
+            .0
+            .is_none_or(|at| at.elapsed() > Duration::from_secs(30))
+        {
             self.0 = Some(Instant::now());
             warn!(resource, scope = ns.unwrap_or("all namespaces"), error = %e,
                   "auto opt-in watch failing; retrying (the janitor needs list and watch on configmaps and leases in its scope)");
@@ -607,7 +618,11 @@ fn identity_of(l: &Lease) -> String {
 /// A renewal of a holder that acquired long ago is none.
 pub fn changed_lately(l: &Lease, now: Timestamp) -> bool {
     let recent = SignedDuration::try_from(RECENT).unwrap_or(SignedDuration::ZERO);
-    let acquired = l.spec.as_ref().and_then(|s| s.acquire_time.as_ref()).map(|t| t.0);
+    let acquired = l
+        .spec
+        .as_ref()
+        .and_then(|s| s.acquire_time.as_ref())
+        .map(|t| t.0);
     let created = l.metadata.creation_timestamp.as_ref().map(|t| t.0);
     [acquired, created]
         .into_iter()
@@ -628,16 +643,22 @@ async fn pods_naming(
     let what = format!("listing pods in {namespace}");
     let api = &api;
     let list = |lp: ListParams| async move { api.list(&lp).await };
-    crate::for_each_page(&what, &ListParams::default(), 100, list, |page| match page {
-        Paged::StartOver => counts.clear(),
-        Paged::Items(pods) => {
-            for p in &pods {
-                for h in hosts.iter().filter(|h| lease::names(h, p)) {
-                    *counts.entry(h.clone()).or_default() += 1;
+    crate::for_each_page(
+        &what,
+        &ListParams::default(),
+        100,
+        list,
+        |page| match page {
+            Paged::StartOver => counts.clear(),
+            Paged::Items(pods) => {
+                for p in &pods {
+                    for h in hosts.iter().filter(|h| lease::names(h, p)) {
+                        *counts.entry(h.clone()).or_default() += 1;
+                    }
                 }
             }
-        }
-    })
+        },
+    )
     .await?;
     Ok(counts)
 }
@@ -723,10 +744,16 @@ mod tests {
             Exchange::new("PATCH", CM, 409, status(409, "Conflict")),
             Exchange::new("GET", CM, 200, configmap("9", None)),
             Exchange::new("PATCH", CM, 200, configmap("10", Some("true"))),
-            Exchange::new("POST", "/apis/events.k8s.io/v1/namespaces/ops/events", 201, event),
+            Exchange::new(
+                "POST",
+                "/apis/events.k8s.io/v1/namespaces/ops/events",
+                201,
+                event,
+            ),
         ]);
         let (a, m) = auto(client);
-        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None).await;
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None)
+            .await;
         let received = received.lock().unwrap().clone();
         let calls: Vec<(&str, &str)> = received
             .iter()
@@ -738,10 +765,20 @@ mod tests {
             "{received:#?}"
         );
         assert_eq!(received[3].2["metadata"]["resourceVersion"], "9");
-        assert_eq!(calls.get(4).map(|c| c.0), Some("POST"), "the LockOptedIn Event");
+        assert_eq!(
+            calls.get(4).map(|c| c.0),
+            Some("POST"),
+            "the LockOptedIn Event"
+        );
         assert_eq!(received[4].2["reason"], "LockOptedIn", "{received:#?}");
-        assert_eq!(value(&m, "lock_janitor_opt_ins_total", r#"kind="configmap""#), "1");
-        assert_eq!(value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#), "0");
+        assert_eq!(
+            value(&m, "lock_janitor_opt_ins_total", r#"kind="configmap""#),
+            "1"
+        );
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#),
+            "0"
+        );
     }
 
     /// Read again after a 409, the lock carries the key with another value
@@ -755,10 +792,17 @@ mod tests {
             Exchange::new("GET", CM, 200, configmap("9", Some("false"))),
         ]);
         let (a, m) = auto(client);
-        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None).await;
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None)
+            .await;
         assert_eq!(received.lock().unwrap().len(), 3);
-        assert_eq!(value(&m, "lock_janitor_opt_ins_total", r#"kind="configmap""#), "0");
-        assert_eq!(value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#), "0");
+        assert_eq!(
+            value(&m, "lock_janitor_opt_ins_total", r#"kind="configmap""#),
+            "0"
+        );
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#),
+            "0"
+        );
     }
 
     /// A refused label is counted as `forbidden`, and the lock stays
@@ -771,22 +815,38 @@ mod tests {
             Exchange::new("PATCH", CM, 403, status(403, "Forbidden")),
         ]);
         let (a, m) = auto(client);
-        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None).await;
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None)
+            .await;
         assert_eq!(received.lock().unwrap().len(), 2);
-        assert_eq!(value(&m, "lock_janitor_reconcile_errors_total", r#"error="forbidden""#), "1");
-        assert_eq!(value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#), "1");
+        assert_eq!(
+            value(
+                &m,
+                "lock_janitor_reconcile_errors_total",
+                r#"error="forbidden""#
+            ),
+            "1"
+        );
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#),
+            "1"
+        );
 
         let mut spark = configmap("7", None);
         spark["data"] = serde_json::json!({"spark.conf": "x"});
         let (client, received) = scripted(vec![Exchange::new("GET", CM, 200, spark)]);
         let (a, m) = auto(client);
-        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None).await;
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None)
+            .await;
         assert_eq!(received.lock().unwrap().len(), 1, "one read, no write");
-        assert_eq!(value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#), "0");
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#),
+            "0"
+        );
         // Excluded: not even read.
         let (client, received) = scripted(vec![]);
         let (a, _) = auto(client);
-        a.judge_and_label(&LockKey::configmap("kube-system", "op-lock"), None).await;
+        a.judge_and_label(&LockKey::configmap("kube-system", "op-lock"), None)
+            .await;
         assert!(received.lock().unwrap().is_empty());
     }
 }

@@ -73,7 +73,9 @@ pub type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, String, serde_j
 /// so the test sees it.
 pub fn scripted(script: Vec<Exchange>) -> (kube::Client, Received) {
     let script = std::sync::Arc::new(std::sync::Mutex::new(
-        script.into_iter().collect::<std::collections::VecDeque<_>>(),
+        script
+            .into_iter()
+            .collect::<std::collections::VecDeque<_>>(),
     ));
     let received: Received = Default::default();
     let seen = received.clone();
@@ -84,8 +86,14 @@ pub fn scripted(script: Vec<Exchange>) -> (kube::Client, Received) {
             let bytes = body.collect_bytes().await.unwrap_or_default();
             let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
             let method = parts.method.to_string();
-            let uri = parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default();
-            seen.lock().unwrap().push((method.clone(), uri.clone(), json));
+            let uri = parts
+                .uri
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            seen.lock()
+                .unwrap()
+                .push((method.clone(), uri.clone(), json));
             let next = script.lock().unwrap().pop_front();
             let (code, body) = match next {
                 Some(e) if e.method == method && uri.starts_with(&e.path) => (e.code, e.body),

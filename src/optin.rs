@@ -140,7 +140,8 @@ mod tests {
         let meta = lock_meta(vec![pod_owner("op-1", "u")], &[]);
         let path = "/api/v1/namespaces/ops/configmaps/op-lock?";
         for code in [200, 404, 409, 403] {
-            let (client, received) = scripted(vec![Exchange::new("PATCH", path, code, answer(code))]);
+            let (client, received) =
+                scripted(vec![Exchange::new("PATCH", path, code, answer(code))]);
             let api: Api<ConfigMap> = Api::namespaced(client, "ops");
             let written = write_label(&api, &meta, "lock-janitor.io/watch", "true").await;
             match (code, &written) {

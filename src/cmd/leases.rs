@@ -81,9 +81,8 @@ pub async fn list_lease_candidates(
             let labeled = scope.selector.matches(lease.metadata.labels.as_ref());
             let ns = lease.metadata.namespace.as_deref().unwrap_or_default();
             let found = pods.get(ns).map(Vec::as_slice).unwrap_or_default();
-            let is_candidate = shape.is_some_and(|s| {
-                s.host().is_none_or(|h| candidate::names_one_pod(h, found))
-            });
+            let is_candidate =
+                shape.is_some_and(|s| s.host().is_none_or(|h| candidate::names_one_pod(h, found)));
             (labeled || is_candidate).then_some(LeaseCandidate { lease, labeled })
         })
         .collect();

@@ -200,7 +200,8 @@ mod tests {
             Some(Shape::NamesAPod(LockKind::Lease, "op-7d9c-x2x".into()))
         );
         assert_eq!(
-            lease(&lease_with(vec![], "ops", renewed("op-0"))).and_then(|s| s.host().map(str::to_owned)),
+            lease(&lease_with(vec![], "ops", renewed("op-0")))
+                .and_then(|s| s.host().map(str::to_owned)),
             Some("op-0".into())
         );
         let nais = LeaseSpec {
@@ -213,9 +214,18 @@ mod tests {
         );
         // Released, an identity that names no pod, a node heartbeat, one the
         // API server elects: none.
-        assert_eq!(lease(&lease_with(vec![], "ops", LeaseSpec::default())), None);
-        assert_eq!(lease(&lease_with(vec![], "ops", renewed("10.0.0.1:80"))), None);
-        assert_eq!(lease(&lease_with(vec![], "kube-node-lease", renewed("node-a"))), None);
+        assert_eq!(
+            lease(&lease_with(vec![], "ops", LeaseSpec::default())),
+            None
+        );
+        assert_eq!(
+            lease(&lease_with(vec![], "ops", renewed("10.0.0.1:80"))),
+            None
+        );
+        assert_eq!(
+            lease(&lease_with(vec![], "kube-node-lease", renewed("node-a"))),
+            None
+        );
         let cle = LeaseSpec {
             strategy: Some("OldestEmulationVersion".into()),
             ..renewed("op-0")
@@ -256,7 +266,13 @@ mod tests {
     #[test]
     fn exclusions_are_comma_separated_globs() {
         let x = Exclusions::parse(DEFAULT_EXCLUSIONS).unwrap();
-        for ns in ["kube-system", "kube-public", "kube-node-lease", "openshift-monitoring", "openshift-"] {
+        for ns in [
+            "kube-system",
+            "kube-public",
+            "kube-node-lease",
+            "openshift-monitoring",
+            "openshift-",
+        ] {
             assert!(x.excludes(ns), "{ns}");
         }
         for ns in ["ops", "kube-systems", "my-openshift-app", "openshift"] {
@@ -266,7 +282,9 @@ mod tests {
         let none = Exclusions::parse("").unwrap();
         assert!(none.is_empty() && !none.excludes("kube-system"));
         let spaced = Exclusions::parse(" team-?, ,ci-* ").unwrap();
-        assert!(spaced.excludes("team-a") && spaced.excludes("ci-42") && !spaced.excludes("team-ab"));
+        assert!(
+            spaced.excludes("team-a") && spaced.excludes("ci-42") && !spaced.excludes("team-ab")
+        );
         assert!(Exclusions::parse("a,[").is_err());
     }
 }

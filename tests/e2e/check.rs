@@ -381,7 +381,8 @@ async fn a_healthy_install_passes() {
     assert!(out.detail("stale-now").contains("1 held"), "{out}");
     // The chart's default: the janitor opts new locks in by itself.
     assert!(
-        out.detail("auto-opt-in").starts_with("on: the leader labels"),
+        out.detail("auto-opt-in")
+            .starts_with("on: the leader labels"),
         "{out}"
     );
     assert!(

@@ -288,7 +288,10 @@ pub fn auto_opt_in(i: &Install) -> Check {
     if i.run.auto_opt_in {
         return Check::ok(
             NAME,
-            format!("on: the leader labels every unlabeled lock candidate in {}{outside}", i.scope_text()),
+            format!(
+                "on: the leader labels every unlabeled lock candidate in {}{outside}",
+                i.scope_text()
+            ),
         );
     }
     Check::warn(
