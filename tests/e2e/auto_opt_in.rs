@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
 use kube::{Api, Client};
@@ -217,25 +217,6 @@ fn cm(ns: &str, name: &str, owners: &[&Pod], data: bool, label: Option<&str>) ->
     }
 }
 
-/// A Lease held under `identity`, renewed now, acquired `acquired_ago`.
-fn held_lease(ns: &str, name: &str, identity: &str, acquired_ago: i64) -> Lease {
-    let now = Timestamp::now();
-    Lease {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(ns.into()),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(identity.into()),
-            lease_duration_seconds: Some(15),
-            acquire_time: Some(MicroTime(now - SignedDuration::from_secs(acquired_ago))),
-            renew_time: Some(MicroTime(now)),
-            ..Default::default()
-        }),
-    }
-}
-
 /// Two janitors with --auto-opt-in and --leader-elect on the same
 /// namespaces. Existing candidates are labeled at start, new ones as they
 /// come (a real client-go elector's Lease, a Lease held for life); never an
@@ -266,7 +247,6 @@ async fn only_candidates_are_labeled_and_only_by_the_leader() {
     // Before the janitors start.
     let op = running_pod(&client, &ns, "op-0", &node).await;
     let other = running_pod(&client, &ns, "op-1", &node).await;
-    let jan = running_pod(&client, &ns, "jan-0", &node).await;
     let far = running_pod(&client, &excluded, "op-0", &node).await;
     for c in [
         cm(&ns, "existing-lock", &[&op], false, None),
@@ -277,21 +257,14 @@ async fn only_candidates_are_labeled_and_only_by_the_leader() {
     ] {
         create_lock(&client, &c).await;
     }
-    // The janitors' election Lease, held by a running pod (an earlier
-    // replica, say): a candidate by its shape, never labeled. It expired
-    // long ago, so one of the janitors takes it at once.
+    // The janitors run as pods jan-a and jan-b of this namespace: their
+    // election Lease names a running pod, a candidate by its shape, never
+    // labeled.
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let mut own = held_lease(&ns, "lock-janitor", "jan-0", 3600);
-    if let Some(s) = own.spec.as_mut() {
-        s.renew_time = Some(MicroTime(
-            Timestamp::now() - SignedDuration::from_secs(3600),
-        ));
+    let jan_pods = ["jan-a", "jan-b"];
+    for p in jan_pods {
+        running_pod(&client, &ns, p, &node).await;
     }
-    leases
-        .create(&PostParams::default(), &own)
-        .await
-        .expect("election lease");
-    let _ = jan;
 
     let namespaces = format!("{ns},{excluded}");
     let args = [
@@ -308,8 +281,8 @@ async fn only_candidates_are_labeled_and_only_by_the_leader() {
         "--resync",
         "5s",
     ];
-    let a = Janitor::start(&kubeconfig_as(cp, users[0]), &args).await;
-    let b = Janitor::start(&kubeconfig_as(cp, users[1]), &args).await;
+    let a = Janitor::start_as_pod(&kubeconfig_as(cp, users[0]), &args, jan_pods[0]).await;
+    let b = Janitor::start_as_pod(&kubeconfig_as(cp, users[1]), &args, jan_pods[1]).await;
 
     wait_opted_in(
         "the existing lock labeled at start",
