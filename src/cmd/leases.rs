@@ -36,6 +36,9 @@ pub struct LeaseListing {
     pub pods: BTreeMap<String, Vec<Pod>>,
     /// Leases read, candidates or not.
     pub scanned: usize,
+    /// Unlabeled Leases of a candidate's shape in the namespaces of
+    /// `--exclude-namespaces` (not named with -n): left out.
+    pub excluded: usize,
 }
 
 /// Lists the Leases in scope and the pods their identities may name.
@@ -53,11 +56,18 @@ pub async fn list_lease_candidates(
         leases.extend(crate::list_all(&api, &what).await?);
     }
     let scanned = leases.len();
+    let mut excluded = 0;
     let shapes: Vec<Option<Shape>> = leases
         .iter()
         .map(|l| {
             let ns = l.metadata.namespace.as_deref().unwrap_or_default();
-            candidate::lease(l).filter(|_| !scope.leaves_out(ns))
+            let shape = candidate::lease(l);
+            let labeled = scope.selector.matches(l.metadata.labels.as_ref());
+            if shape.is_some() && !labeled && scope.leaves_out(ns) {
+                excluded += 1;
+                return None;
+            }
+            shape
         })
         .collect();
     // The pods of every namespace with a candidate: a host to look for, or
@@ -94,6 +104,7 @@ pub async fn list_lease_candidates(
         candidates,
         pods,
         scanned,
+        excluded,
     })
 }
 

@@ -176,6 +176,9 @@ pub struct Listing {
     /// Unlabeled ConfigMaps owned by exactly one Pod that hold data: not
     /// lock-shaped (operator-lib's locks are empty), so never candidates.
     pub skipped_with_data: usize,
+    /// Unlabeled ConfigMaps owned by one Pod in the namespaces of
+    /// `--exclude-namespaces` (not named with -n): left out.
+    pub excluded: usize,
     /// Namespaces named in the scope whose list held no ConfigMap at all:
     /// maybe a typo ([`missing_note`] tells).
     pub empty_namespaces: Vec<String>,
@@ -294,12 +297,12 @@ async fn list_namespace(
         Some(ns) => format!("listing configmaps in namespace {ns}"),
         None => "listing configmaps in all namespaces".to_owned(),
     };
-    let (mut found, mut scanned) = (Vec::new(), 0);
+    let (mut found, mut scanned, mut excluded) = (Vec::new(), 0, 0);
     let api = &api;
     let list = |lp: ListParams| async move { api.list_metadata(&lp).await };
     crate::for_each_page(&what, &ListParams::default(), PAGE_SIZE, list, |page| {
         let Paged::Items(items) = page else {
-            (found, scanned) = (Vec::new(), 0);
+            (found, scanned, excluded) = (Vec::new(), 0, 0);
             return;
         };
         scanned += items.len();
@@ -308,8 +311,12 @@ async fn list_namespace(
             // Not needed, and the largest part of the metadata.
             meta.managed_fields = None;
             let labeled = scope.selector.matches(meta.labels.as_ref());
-            let excluded = || scope.leaves_out(meta.namespace.as_deref().unwrap_or_default());
-            if labeled || (looks_like_lock(&meta) && !excluded()) {
+            let left_out = || scope.leaves_out(meta.namespace.as_deref().unwrap_or_default());
+            if !labeled && looks_like_lock(&meta) && left_out() {
+                excluded += 1;
+                continue;
+            }
+            if labeled || looks_like_lock(&meta) {
                 found.push(Candidate {
                     meta,
                     labeled,
@@ -326,6 +333,7 @@ async fn list_namespace(
     }
     out.candidates.extend(found);
     out.scanned += scanned;
+    out.excluded += excluded;
     Ok(())
 }
 

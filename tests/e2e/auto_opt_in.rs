@@ -476,6 +476,12 @@ async fn label_all_namespaces_leaves_excluded_namespaces_out() {
         async move {
             let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
             let out = crate::support::cli::run(&kc, &argv).await;
+            if argv.contains(&"-A") {
+                assert!(
+                    out.stderr.contains("--exclude-namespaces") && out.stderr.contains("left out"),
+                    "label -A says what it left out: {out}"
+                );
+            }
             let doc = out.json();
             doc["items"]
                 .as_array()
