@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker test-compat lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle release release-check push
+.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker test-compat lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle bench-optin release release-check push
 
 all: build
 
@@ -125,6 +125,11 @@ bench-janitor: testenv-build
 
 bench-idle: testenv-build
 	hack/bench-idle.sh
+
+## The cost of --auto-opt-in among 20,000 bystander ConfigMaps and 2,000 renewed
+## bystander Leases, with and without it (docs/performance.md, "Auto opt-in").
+bench-optin: testenv-build
+	hack/bench-optin.sh
 
 ## The optional real node (testenv/build-node.sh; root): kubelet, kube-scheduler,
 ## containerd, runc, CNI plugins, crictl built from Go modules beside the control plane.

@@ -166,20 +166,14 @@ notes "$out/notes-one.txt" --set replicas=1
 grep -Fq "kubectl logs -n $ns deploy/lj-lock-janitor" "$out/notes-one.txt" || { cat "$out/notes-one.txt" >&2; fail "NOTES of one replica do not show its logs"; }
 echo "test-chart: NOTES point at check and at the leader's logs"
 
-# The auto opt-in policy as v1beta1 (Kubernetes 1.34-1.35) only when asked.
-beta=(--api-versions admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy
-  --set admissionPolicies.autoOptIn.enabled=true
-  --set-json 'admissionPolicies.autoOptIn.namespaceSelector={"matchLabels":{"team":"a"}}')
-"$helm" template lj "$chart" --namespace "$ns" "${beta[@]}" >"$out/beta-off.yaml" || fail "helm template (v1beta1 not allowed)"
-grep -q "kind: MutatingAdmissionPolicy" "$out/beta-off.yaml" && fail "the v1beta1 auto opt-in policy rendered without allowV1beta1"
-"$helm" template lj "$chart" --namespace "$ns" "${beta[@]}" --set admissionPolicies.autoOptIn.allowV1beta1=true >"$out/beta-on.yaml" || fail "helm template (v1beta1 allowed)"
-python3 - "$out/beta-on.yaml" <<'PY' || fail "the auto opt-in policy is not rendered as v1beta1"
-import sys, yaml
-kinds = {(d["apiVersion"], d["kind"]) for d in yaml.safe_load_all(open(sys.argv[1])) if d}
-want = {("admissionregistration.k8s.io/v1beta1", k) for k in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")}
-assert want <= kinds, kinds
-PY
-echo "test-chart: the auto opt-in policy renders as v1beta1 only with allowV1beta1"
-refuse "autoOptIn for every namespace" "namespaceSelector is empty" --set admissionPolicies.autoOptIn.enabled=true --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy
+# Auto opt-in: on by default with the default exclusions; one value turns
+# it off, another sets the exclusions ([] renders an empty flag: none).
+ao() { "$helm" template lj "$chart" --namespace "$ns" "$@" | grep -E -- '--(auto-opt-in|exclude-namespaces)' || true; }
+[ "$(ao | tr -d ' "-' )" = "$(printf 'autooptin\nexcludenamespaces=kubesystem,kubepublic,kubenodelease,openshift*')" ] \
+  || fail "auto opt-in defaults: $(ao)"
+ao --set autoOptIn.enabled=false | grep -q -- '--auto-opt-in' && fail "autoOptIn.enabled=false still renders --auto-opt-in"
+ao --set-json 'autoOptIn.excludeNamespaces=[]' | grep -q -- '"--exclude-namespaces="' || fail "autoOptIn.excludeNamespaces=[] does not render an empty --exclude-namespaces"
+refuse "a namespace glob with a space" "does not match pattern" --set-json 'autoOptIn.excludeNamespaces=["kube system"]'
+echo "test-chart: auto opt-in on by default, off with autoOptIn.enabled=false, exclusions from autoOptIn.excludeNamespaces"
 
 echo "test-chart: OK"

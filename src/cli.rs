@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::lock::candidate::{Exclusions, DEFAULT_EXCLUSIONS};
 use crate::lock::LockKind;
 use crate::selector::Selector;
 use crate::DEFAULT_SELECTOR;
@@ -69,6 +70,15 @@ impl Cli {
                 use clap::CommandFactory;
                 return Err(Cli::command().error(clap::error::ErrorKind::ValueValidation, msg));
             }
+            if run.auto_opt_in && run.scope.selector.opt_in_label().is_none() {
+                use clap::CommandFactory;
+                let msg = format!(
+                    "--auto-opt-in writes the opt-in label, and --selector {} is not one key=value term \
+                     (such as lock-janitor.io/watch=true)",
+                    run.scope.selector
+                );
+                return Err(Cli::command().error(clap::error::ErrorKind::ValueValidation, msg));
+            }
         }
         Ok(cli)
     }
@@ -127,6 +137,19 @@ pub struct Scope {
     /// Namespace to watch; repeat for several (or comma-separate in the env var). Default: all namespaces.
     #[arg(long = "namespace", short = 'n', env = "LOCK_JANITOR_NAMESPACE", value_delimiter = ',', value_parser = parse_namespace)]
     pub namespaces: Vec<String>,
+    /// Namespaces (comma-separated globs) whose locks are never opted in by
+    /// `run --auto-opt-in`, not counted as unprotected, and left out of
+    /// `label` and `scan` without -n. A lock labeled there by hand is watched.
+    #[arg(long, env = "LOCK_JANITOR_EXCLUDE_NAMESPACES", default_value = DEFAULT_EXCLUSIONS, value_parser = Exclusions::parse)]
+    pub exclude_namespaces: Exclusions,
+}
+
+impl Scope {
+    /// Whether an unlabeled candidate in `namespace` is left out of `scan`
+    /// and `label`: in an excluded namespace that was not named with -n.
+    pub fn leaves_out(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() && self.exclude_namespaces.excludes(namespace)
+    }
 }
 
 /// The scope of an admin command, with kubectl's `-A`.
@@ -194,6 +217,12 @@ pub struct RunArgs {
     /// leader-for-life), `lease` (client-go's leader election), or both.
     #[arg(long, env = "LOCK_JANITOR_LOCK_KINDS", value_delimiter = ',', default_value = "configmap,lease", value_parser = parse_kind)]
     pub lock_kinds: Vec<LockKind>,
+    /// Label every unlabeled lock candidate in scope (outside
+    /// --exclude-namespaces) with the opt-in label, as it appears; only the
+    /// leader writes. A lock that carries the label's key with another
+    /// value (an opt-out) is never touched.
+    #[arg(long, env = "LOCK_JANITOR_AUTO_OPT_IN")]
+    pub auto_opt_in: bool,
     /// Requests the janitor may send at once above --api-qps.
     #[arg(long, env = "LOCK_JANITOR_API_BURST", default_value = "40", value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub api_burst: u32,
@@ -385,6 +414,28 @@ mod tests {
         assert_eq!(a.leader_elect_lease, "lock-janitor");
         assert_eq!(a.leader_elect_lease_duration, Duration::from_secs(15));
         assert_eq!(a.api_burst, 40);
+        assert!(!a.auto_opt_in);
+        assert_eq!(
+            a.scope.exclude_namespaces.to_string(),
+            "kube-system,kube-public,kube-node-lease,openshift-*"
+        );
+    }
+
+    #[test]
+    fn exclusions_apply_to_scan_and_label_only_without_namespaces() {
+        let scope = |args: &[&str]| {
+            let mut argv = vec!["lock-janitor", "scan"];
+            argv.extend(args);
+            let Command::Scan(s) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("not scan")
+            };
+            s.admin.scope
+        };
+        assert!(scope(&["-A"]).leaves_out("kube-system"));
+        assert!(!scope(&["-A"]).leaves_out("ops"));
+        assert!(!scope(&["-n", "kube-system"]).leaves_out("kube-system"));
+        assert!(scope(&["--exclude-namespaces", "team-*"]).leaves_out("team-a"));
+        assert!(!scope(&["--exclude-namespaces", ""]).leaves_out("kube-system"));
     }
 
     #[test]
@@ -451,6 +502,14 @@ mod tests {
             vec!["lock-janitor", "run", "--leader-elect-lease", "Bad_Name"],
             vec!["lock-janitor", "run", "--leader-elect-namespace", "Bad_NS"],
             vec!["lock-janitor", "run", "--log-level", "loud"],
+            vec!["lock-janitor", "run", "--exclude-namespaces", "a,["],
+            vec![
+                "lock-janitor",
+                "run",
+                "--auto-opt-in",
+                "--selector",
+                "lock-janitor.io/watch=true,!legacy",
+            ],
             vec!["lock-janitor", "scan", "-o", "xml"],
             vec!["lock-janitor", "label", "-o", "xml"],
             vec!["lock-janitor", "check", "-o", "yaml"],

@@ -26,6 +26,8 @@ pub const REASON_AMBIGUOUS: &str = "AmbiguousLock";
 pub const REASON_TAKEN_OVER: &str = "LockTakenOver";
 /// Nobody created a deleted lock again within --takeover-timeout.
 pub const REASON_NO_TAKEOVER: &str = "NoTakeover";
+/// `run --auto-opt-in` labeled a lock candidate with the opt-in label.
+pub const REASON_OPTED_IN: &str = "LockOptedIn";
 /// A stale lock is being deleted but finalizers keep it (it still blocks).
 pub const REASON_BLOCKED: &str = "LockDeletionBlocked";
 /// After `StaleLockReclaiming`, nothing was written: the holder, read again

@@ -5,6 +5,7 @@
 // One module a concern; dependencies run one way (top to bottom here):
 // commands and the controller use observe/reclaim/takeover, which use
 // memory/events/optin, which use verdict/lock/selector/metrics.
+pub mod auto_opt_in;
 pub mod cli;
 pub mod client;
 pub mod cmd;

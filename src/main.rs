@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use lock_janitor::auto_opt_in::{AutoOptIn, Settings as AutoSettings};
 use lock_janitor::cli::{Cli, Command, LogFormat, LogLevel, RunArgs};
 use lock_janitor::controller::{self, Context, Settings};
 use lock_janitor::http;
@@ -204,6 +205,38 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         shared.metrics.leader.set(1);
         (lock_janitor::election::Gate::always(), None)
     };
+    // Every replica finds and counts the unprotected candidates; the leader
+    // labels them (docs/design.md, "Auto opt-in").
+    let auto_opt_in = args.auto_opt_in.then(|| {
+        // `Cli::try_parse_checked` refuses --auto-opt-in without one.
+        let (key, value) = settings.selector.opt_in_label().unwrap_or_default();
+        let own_lease = args.leader_elect.then(|| {
+            let ns = args
+                .leader_elect_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_default();
+            (ns, args.leader_elect_lease.clone())
+        });
+        let a = AutoOptIn::new(
+            client.clone(),
+            gate.clone(),
+            shared.metrics.clone(),
+            AutoSettings {
+                key: key.to_owned(),
+                value: value.to_owned(),
+                namespaces: settings.namespaces.clone(),
+                exclusions: args.scope.exclude_namespaces.clone(),
+                kinds: settings.kinds.clone(),
+                own_lease,
+                retry: settings.resync,
+                write: !settings.dry_run,
+            },
+        );
+        info!(exclude_namespaces = %args.scope.exclude_namespaces,
+              "auto opt-in on: labeling every unlabeled lock candidate in scope");
+        tokio::spawn(a.run(shutdown.clone()))
+    });
     let ctx = Context::with_clients(client, control.clone(), shared, settings, gate);
     // The drain after a signal is bounded: in-flight reclaims get DRAIN_BOUND
     // to finish (each API call is bounded too), then the process goes on
@@ -217,6 +250,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::select! {
         () = &mut drained => {}
         () = deadline => warn!("in-flight work did not finish within {}s of the signal; stopping anyway", DRAIN_BOUND.as_secs()),
+    }
+    if let Some(task) = auto_opt_in {
+        task.abort();
     }
     let waiting = ctx.takeovers.awaiting();
     if !waiting.is_empty() {

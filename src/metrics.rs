@@ -36,6 +36,8 @@ pub struct Metrics {
     pub restore_failures: IntCounter,
     pub api_requests: IntCounterVec,
     pub api_budget_wait: Histogram,
+    pub opt_ins: IntCounterVec,
+    pub unprotected: IntGaugeVec,
     /// Per-lock reclaim series and when they were last touched, so that
     /// those of locks reclaimed long ago are removed.
     reclaimed: std::sync::Arc<std::sync::Mutex<Touched>>,
@@ -222,6 +224,16 @@ impl Metrics {
                     0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 ],
             )?,
+            opt_ins: r.counters(
+                "lock_janitor_opt_ins_total",
+                "Lock candidates the janitor labeled with the opt-in label (--auto-opt-in), by kind.",
+                &["kind"],
+            )?,
+            unprotected: r.gauges(
+                "lock_janitor_unprotected_locks",
+                "Lock candidates in scope, outside --exclude-namespaces, without the opt-in label's key (--auto-opt-in), by kind.",
+                &["kind"],
+            )?,
             registry: r.registry,
             names: {
                 r.names.sort();
@@ -235,6 +247,7 @@ impl Metrics {
             for s in LockState::ALL {
                 m.locks.with_label_values(&[k.as_str(), s.as_str()]).set(0);
             }
+            m.opt_ins.with_label_values(&[k.as_str()]);
             for r in StaleReason::ALL {
                 m.reclaims_by_reason
                     .with_label_values(&[k.as_str(), r.as_str()]);

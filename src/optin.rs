@@ -117,4 +117,58 @@ mod tests {
         assert_eq!(plan_label(&deploy, k, "true"), None);
         assert_eq!(plan_label(&lock_meta(vec![], &[]), k, "true"), None);
     }
+
+    fn answer(code: u16) -> serde_json::Value {
+        match code {
+            200 => serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "op-lock", "namespace": "ops", "resourceVersion": "8",
+                             "labels": {"lock-janitor.io/watch": "true"}}}),
+            409 => crate::fixtures::status(409, "Conflict"),
+            404 => crate::fixtures::status(404, "NotFound"),
+            _ => crate::fixtures::status(code, "Forbidden"),
+        }
+    }
+
+    /// The label write's branches, against a scripted API server: the one
+    /// request is a merge patch of the label and the resourceVersion read,
+    /// as field manager lock-janitor; 200 labeled, 404 gone, 409 conflict
+    /// (nothing overwritten), 403 a failure the caller reports.
+    #[tokio::test]
+    async fn the_label_write_answers_200_404_409_and_403() {
+        use crate::fixtures::{scripted, Exchange};
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let meta = lock_meta(vec![pod_owner("op-1", "u")], &[]);
+        let path = "/api/v1/namespaces/ops/configmaps/op-lock?";
+        for code in [200, 404, 409, 403] {
+            let (client, received) =
+                scripted(vec![Exchange::new("PATCH", path, code, answer(code))]);
+            let api: Api<ConfigMap> = Api::namespaced(client, "ops");
+            let written = write_label(&api, &meta, "lock-janitor.io/watch", "true").await;
+            match (code, &written) {
+                (200, Written::Labeled) | (404, Written::Gone) | (409, Written::Conflict) => {}
+                (403, Written::Failed(e)) => assert_eq!(e.kind(), crate::ErrorKind::Forbidden),
+                _ => panic!("{code}: {written:?}"),
+            }
+            let received = received.lock().unwrap().clone();
+            assert_eq!(received.len(), 1, "{code}: {received:?}");
+            let (method, uri, body) = &received[0];
+            assert_eq!(method, "PATCH");
+            assert!(uri.contains("fieldManager=lock-janitor"), "{uri}");
+            assert_eq!(
+                body,
+                &serde_json::json!({"metadata": {"resourceVersion": "7",
+                    "labels": {"lock-janitor.io/watch": "true"}}})
+            );
+        }
+        // Without a resourceVersion the patch would be unconditional: not sent.
+        let (client, received) = scripted(vec![]);
+        let api: Api<ConfigMap> = Api::namespaced(client, "ops");
+        let mut bare = meta.clone();
+        bare.resource_version = None;
+        assert!(matches!(
+            write_label(&api, &bare, "lock-janitor.io/watch", "true").await,
+            Written::Conflict
+        ));
+        assert!(received.lock().unwrap().is_empty());
+    }
 }

@@ -67,6 +67,7 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
     )
     .await?;
     let leases_scanned = leases.scanned;
+    let in_excluded_namespaces = listing.excluded + leases.excluded;
 
     let configmaps = listing.candidates.iter().filter_map(|c| {
         let owner = c.meta.owner_references.as_deref().and_then(|o| o.first());
@@ -211,6 +212,15 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
         &args.admin.scope,
         fatal.is_some(),
     ));
+    if in_excluded_namespaces > 0 {
+        stderr.push_str(&format!(
+            "lock-janitor: {in_excluded_namespaces} unlabeled lock candidate{} (by owner or holder; \
+             data not read) in namespaces of --exclude-namespaces ({}) left out; name a namespace \
+             with -n to label there.\n",
+            if in_excluded_namespaces == 1 { "" } else { "s" },
+            args.admin.scope.exclude_namespaces
+        ));
+    }
     // `-n typo` lists nothing: say so rather than only "0 scanned".
     stderr.push_str(&missing_note(&cluster, &listing.empty_namespaces).await);
     // The notes and summary go to stderr: stdout is the report alone.

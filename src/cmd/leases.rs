@@ -1,10 +1,11 @@
 //! The Lease locks of `scan` and `label`: one paged list of Leases per scope,
-//! and the pods of each namespace where a Lease's holder identity could name
-//! one (a Lease's holder may be named by a pod's `spec.hostname`, so the
-//! namespace's pods are listed whole, once). A Lease is a candidate when it
-//! is opted in, or when its holder identity names exactly one pod of its
-//! namespace (docs/design.md, "lock-shaped": node heartbeats in `kube-node-lease`
-//! and the control plane's own leases name no pod and are left out).
+//! and the pods of each namespace with a candidate (a Lease's holder may be
+//! named by a pod's `spec.hostname`, so the namespace's pods are listed
+//! whole, once). A Lease is a candidate when it is opted in, or when
+//! `lock::candidate::lease` says so: held for life, or held under an
+//! identity that names exactly one pod of its namespace (node heartbeats in
+//! `kube-node-lease` and the control plane's own leases name no pod and are
+//! left out), outside the excluded namespaces unless named with -n.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,6 +17,7 @@ use kube::Api;
 use super::report::{row, Row};
 use super::Cluster;
 use crate::cli::Scope;
+use crate::lock::candidate::{self, Shape};
 use crate::lock::{self, LockKey};
 use crate::observe::{Judgement, Observer};
 use crate::Error;
@@ -34,6 +36,9 @@ pub struct LeaseListing {
     pub pods: BTreeMap<String, Vec<Pod>>,
     /// Leases read, candidates or not.
     pub scanned: usize,
+    /// Unlabeled Leases of a candidate's shape in the namespaces of
+    /// `--exclude-namespaces` (not named with -n): left out.
+    pub excluded: usize,
 }
 
 /// Lists the Leases in scope and the pods their identities may name.
@@ -51,11 +56,27 @@ pub async fn list_lease_candidates(
         leases.extend(crate::list_all(&api, &what).await?);
     }
     let scanned = leases.len();
-    let hosts = |l: &Lease| lock::lease::parse(l).ok().and_then(|p| p.host);
+    let mut excluded = 0;
+    let shapes: Vec<Option<Shape>> = leases
+        .iter()
+        .map(|l| {
+            let ns = l.metadata.namespace.as_deref().unwrap_or_default();
+            let shape = candidate::lease(l);
+            let labeled = scope.selector.matches(l.metadata.labels.as_ref());
+            if shape.is_some() && !labeled && scope.leaves_out(ns) {
+                excluded += 1;
+                return None;
+            }
+            shape
+        })
+        .collect();
+    // The pods of every namespace with a candidate: a host to look for, or
+    // the owner of a Lease held for life (its judgement reads them).
     let wanted: BTreeSet<String> = leases
         .iter()
-        .filter(|l| hosts(l).is_some())
-        .filter_map(|l| l.metadata.namespace.clone())
+        .zip(&shapes)
+        .filter(|(l, shape)| shape.is_some() || scope.selector.matches(l.metadata.labels.as_ref()))
+        .filter_map(|(l, _)| l.metadata.namespace.clone())
         .collect();
     let mut pods = BTreeMap::new();
     for ns in wanted {
@@ -65,15 +86,14 @@ pub async fn list_lease_candidates(
     }
     let mut candidates: Vec<LeaseCandidate> = leases
         .into_iter()
-        .filter_map(|lease| {
+        .zip(shapes)
+        .filter_map(|(lease, shape)| {
             let labeled = scope.selector.matches(lease.metadata.labels.as_ref());
-            let names_one_pod = hosts(&lease).is_some_and(|h| {
-                let ns = lease.metadata.namespace.as_deref().unwrap_or_default();
-                pods.get(ns).map_or(0, |ps| {
-                    ps.iter().filter(|p| lock::lease::names(&h, p)).count()
-                }) == 1
-            });
-            (labeled || names_one_pod).then_some(LeaseCandidate { lease, labeled })
+            let ns = lease.metadata.namespace.as_deref().unwrap_or_default();
+            let found = pods.get(ns).map(Vec::as_slice).unwrap_or_default();
+            let is_candidate =
+                shape.is_some_and(|s| s.host().is_none_or(|h| candidate::names_one_pod(h, found)));
+            (labeled || is_candidate).then_some(LeaseCandidate { lease, labeled })
         })
         .collect();
     candidates.sort_by(|a, b| {
@@ -84,6 +104,7 @@ pub async fn list_lease_candidates(
         candidates,
         pods,
         scanned,
+        excluded,
     })
 }
 

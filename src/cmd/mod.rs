@@ -19,7 +19,6 @@ use kube::{Api, Client};
 
 use crate::cli::Scope;
 use crate::lock::{holds_data, looks_like_lock};
-use crate::selector::Selector;
 use crate::{call, Error, Paged};
 
 /// Objects per page of a list.
@@ -177,6 +176,9 @@ pub struct Listing {
     /// Unlabeled ConfigMaps owned by exactly one Pod that hold data: not
     /// lock-shaped (operator-lib's locks are empty), so never candidates.
     pub skipped_with_data: usize,
+    /// Unlabeled ConfigMaps owned by one Pod in the namespaces of
+    /// `--exclude-namespaces` (not named with -n): left out.
+    pub excluded: usize,
     /// Namespaces named in the scope whose list held no ConfigMap at all:
     /// maybe a typo ([`missing_note`] tells).
     pub empty_namespaces: Vec<String>,
@@ -222,7 +224,8 @@ pub fn encode(value: &impl serde::Serialize, yaml: bool) -> anyhow::Result<Strin
 }
 
 /// Lists every ConfigMap in scope (paged, metadata only) and keeps the
-/// candidates (those matching the scope's selector, or lock-shaped).
+/// candidates (those matching the scope's selector, or lock-shaped outside
+/// the excluded namespaces: `Scope::leaves_out`).
 pub async fn list_candidates(
     cluster: &Cluster,
     scope: &Scope,
@@ -230,7 +233,7 @@ pub async fn list_candidates(
 ) -> anyhow::Result<Listing> {
     let mut listing = Listing::default();
     for ns in crate::scopes(&scope.namespaces) {
-        list_namespace(cluster, ns.as_deref(), &scope.selector, &mut listing)
+        list_namespace(cluster, ns.as_deref(), scope, &mut listing)
             .await
             .map_err(|e| explain(e, cluster, needs))?;
     }
@@ -286,7 +289,7 @@ async fn keep_lock_shaped(cluster: &Cluster, listing: &mut Listing) -> Result<()
 async fn list_namespace(
     cluster: &Cluster,
     ns: Option<&str>,
-    selector: &Selector,
+    scope: &Scope,
     out: &mut Listing,
 ) -> Result<(), Error> {
     let api: Api<ConfigMap> = crate::scoped(&cluster.client, ns);
@@ -294,12 +297,12 @@ async fn list_namespace(
         Some(ns) => format!("listing configmaps in namespace {ns}"),
         None => "listing configmaps in all namespaces".to_owned(),
     };
-    let (mut found, mut scanned) = (Vec::new(), 0);
+    let (mut found, mut scanned, mut excluded) = (Vec::new(), 0, 0);
     let api = &api;
     let list = |lp: ListParams| async move { api.list_metadata(&lp).await };
     crate::for_each_page(&what, &ListParams::default(), PAGE_SIZE, list, |page| {
         let Paged::Items(items) = page else {
-            (found, scanned) = (Vec::new(), 0);
+            (found, scanned, excluded) = (Vec::new(), 0, 0);
             return;
         };
         scanned += items.len();
@@ -307,7 +310,12 @@ async fn list_namespace(
             let mut meta = item.metadata;
             // Not needed, and the largest part of the metadata.
             meta.managed_fields = None;
-            let labeled = selector.matches(meta.labels.as_ref());
+            let labeled = scope.selector.matches(meta.labels.as_ref());
+            let left_out = || scope.leaves_out(meta.namespace.as_deref().unwrap_or_default());
+            if !labeled && looks_like_lock(&meta) && left_out() {
+                excluded += 1;
+                continue;
+            }
             if labeled || looks_like_lock(&meta) {
                 found.push(Candidate {
                     meta,
@@ -325,6 +333,7 @@ async fn list_namespace(
     }
     out.candidates.extend(found);
     out.scanned += scanned;
+    out.excluded += excluded;
     Ok(())
 }
 

@@ -2,7 +2,6 @@
 //! only ownerReference (operator-lib). Only metadata matters: the owner lives
 //! there, and the data (up to 1 MiB) is never needed.
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{object_id, Holder, Lock, Unmanageable};
@@ -48,19 +47,6 @@ pub fn parse(meta: &ObjectMeta) -> Result<Lock, Unmanageable> {
     })
 }
 
-/// Whether the ownerReferences look like a leader-for-life lock at all
-/// (exactly one owner, of kind Pod). `scan` and `label` use this to find
-/// unlabeled candidates; a candidate can still be unmanageable (empty uid).
-pub fn looks_like_lock(meta: &ObjectMeta) -> bool {
-    matches!(meta.owner_references.as_deref(), Some([one]) if one.kind == "Pod" && one.api_version == "v1")
-}
-
-/// Whether a ConfigMap holds `data` or `binaryData`.
-pub fn holds_data(cm: &ConfigMap) -> bool {
-    cm.data.as_ref().is_some_and(|d| !d.is_empty())
-        || cm.binary_data.as_ref().is_some_and(|d| !d.is_empty())
-}
-
 /// Reads a ConfigMap as a lock when it is known whether it holds data: one
 /// that does is never a lock the janitor judges.
 pub fn parse_shaped(meta: &ObjectMeta, holds_data: bool) -> Result<Lock, Unmanageable> {
@@ -71,17 +57,12 @@ pub fn parse_shaped(meta: &ObjectMeta, holds_data: bool) -> Result<Lock, Unmanag
     Ok(lock)
 }
 
-/// Lock-shaped (docs/design.md): exactly one v1 Pod owner, and no `data` or
-/// `binaryData` (operator-lib's locks are empty). Spark drivers, for one,
-/// own ConfigMaps with data; those are never lock candidates.
-pub fn lock_shaped(cm: &ConfigMap) -> bool {
-    looks_like_lock(&cm.metadata) && !holds_data(cm)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fixtures::pod_owner;
+    use crate::lock::{lock_shaped, looks_like_lock};
+    use k8s_openapi::api::core::v1::ConfigMap;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn meta(owners: Option<Vec<OwnerReference>>) -> ObjectMeta {
@@ -211,8 +192,9 @@ mod tests {
     }
 
     #[test]
-    fn candidates_need_exactly_one_pod_owner() {
-        assert!(looks_like_lock(&meta(Some(vec![pod_owner("a", "")]))));
+    fn candidates_need_exactly_one_pod_owner_with_a_name_and_uid() {
+        assert!(looks_like_lock(&meta(Some(vec![pod_owner("a", "1")]))));
+        assert!(!looks_like_lock(&meta(Some(vec![pod_owner("a", "")]))));
         assert!(!looks_like_lock(&meta(None)));
         assert!(!looks_like_lock(&meta(Some(vec![
             pod_owner("a", "1"),

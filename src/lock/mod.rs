@@ -1,12 +1,15 @@
 //! What a lock is: the holder it names, its identity down to the
 //! resourceVersion, or exactly why the janitor will not manage it. One file
 //! per lock kind parses it (`configmap`: operator-lib's leader-for-life;
-//! `lease`: client-go's leader election).
+//! `lease`: client-go's leader election); `candidate` holds each kind's
+//! candidate shape.
 
+pub mod candidate;
 pub mod configmap;
 pub mod lease;
 
-pub use configmap::{holds_data, lock_shaped, looks_like_lock, parse, parse_shaped};
+pub use candidate::{holds_data, lock_shaped, one_pod_owner as looks_like_lock};
+pub use configmap::{parse, parse_shaped};
 
 use std::fmt;
 

@@ -37,7 +37,8 @@ async fn client_for(kubeconfig: &std::path::Path) -> Client {
 }
 
 /// The rendered Deployment's ServiceAccount and container args (without
-/// the metrics address and log format, which tests set).
+/// the metrics address and log format, which tests set, and without
+/// --auto-opt-in).
 fn deployment_of(docs: &[Value]) -> (String, Vec<String>) {
     let deployment = docs.iter().find(|d| kind_of(d) == "Deployment").unwrap();
     let spec = &deployment["spec"]["template"]["spec"];
@@ -48,6 +49,9 @@ fn deployment_of(docs: &[Value]) -> (String, Vec<String>) {
         .iter()
         .filter_map(Value::as_str)
         .filter(|a| !a.starts_with("--metrics-bind-address") && !a.starts_with("--log-format"))
+        // Cluster-wide on the shared control plane, --auto-opt-in would
+        // label every suite's locks: this janitor is scoped by its selector.
+        .filter(|a| *a != "--auto-opt-in")
         .map(str::to_owned)
         .collect();
     (sa, args)
@@ -516,6 +520,38 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         )
         .await
         .expect("the opt-in label carried over to a for-life Lease passes");
+    // A renewed Lease (a candidate of `label` and --auto-opt-in): the opt-in
+    // label alone passes; the label with a change of its holder does not.
+    let renewed = leases.get("some-lease").await.unwrap();
+    let relabel_renewed = |extra: Value| {
+        let mut p = json!({"metadata": {"labels": {opt_in.0: opt_in.1},
+                                        "resourceVersion": renewed.metadata.resource_version}});
+        if let (Some(p), Some(extra)) = (p.as_object_mut(), extra.as_object()) {
+            p.extend(extra.clone());
+        }
+        p
+    };
+    let m = denied(
+        as_janitor_leases
+            .patch(
+                "some-lease",
+                &PatchParams::default(),
+                &Patch::Merge(relabel_renewed(
+                    json!({"spec": {"holderIdentity": "someone-else"}}),
+                )),
+            )
+            .await,
+    )
+    .expect("a change of a renewed Lease beyond the label is refused");
+    assert!(m.contains(&policy_name), "{m}");
+    as_janitor_leases
+        .patch(
+            "some-lease",
+            &PatchParams::default(),
+            &Patch::Merge(relabel_renewed(json!({}))),
+        )
+        .await
+        .expect("the opt-in label added to a renewed Lease passes");
     as_janitor_leases
         .delete("for-life", &both(&life))
         .await

@@ -40,13 +40,14 @@ const CHECKS: [&str; 8] = [
     "monitoring",
 ];
 
-/// The checks a healthy install passes outright (auto-opt-in and
-/// monitoring may be skipped where nothing is enabled or served).
-const HEALTHY_OK: [&str; 6] = [
+/// The checks a healthy install passes outright (monitoring may be
+/// skipped where nothing is served).
+const HEALTHY_OK: [&str; 7] = [
     "install-found",
     "leader",
     "rbac",
     "delete-guard",
+    "auto-opt-in",
     "locks",
     "stale-now",
 ];
@@ -339,14 +340,7 @@ impl std::fmt::Display for Outcome {
 
 #[tokio::test]
 async fn a_healthy_install_passes() {
-    let i = install(
-        "healthy",
-        &[
-            "admissionPolicies.autoOptIn.enabled=true",
-            "admissionPolicies.autoOptIn.namespaceSelector.matchLabels.team=ops",
-        ],
-    )
-    .await;
+    let i = install("healthy", &[]).await;
     i.lock("memcached-operator-lock", "memcached-operator-1", true)
         .await;
     let out = i.check(&[]);
@@ -385,19 +379,15 @@ async fn a_healthy_install_passes() {
     );
     assert!(out.detail("locks").contains("1 opted in"), "{out}");
     assert!(out.detail("stale-now").contains("1 held"), "{out}");
-    // The auto opt-in policy, where this API server serves it.
-    let served = i
-        .client
-        .list_api_group_resources("admissionregistration.k8s.io/v1")
-        .await
-        .expect("discovery")
-        .resources
-        .iter()
-        .any(|r| r.name == "mutatingadmissionpolicies");
-    assert_eq!(
-        out.detail("auto-opt-in").contains("team"),
-        served,
-        "the namespace selector is named where the policy is installed\n{out}"
+    // The chart's default: the janitor opts new locks in by itself.
+    assert!(
+        out.detail("auto-opt-in")
+            .starts_with("on: the leader labels"),
+        "{out}"
+    );
+    assert!(
+        out.detail("auto-opt-in").contains("kube-system"),
+        "the exclusions are named\n{out}"
     );
     assert!(out.stderr.contains("8 checks"), "{out}");
 

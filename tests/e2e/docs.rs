@@ -366,7 +366,7 @@ fn every_alert_has_a_runbook_section() {
             );
         }
     }
-    assert_eq!(alerts.len(), 9, "{alerts:?}");
+    assert_eq!(alerts.len(), 10, "{alerts:?}");
     // And no section for an alert that is not shipped.
     for heading in runbooks
         .lines()
@@ -402,7 +402,7 @@ fn events_listed_are_the_reasons_of_the_code() {
         .filter_map(|l| l.strip_prefix("pub const REASON_"))
         .filter_map(|l| l.split('"').nth(1).map(str::to_owned))
         .collect();
-    assert_eq!(code.len(), 9, "{code:?}");
+    assert_eq!(code.len(), 10, "{code:?}");
     let page = read("docs/metrics-and-events.md");
     assert_eq!(table_names(&page, "## Events", ""), code);
 }
@@ -552,6 +552,7 @@ async fn metrics_listed_are_the_metrics_exported() {
             "1s",
             "--resync",
             "5s",
+            "--auto-opt-in",
         ],
     )
     .await;
@@ -770,10 +771,9 @@ fn the_chart_readme_says_what_the_chart_does() {
         "the guard admits the DELETE of a Lease held for life"
     );
     assert!(
-        !text.contains("`{}` is every namespace"),
-        "the chart refuses an empty namespaceSelector"
+        text.contains("on by default") && text.contains("autoOptIn.excludeNamespaces"),
+        "the chart README says that auto opt-in is on and what it leaves out"
     );
-    assert!(text.contains("refuses the default `{}`"));
     for (n, line) in read("charts/lock-janitor/values.yaml").lines().enumerate() {
         let t = line.trim_start();
         assert!(

@@ -53,6 +53,11 @@ impl Prometheus {
     /// as the chart's ServiceMonitor and OpenShift do), and evaluates the
     /// chart's rules every second.
     async fn start(target: u16) -> Prometheus {
+        Self::start_with_rules(target, &rules_file()).await
+    }
+
+    /// As `start`, with the rules file `rules`.
+    async fn start_with_rules(target: u16, rules: &Path) -> Prometheus {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!(
             "lock-janitor-prometheus-{}-{port}",
@@ -74,7 +79,7 @@ scrape_configs:
         labels:
           namespace: {JANITOR_HOME}
 ",
-            rules = rules_file().display()
+            rules = rules.display()
         );
         std::fs::write(dir.join("prometheus.yml"), config).expect("prometheus.yml");
         let log = std::fs::File::create(dir.join("prometheus.log")).expect("log");
@@ -376,4 +381,68 @@ async fn reclaim_alert_fires_in_prometheus() {
             );
         }
     }
+}
+
+/// LockJanitorUnprotectedLocks in a real Prometheus, scraping a janitor with
+/// --auto-opt-in that may not write (--dry-run: it counts and never labels):
+/// one unlabeled lock candidate fires it; labeled by hand, the candidate is
+/// no longer counted and the alert goes. The rule is the shipped one with
+/// its `for: 30m` cut to 3 s (the 30 minutes are the promtool case's).
+#[tokio::test]
+async fn unprotected_locks_alert_fires_until_the_lock_is_labeled() {
+    let cp = shared().await;
+    let client = cp.client().await.expect("admin client");
+    grant_janitor(&client).await;
+    let ns = fresh_namespace(&client, "prom-unprotected").await;
+    let node = format!("node-{ns}");
+    kubelet::create_node(&client, &node).await.expect("node");
+    let holder = running_pod(&client, &ns, "operator-0", &node).await;
+    create_lock(&client, &lock_for("op-lock", &holder, false)).await;
+
+    let rules = std::fs::read_to_string(rules_file()).expect("rules");
+    let (before, after) = rules
+        .split_once("- alert: LockJanitorUnprotectedLocks")
+        .expect("the rule is shipped");
+    assert!(after.contains("for: 30m"), "{after}");
+    let short = format!(
+        "{before}- alert: LockJanitorUnprotectedLocks{}",
+        after.replacen("for: 30m", "for: 3s", 1)
+    );
+    let dir = tempfile::tempdir().expect("rules dir");
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(&path, short).expect("rules copy");
+
+    let j = Janitor::start(
+        &kubeconfig_as(cp, JANITOR_USER),
+        &["--namespace", &ns, "--auto-opt-in", "--dry-run"],
+    )
+    .await;
+    let prom = Prometheus::start_with_rules(j.port, &path).await;
+    let firing =
+        "ALERTS{alertname=\"LockJanitorUnprotectedLocks\",alertstate=\"firing\",kind=\"configmap\"}";
+    let alert = wait_for("LockJanitorUnprotectedLocks firing", WAIT, || async {
+        prom.query(firing).await.into_iter().next()
+    })
+    .await;
+    assert_eq!(alert["metric"]["severity"], "warning", "{alert}");
+    assert_eq!(alert["metric"]["job"], "lock-janitor", "{alert}");
+
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client.clone(), &ns);
+    let label = serde_json::json!({"metadata": {"labels": {WATCH_LABEL.0: WATCH_LABEL.1}}});
+    cms.patch(
+        "op-lock",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&label),
+    )
+    .await
+    .expect("label the lock");
+    wait_for("LockJanitorUnprotectedLocks resolved", WAIT, || async {
+        prom.query(firing).await.is_empty().then_some(())
+    })
+    .await;
+    let gauge = "lock_janitor_unprotected_locks{kind=\"configmap\"}";
+    let r = prom.query(gauge).await;
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(value_of(&r[0]), Some(0.0));
 }

@@ -290,7 +290,18 @@ impl Janitor {
         j
     }
 
+    /// As `start`, with `$POD_NAME` (its election identity) `pod`.
+    pub async fn start_as_pod(kubeconfig: &Path, args: &[&str], pod: &str) -> Janitor {
+        let j = Self::spawn_as(kubeconfig, args, Some(pod));
+        j.wait_ready().await;
+        j
+    }
+
     pub fn spawn(kubeconfig: &Path, args: &[&str]) -> Janitor {
+        Self::spawn_as(kubeconfig, args, None)
+    }
+
+    fn spawn_as(kubeconfig: &Path, args: &[&str], pod: Option<&str>) -> Janitor {
         let port = free_port();
         let log =
             std::env::temp_dir().join(format!("lock-janitor-{port}-{}.log", std::process::id()));
@@ -306,7 +317,10 @@ impl Janitor {
                 std::env::var("LOCK_JANITOR_TEST_LOG")
                     .unwrap_or_else(|_| "info,lock_janitor=debug,kube=warn".into()),
             )
-            .env("POD_NAME", format!("lock-janitor-e2e-{port}"))
+            .env(
+                "POD_NAME",
+                pod.map_or_else(|| format!("lock-janitor-e2e-{port}"), str::to_owned),
+            )
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log"))
             .stderr(out)

@@ -172,20 +172,6 @@ install` does.
 {{- end }}
 
 {{/*
-The MutatingAdmissionPolicy API version to render the auto opt-in policy
-with: v1 where served (Kubernetes 1.36+); v1beta1 (1.34-1.35, where the
-cluster enables it) only when admissionPolicies.autoOptIn.allowV1beta1 is
-set; empty when neither.
-*/}}
-{{- define "lock-janitor.mapVersion" -}}
-{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" }}
-{{- "admissionregistration.k8s.io/v1" }}
-{{- else if and .Values.admissionPolicies.autoOptIn.allowV1beta1 (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy") }}
-{{- "admissionregistration.k8s.io/v1beta1" }}
-{{- end }}
-{{- end }}
-
-{{/*
 A duration value in nanoseconds (a float), parsed as the janitor parses its
 flags (humantime): numbers, a fraction allowed, each followed by a unit
 (ns, us, ms, s, m, h, d, w, M, y and their long forms), an optional space

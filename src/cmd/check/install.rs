@@ -278,52 +278,29 @@ pub async fn leader(i: &Install) -> Check {
     )
 }
 
-/// Check 5: the auto opt-in MutatingAdmissionPolicy, where enabled.
-pub async fn auto_opt_in(i: &Install) -> Check {
+/// Check 5: whether the janitor opts new locks in by itself
+/// (`--auto-opt-in`), and where it does not (`--exclude-namespaces`).
+pub fn auto_opt_in(i: &Install) -> Check {
     const NAME: &str = "auto-opt-in";
-    let r = async {
-        let mut gv = None;
-        for v in [
-            "admissionregistration.k8s.io/v1",
-            "admissionregistration.k8s.io/v1beta1",
-        ] {
-            if served(&i.client, v, "mutatingadmissionpolicies").await? {
-                gv = Some(v);
-                break;
-            }
-        }
-        let Some(gv) = gv else {
-            return Ok(Check::ok(
-                NAME,
-                "skipped: this API server serves no MutatingAdmissionPolicy; new locks are opted in with `lock-janitor label`",
-            ));
-        };
-        let name = format!("{}-{}-auto-opt-in", i.name, i.namespace);
-        let Some((p, binding)) =
-            policy_and_binding(i, gv, "MutatingAdmissionPolicy", &name).await?
-        else {
-            return Ok(Check::ok(
-                NAME,
-                "skipped: not enabled (admissionPolicies.autoOptIn.enabled); new locks are opted in with `lock-janitor label`",
-            ));
-        };
-        if binding.is_none() {
-            return Ok(Check::warn(
-                NAME,
-                format!("MutatingAdmissionPolicy {name} has no binding {name}: it labels nothing"),
-                i.helm_upgrade("--set admissionPolicies.autoOptIn.enabled=true"),
-            ));
-        }
-        let selector = &p.data["spec"]["matchConstraints"]["namespaceSelector"];
-        Ok(Check::ok(
-            NAME,
-            format!("MutatingAdmissionPolicy {name} opts in new lock-shaped ConfigMaps in namespaces matching {selector}"),
-        ))
+    let excluded = &i.run.scope.exclude_namespaces;
+    let outside = if excluded.is_empty() {
+        String::new()
+    } else {
+        format!(", outside {excluded}")
     };
-    Check::or_failed(
+    if i.run.auto_opt_in {
+        return Check::ok(
+            NAME,
+            format!(
+                "on: the leader labels every unlabeled lock candidate in {}{outside}",
+                i.scope_text()
+            ),
+        );
+    }
+    Check::warn(
         NAME,
-        r.await,
-        "get on mutatingadmissionpolicies and their bindings",
+        "off: new locks are protected only once someone labels them (`lock-janitor label`)",
+        i.helm_upgrade("--set autoOptIn.enabled=true"),
     )
 }
 

@@ -93,6 +93,7 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
         );
     }
     let (mut opted_in, mut opted_out, mut not_in) = (0, Vec::new(), Vec::new());
+    let mut excluded = 0;
     let mut label_namespaces = BTreeSet::new();
     for (kind, meta, labeled) in &metas {
         let ns = meta.namespace.clone().unwrap_or_default();
@@ -104,6 +105,8 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
         match plan_for(meta, key, value) {
             Plan::Unchanged => opted_in += 1,
             Plan::Conflicting(v) => opted_out.push(format!("{id} ({key}={v})")),
+            // Never auto-opted in, not counted as unprotected.
+            Plan::Add if scope.exclude_namespaces.excludes(&ns) => excluded += 1,
             Plan::Add => {
                 not_in.push(id);
                 label_namespaces.insert(ns);
@@ -120,6 +123,12 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
     if !opted_out.is_empty() {
         detail.push_str(&format!(" ({})", names(&opted_out)));
     }
+    if excluded > 0 {
+        detail.push_str(&format!(
+            ", {excluded} not opted in in namespaces excluded by --exclude-namespaces ({})",
+            scope.exclude_namespaces
+        ));
+    }
     let mut hints = Vec::new();
     if !not_in.is_empty() {
         detail.push_str(&format!(
@@ -132,8 +141,15 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
             .iter()
             .map(|ns| format!("lock-janitor label -n {ns}{sel} --apply"))
             .collect();
+        let auto = if i.run.auto_opt_in {
+            "the janitor runs with --auto-opt-in: its leader labels these within seconds, and when \
+             they stay unlabeled its log says why (a 403 names the missing permission; docs/runbooks.md, \
+             LockJanitorUnprotectedLocks); to label them now: "
+        } else {
+            "the janitor frees only opted-in locks: "
+        };
         hints.push(format!(
-            "the janitor frees only opted-in locks: {} (without --apply it shows what it would label); \
+            "{auto}{} (without --apply it shows what it would label); \
              to keep one out on purpose, label it {key}=false",
             names(&commands)
         ));

@@ -437,7 +437,7 @@ pub async fn run_checks(cluster: &Cluster, install: &Install) -> Vec<Check> {
     ];
     checks.push(access::rbac(install).await);
     checks.push(access::delete_guard(install).await);
-    checks.push(install::auto_opt_in(install).await);
+    checks.push(install::auto_opt_in(install));
     checks.extend(locks::locks(cluster, install).await);
     checks.push(install::monitoring(install).await);
     checks

@@ -1,0 +1,419 @@
+//! The cost of `run --auto-opt-in` among objects that are no locks, on a
+//! local control plane of its own: bystander ConfigMaps (1 KiB of data
+//! each) and bystander Leases renewed by a writer here (holders that name
+//! no pod), then the same janitor run without and with `--auto-opt-in`.
+//! Reported for each: VmRSS and VmHWM after an idle window, and the
+//! janitor's own requests per second in that window
+//! (`lock_janitor_api_requests_total`); with `--auto-opt-in` also the time
+//! from each candidate's creation (the create's answer) to its label as a
+//! watch here sees it, for candidates created one at a time at idle (half
+//! ConfigMap locks, half Leases held by a running pod), p50 / p99 / max.
+//!
+//! `make bench-optin` (`hack/bench-optin.sh`) builds the release binary and
+//! runs it at the issue's scale. By hand, small:
+//!
+//! ```text
+//! cargo run --example bench_optin -- --configmaps 500 --leases 50 --candidates 20 \
+//!   --idle 30s --bin target/debug/lock-janitor
+//! ```
+//!
+//! Not part of `make test`. It reports numbers; it asserts none.
+
+#[path = "common/bench.rs"]
+mod bench_support;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bench_support::*;
+use clap::Parser;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use support::{sample, Janitor, WATCH_LABEL};
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "The cost of lock-janitor run --auto-opt-in among bystander ConfigMaps and Leases"
+)]
+struct Args {
+    /// Bystander ConfigMaps (no owner, 1 KiB of data each).
+    #[arg(long, default_value_t = 20_000)]
+    configmaps: usize,
+    /// Bystander Leases, renewed every --renew-every by this process.
+    #[arg(long, default_value_t = 2_000)]
+    leases: usize,
+    /// Lock candidates created one at a time with --auto-opt-in.
+    #[arg(long, default_value_t = 200)]
+    candidates: usize,
+    /// Namespaces the objects are spread over.
+    #[arg(long, default_value_t = 10)]
+    namespaces: usize,
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    renew_every: Duration,
+    /// The idle window each run is measured over.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    idle: Duration,
+    /// Pause between two candidates' creations.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    create_every: Duration,
+    /// The janitor binary (hack/bench-optin.sh builds the release one).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/lock-janitor"))]
+    bin: PathBuf,
+}
+
+/// Object writes in flight while setting up.
+const WRITERS: usize = 32;
+
+fn bystander_configmap(ns: &str, i: usize) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(format!("app-config-{i}")),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        data: Some([("settings".to_string(), "x".repeat(1024))].into()),
+        ..Default::default()
+    }
+}
+
+fn held_lease(ns: &str, name: &str, holder: &str) -> Lease {
+    let now = MicroTime(Timestamp::now());
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The janitor's requests so far (every verb and code).
+fn requests(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("lock_janitor_api_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+struct Run {
+    rss: Mem,
+    requests_per_second: f64,
+    labels: Vec<f64>,
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    if !args.bin.exists() {
+        die(&format!(
+            "{} not found: build it first (hack/bench-optin.sh does)",
+            args.bin.display()
+        ));
+    }
+    // support::Janitor runs LOCK_JANITOR_BIN.
+    std::env::set_var("LOCK_JANITOR_BIN", &args.bin);
+    step(&format!(
+        "control plane; {} bystander ConfigMaps (1 KiB), {} bystander Leases renewed every {}, in {} namespaces",
+        args.configmaps,
+        args.leases,
+        secs(args.renew_every),
+        args.namespaces
+    ));
+    let (cp, client, kubeconfig, namespaces) = bench_plane("optin", args.namespaces).await;
+    let ns_of = |i: usize| namespaces[i % namespaces.len()].clone();
+    let started = Instant::now();
+    futures::stream::iter(0..args.configmaps)
+        .map(|i| {
+            let (client, ns) = (client.clone(), ns_of(i));
+            async move {
+                let api: Api<ConfigMap> = Api::namespaced(client, &ns);
+                let cm = bystander_configmap(&ns, i);
+                retry("creating a ConfigMap", || async {
+                    api.create(&PostParams::default(), &cm).await
+                })
+                .await;
+            }
+        })
+        .buffer_unordered(WRITERS)
+        .collect::<()>()
+        .await;
+    let leases: Vec<(String, String)> = (0..args.leases)
+        .map(|i| (ns_of(i), format!("bystander-{i}")))
+        .collect();
+    futures::stream::iter(leases.clone())
+        .map(|(ns, name)| {
+            let client = client.clone();
+            async move {
+                let api: Api<Lease> = Api::namespaced(client, &ns);
+                let l = held_lease(&ns, &name, &format!("{name}-holder"));
+                retry("creating a Lease", || async {
+                    api.create(&PostParams::default(), &l).await
+                })
+                .await;
+            }
+        })
+        .buffer_unordered(WRITERS)
+        .collect::<()>()
+        .await;
+    println!("set up in {}", secs(started.elapsed()));
+
+    // The renewals, spread evenly over each period, as long as the bench runs.
+    let renewer = {
+        let (client, leases, every) = (client.clone(), leases.clone(), args.renew_every);
+        tokio::spawn(async move {
+            let gap = every.div_f64(leases.len().max(1) as f64);
+            let mut tick = tokio::time::interval(gap);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            for (ns, name) in leases.iter().cycle() {
+                tick.tick().await;
+                let api: Api<Lease> = Api::namespaced(client.clone(), ns);
+                let p = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+                let _ = api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&p))
+                    .await;
+            }
+        })
+    };
+
+    let base = ["--resync", "5m"];
+    step(&format!(
+        "without --auto-opt-in: idle for {}",
+        secs(args.idle)
+    ));
+    let without = measure(&kubeconfig, &base, &args, None).await;
+
+    step(&format!(
+        "with --auto-opt-in: {} candidates created {} apart, then idle for {}",
+        args.candidates,
+        secs(args.create_every),
+        secs(args.idle)
+    ));
+    let holders: Vec<String> = (0..10).map(|i| format!("holder-{i}")).collect();
+    for (i, h) in holders.iter().enumerate() {
+        running(&client, &ns_of(i), h, &node_of(i), "operator").await;
+    }
+    let with_args = ["--resync", "5m", "--auto-opt-in"];
+    let with = measure(
+        &kubeconfig,
+        &with_args,
+        &args,
+        Some((&client, &ns_of, &holders)),
+    )
+    .await;
+    renewer.abort();
+
+    step("results");
+    println!(
+        "objects: {} ConfigMaps (1 KiB), {} Leases renewed every {}, {} candidates; idle window {}",
+        args.configmaps,
+        args.leases,
+        secs(args.renew_every),
+        args.candidates,
+        secs(args.idle)
+    );
+    for (name, r) in [
+        ("without --auto-opt-in", &without),
+        ("with --auto-opt-in", &with),
+    ] {
+        println!(
+            "{name:<22} VmRSS {} MiB  VmHWM {} MiB  RssAnon {} MiB  requests/s at idle {:.2}",
+            mib(r.rss.rss),
+            mib(r.rss.hwm),
+            mib(r.rss.anon),
+            r.requests_per_second
+        );
+    }
+    println!(
+        "RSS difference (with - without): {:+.1} MiB VmRSS, {:+.1} MiB VmHWM",
+        (with.rss.rss as f64 - without.rss.rss as f64) / 1024.0,
+        (with.rss.hwm as f64 - without.rss.hwm as f64) / 1024.0
+    );
+    println!(
+        "creation to label, p50 / p99 / max: {}",
+        median_p99_max(with.labels)
+    );
+    drop(cp);
+}
+
+type Candidates<'a> = (&'a Client, &'a dyn Fn(usize) -> String, &'a [String]);
+
+/// One janitor run: started, ready, candidates created (if any) and their
+/// labels timed, then the idle window measured.
+async fn measure(
+    kubeconfig: &std::path::Path,
+    flags: &[&str],
+    args: &Args,
+    candidates: Option<Candidates<'_>>,
+) -> Run {
+    let started = Instant::now();
+    let j = Janitor::start(kubeconfig, flags).await;
+    println!("ready in {}", secs(started.elapsed()));
+    let mut labels = Vec::new();
+    if let Some((client, ns_of, holders)) = candidates {
+        labels = label_times(client, ns_of, holders, args).await;
+    }
+    // Settle, then the idle window.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = requests(&j.metrics().await);
+    tokio::time::sleep(args.idle).await;
+    let m = j.metrics().await;
+    let after = requests(&m);
+    let rss = mem(j.pid());
+    if let Some(n) = sample(
+        &m,
+        "lock_janitor_unprotected_locks",
+        &[("kind", "configmap")],
+    ) {
+        println!("unprotected at the end: {n} ConfigMaps");
+    }
+    Run {
+        rss,
+        requests_per_second: (after - before) / args.idle.as_secs_f64(),
+        labels,
+    }
+}
+
+/// Creates the candidates one at a time and returns, for each, the seconds
+/// from its create's answer to a watch here seeing it labeled.
+async fn label_times(
+    client: &Client,
+    ns_of: &dyn Fn(usize) -> String,
+    holders: &[String],
+    args: &Args,
+) -> Vec<f64> {
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let selector = format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1);
+    let (synced_tx, mut synced_rx) = tokio::sync::mpsc::channel::<()>(2);
+    let cms = {
+        let (seen, tx) = (seen.clone(), synced_tx.clone());
+        let api: Api<PartialObjectMeta<ConfigMap>> = Api::all(client.clone());
+        let config = watcher::Config::default().labels(&selector);
+        tokio::spawn(async move {
+            let stream = watcher(api, config);
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(o)) => {
+                        let key = format!(
+                            "configmap/{}/{}",
+                            o.namespace().unwrap_or_default(),
+                            o.name_any()
+                        );
+                        seen.lock().unwrap().entry(key).or_insert_with(Instant::now);
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        let _ = tx.send(()).await;
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+    let leases = {
+        let (seen, tx) = (seen.clone(), synced_tx.clone());
+        let api: Api<PartialObjectMeta<Lease>> = Api::all(client.clone());
+        let config = watcher::Config::default().labels(&selector);
+        tokio::spawn(async move {
+            let stream = watcher(api, config);
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(o)) => {
+                        let key = format!(
+                            "lease/{}/{}",
+                            o.namespace().unwrap_or_default(),
+                            o.name_any()
+                        );
+                        seen.lock().unwrap().entry(key).or_insert_with(Instant::now);
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        let _ = tx.send(()).await;
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+    for _ in 0..2 {
+        synced_rx.recv().await;
+    }
+    let mut created: Vec<(String, Instant)> = Vec::new();
+    for i in 0..args.candidates {
+        let ns = ns_of(i);
+        let holder = &holders[i % holders.len()];
+        // From before the create is sent: the answer may come after the label.
+        let at = Instant::now();
+        let key = if i % 2 == 0 {
+            let pod: k8s_openapi::api::core::v1::Pod = Api::namespaced(client.clone(), &ns)
+                .get(holder)
+                .await
+                .unwrap_or_else(|e| die(&format!("holder {ns}/{holder}: {e}")));
+            let cm = support::lock_for(&format!("operator-{i}-lock"), &pod, false);
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+            retry("creating a lock", || async {
+                api.create(&PostParams::default(), &cm).await
+            })
+            .await;
+            format!("configmap/{ns}/operator-{i}-lock")
+        } else {
+            let name = format!("operator-{i}-lease");
+            let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+            let l = held_lease(&ns, &name, holder);
+            retry("creating a Lease lock", || async {
+                api.create(&PostParams::default(), &l).await
+            })
+            .await;
+            format!("lease/{ns}/{name}")
+        };
+        created.push((key, at));
+        tokio::time::sleep(args.create_every).await;
+    }
+    // Every label, or 60 s after the last creation.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let done = {
+            let seen = seen.lock().unwrap();
+            created.iter().all(|(k, _)| seen.contains_key(k))
+        };
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cms.abort();
+    leases.abort();
+    let seen = seen.lock().unwrap();
+    let missing = created
+        .iter()
+        .filter(|(k, _)| !seen.contains_key(k))
+        .count();
+    if missing > 0 {
+        println!(
+            "{missing} of {} candidates not labeled within 60 s of the last creation",
+            created.len()
+        );
+    }
+    created
+        .iter()
+        .filter_map(|(k, at)| Some(seen.get(k)?.saturating_duration_since(*at).as_secs_f64()))
+        .collect()
+}

@@ -1,0 +1,860 @@
+//! `run --auto-opt-in`: finds the lock candidates in scope that carry no
+//! opt-in key (`lock::candidate`'s rules), counts them
+//! (`lock_janitor_unprotected_locks{kind}`, on every replica) and, on the
+//! leader only, labels each with one resourceVersion-guarded merge patch
+//! made right after a live read (`optin::write_label`).
+//!
+//! What it keeps follows the candidates, not the cluster (docs/design.md,
+//! "Auto opt-in"): a metadata-only watch of the ConfigMaps in scope and a
+//! watch of the Leases, neither cached. Kept: each unprotected candidate
+//! (its key and uid), each one-Pod-owned ConfigMap found to hold data (its
+//! resourceVersion, so that it is not read again until it changes), and for
+//! 30 s each Lease judged after a change of holder. A Lease renewal costs
+//! nothing: a Lease is judged when it is listed, or when its holder was
+//! acquired (or it was created) within the last 30 s, never per renewal.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::ListParams;
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::EventType;
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::election::Gate;
+use crate::events::{ref_of, Events, Say, REASON_OPTED_IN};
+use crate::lock::candidate::{self, Exclusions, Shape};
+use crate::lock::{lease, LockKey, LockKind};
+use crate::metrics::Metrics;
+use crate::optin::{write_label, Written};
+use crate::streams::watch_backoff;
+use crate::{call, Error, ErrorKind, Paged};
+
+/// A Lease whose holder was acquired (or that was created) this recently
+/// is judged when its watch says it changed; after that, its renewals are
+/// not looked at.
+const RECENT: Duration = Duration::from_secs(30);
+/// Judgements (a live read, maybe a pod list, and the patch) at once.
+const IN_FLIGHT: usize = 8;
+/// Reads and writes of one judgement: a 409 reads and judges again, at
+/// most this many times in a row.
+const ATTEMPTS: u32 = 3;
+
+/// What auto opt-in is given.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The opt-in label it writes; a candidate carrying `key` with any
+    /// value is left as it is.
+    pub key: String,
+    pub value: String,
+    /// Empty: the whole cluster.
+    pub namespaces: Vec<String>,
+    pub exclusions: Exclusions,
+    pub kinds: Vec<LockKind>,
+    /// The janitor's own election Lease (namespace, name): never labeled.
+    pub own_lease: Option<(String, String)>,
+    /// How often the leader tries again the candidates it could not label.
+    pub retry: Duration,
+    /// Label (the leader); without it, only count.
+    pub write: bool,
+}
+
+/// The auto opt-in of one janitor.
+pub struct AutoOptIn {
+    client: Client,
+    gate: Gate,
+    metrics: Metrics,
+    events: Events,
+    settings: Settings,
+    state: Mutex<Found>,
+    turns: tokio::sync::Semaphore,
+}
+
+/// What is remembered, all of it about candidates or near-candidates.
+#[derive(Default)]
+struct Found {
+    /// Unprotected candidates: their uid, and for a Lease the holder
+    /// identity it was judged with.
+    unprotected: BTreeMap<LockKey, (String, String)>,
+    /// ConfigMaps owned by one pod that hold data: their resourceVersion.
+    holds_data: HashMap<LockKey, String>,
+    /// Leases judged after a change: the identity, and when.
+    judged: HashMap<LockKey, (String, Instant)>,
+    /// Judgements running now.
+    running: HashSet<LockKey>,
+}
+
+impl AutoOptIn {
+    pub fn new(client: Client, gate: Gate, metrics: Metrics, settings: Settings) -> Arc<Self> {
+        let events = Events::new(client.clone(), metrics.clone(), gate.clone());
+        for k in &settings.kinds {
+            metrics.unprotected.with_label_values(&[k.as_str()]).set(0);
+        }
+        Arc::new(AutoOptIn {
+            client,
+            gate,
+            metrics,
+            events,
+            settings,
+            state: Mutex::default(),
+            turns: tokio::sync::Semaphore::new(IN_FLIGHT),
+        })
+    }
+
+    /// Watches every scope until `shutdown`.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut runs: Vec<futures::future::BoxFuture<'static, ()>> = Vec::new();
+        for ns in crate::scopes(&self.settings.namespaces) {
+            if self.settings.kinds.contains(&LockKind::ConfigMap) {
+                runs.push(Box::pin(self.clone().watch_configmaps(ns.clone())));
+            }
+            if self.settings.kinds.contains(&LockKind::Lease) {
+                runs.push(Box::pin(self.clone().watch_leases(ns)));
+            }
+        }
+        runs.push(Box::pin(self.clone().retry_on_lead_and_after_failures()));
+        tokio::select! {
+            _ = futures::future::join_all(runs) => {}
+            () = shutdown.cancelled() => {}
+        }
+    }
+
+    /// Whether anything in `namespace` may be a candidate at all.
+    fn in_reach(&self, namespace: &str) -> bool {
+        !self.settings.exclusions.excludes(namespace)
+    }
+
+    fn has_key(&self, meta: &ObjectMeta) -> bool {
+        meta.labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(&self.settings.key))
+    }
+
+    fn own_lease(&self, key: &LockKey) -> bool {
+        key.kind == LockKind::Lease
+            && self
+                .settings
+                .own_lease
+                .as_ref()
+                .is_some_and(|(ns, name)| *ns == key.namespace && *name == key.name)
+    }
+
+    /// Forgets `key`: deleted, labeled, or no candidate now.
+    fn drop_key(&self, key: &LockKey) {
+        let mut s = crate::locked(&self.state);
+        let counted = s.unprotected.remove(key).is_some();
+        s.holds_data.remove(key);
+        s.judged.remove(key);
+        drop(s);
+        if counted {
+            self.count(key.kind);
+        }
+    }
+
+    fn count(&self, kind: LockKind) {
+        let n = crate::locked(&self.state)
+            .unprotected
+            .keys()
+            .filter(|k| k.kind == kind)
+            .count();
+        self.metrics
+            .unprotected
+            .with_label_values(&[kind.as_str()])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    fn unprotected(&self, key: &LockKey, uid: &str, identity: &str) {
+        let mut s = crate::locked(&self.state);
+        s.holds_data.remove(key);
+        s.unprotected
+            .insert(key.clone(), (uid.to_owned(), identity.to_owned()));
+        drop(s);
+        self.count(key.kind);
+    }
+
+    /// The metadata-only watch of a scope's ConfigMaps: a ConfigMap with
+    /// one Pod owner and no opt-in key is read whole once (does it hold
+    /// data?) and, when it does not, is a candidate.
+    async fn watch_configmaps(self: Arc<Self>, namespace: Option<String>) {
+        let api: Api<PartialObjectMeta<ConfigMap>> =
+            crate::scoped(&self.client, namespace.as_deref());
+        let stream = watcher(api, unfiltered()).backoff(watch_backoff());
+        let mut relist = Relist::default();
+        let mut stream = std::pin::pin!(stream);
+        let mut errors = Warned::default();
+        while let Some(ev) = stream.next().await {
+            let meta = match ev {
+                Ok(watcher::Event::Init) => {
+                    relist = Relist::started(&self, namespace.as_deref(), LockKind::ConfigMap);
+                    continue;
+                }
+                Ok(watcher::Event::InitDone) => {
+                    relist.done(&self);
+                    continue;
+                }
+                Ok(watcher::Event::Delete(m)) => {
+                    self.drop_key(&key_of(LockKind::ConfigMap, &m.metadata));
+                    continue;
+                }
+                Ok(watcher::Event::InitApply(m) | watcher::Event::Apply(m)) => m.metadata,
+                Err(e) => {
+                    errors.failed(&self.metrics, "configmaps", namespace.as_deref(), &e);
+                    continue;
+                }
+            };
+            let key = key_of(LockKind::ConfigMap, &meta);
+            relist.seen(&key);
+            if !self.in_reach(&key.namespace)
+                || self.has_key(&meta)
+                || !candidate::one_pod_owner(&meta)
+            {
+                self.drop_key(&key);
+                continue;
+            }
+            let uid = meta.uid.clone().unwrap_or_default();
+            let known = {
+                let s = crate::locked(&self.state);
+                s.unprotected.get(&key).is_some_and(|(u, _)| *u == uid)
+                    || s.holds_data.get(&key) == meta.resource_version.as_ref()
+            };
+            if !known {
+                self.clone().judge_soon(key, None);
+            }
+        }
+    }
+
+    /// The watch of a scope's Leases. Renewals arrive every few seconds
+    /// for every Lease: one is judged only when listed, or when its holder
+    /// changed lately, and at most once per holder within `RECENT`.
+    async fn watch_leases(self: Arc<Self>, namespace: Option<String>) {
+        let api: Api<Lease> = crate::scoped(&self.client, namespace.as_deref());
+        let stream = watcher(api, unfiltered()).backoff(watch_backoff());
+        let mut relist = Relist::default();
+        // Listed Leases whose identity names a host, by namespace: their
+        // pods are listed once per namespace when the list is done.
+        let mut listed: BTreeMap<String, Vec<(LockKey, String, String)>> = BTreeMap::new();
+        let mut stream = std::pin::pin!(stream);
+        let mut errors = Warned::default();
+        while let Some(ev) = stream.next().await {
+            let (l, listing) = match ev {
+                Ok(watcher::Event::Init) => {
+                    relist = Relist::started(&self, namespace.as_deref(), LockKind::Lease);
+                    listed.clear();
+                    continue;
+                }
+                Ok(watcher::Event::InitDone) => {
+                    relist.done(&self);
+                    for (ns, leases) in std::mem::take(&mut listed) {
+                        self.clone().judge_listed_leases(ns, leases);
+                    }
+                    continue;
+                }
+                Ok(watcher::Event::Delete(l)) => {
+                    self.drop_key(&key_of(LockKind::Lease, &l.metadata));
+                    continue;
+                }
+                Ok(watcher::Event::InitApply(l)) => (l, true),
+                Ok(watcher::Event::Apply(l)) => (l, false),
+                Err(e) => {
+                    errors.failed(&self.metrics, "leases", namespace.as_deref(), &e);
+                    continue;
+                }
+            };
+            let key = key_of(LockKind::Lease, &l.metadata);
+            relist.seen(&key);
+            if !self.in_reach(&key.namespace) || self.own_lease(&key) || self.has_key(&l.metadata) {
+                self.drop_key(&key);
+                continue;
+            }
+            let Some(shape) = candidate::lease(&l) else {
+                self.drop_key(&key);
+                continue;
+            };
+            let uid = l.metadata.uid.clone().unwrap_or_default();
+            let identity = identity_of(&l);
+            let known = crate::locked(&self.state)
+                .unprotected
+                .get(&key)
+                .is_some_and(|(u, i)| *u == uid && *i == identity);
+            if known {
+                continue;
+            }
+            match shape {
+                Shape::HeldForLife(_) => self.clone().judge_soon(key, None),
+                Shape::NamesAPod(_, host) if listing => {
+                    listed
+                        .entry(key.namespace.clone())
+                        .or_default()
+                        .push((key, host, identity));
+                }
+                Shape::NamesAPod(..) => {
+                    if !changed_lately(&l, Timestamp::now()) || !self.first_look(&key, &identity) {
+                        continue;
+                    }
+                    // Not known as unprotected: whatever it was, it is
+                    // judged again now.
+                    self.drop_key(&key);
+                    crate::locked(&self.state)
+                        .judged
+                        .insert(key.clone(), (identity, Instant::now()));
+                    self.clone().judge_soon(key, None);
+                }
+            }
+        }
+    }
+
+    /// Whether a Lease that changed lately was not judged with this holder
+    /// within `RECENT`; forgets the older judgements.
+    fn first_look(&self, key: &LockKey, identity: &str) -> bool {
+        let mut s = crate::locked(&self.state);
+        s.judged.retain(|_, (_, at)| at.elapsed() < RECENT);
+        s.judged.get(key).is_none_or(|(i, _)| i != identity)
+    }
+
+    /// The listed Leases of one namespace whose identity names a host: one
+    /// paged list of the namespace's pods tells which name exactly one.
+    fn judge_listed_leases(self: Arc<Self>, ns: String, leases: Vec<(LockKey, String, String)>) {
+        tokio::spawn(async move {
+            let hosts: BTreeSet<String> = leases.iter().map(|(_, h, _)| h.clone()).collect();
+            let found = {
+                let _turn = self.turns.acquire().await;
+                pods_naming(&self.client, &ns, &hosts).await
+            };
+            let counts = match found {
+                Ok(c) => c,
+                Err(e) => {
+                    self.failed(&LockKey::lease(&ns, ""), &e, "list on pods");
+                    return;
+                }
+            };
+            for (key, host, identity) in leases {
+                if counts.get(&host) == Some(&1) {
+                    self.clone().judge_soon(key, Some(identity));
+                }
+            }
+        });
+    }
+
+    /// Judges `key` from a live read, and labels it if this replica leads
+    /// (`pods_checked`: the identity whose host was just found to name
+    /// exactly one pod). One judgement per key runs at a time.
+    fn judge_soon(self: Arc<Self>, key: LockKey, pods_checked: Option<String>) {
+        if !crate::locked(&self.state).running.insert(key.clone()) {
+            return;
+        }
+        tokio::spawn(async move {
+            {
+                let _turn = self.turns.acquire().await;
+                self.judge_and_label(&key, pods_checked).await;
+            }
+            crate::locked(&self.state).running.remove(&key);
+        });
+    }
+
+    async fn judge_and_label(&self, key: &LockKey, mut pods_checked: Option<String>) {
+        for _ in 0..ATTEMPTS {
+            let read = match self.read(key, &mut pods_checked).await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.failed(key, &e, "get on configmaps and leases, list on pods");
+                    return;
+                }
+            };
+            let Some((meta, identity)) = read else {
+                // Gone, or no candidate (now).
+                self.drop_key(key);
+                return;
+            };
+            let uid = meta.uid.clone().unwrap_or_default();
+            self.unprotected(key, &uid, &identity);
+            if !self.settings.write || !self.gate.may_write() {
+                // Counted; the leader labels it.
+                return;
+            }
+            let written = match key.kind {
+                LockKind::ConfigMap => {
+                    let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
+                    write_label(&api, &meta, &self.settings.key, &self.settings.value).await
+                }
+                LockKind::Lease => {
+                    let api: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
+                    write_label(&api, &meta, &self.settings.key, &self.settings.value).await
+                }
+            };
+            match written {
+                Written::Labeled => {
+                    self.drop_key(key);
+                    self.labeled(key, &meta).await;
+                    return;
+                }
+                Written::Gone => {
+                    self.drop_key(key);
+                    return;
+                }
+                // Changed since it was read: read and judge again.
+                Written::Conflict => continue,
+                Written::Failed(e) => {
+                    let verb = format!("patch on {}s", key.kind.as_str());
+                    self.failed(key, &e, &verb);
+                    return;
+                }
+            }
+        }
+        debug!(namespace = %key.namespace, lock = %key.name, kind = %key.kind,
+               "changed at each read; judged again at its next change");
+    }
+
+    /// A live read of the candidate, judged: its metadata and (Leases) its
+    /// holder identity when it is a candidate without the opt-in key in
+    /// reach; `None` otherwise (gone included).
+    async fn read(
+        &self,
+        key: &LockKey,
+        pods_checked: &mut Option<String>,
+    ) -> Result<Option<(ObjectMeta, String)>, Error> {
+        if !self.in_reach(&key.namespace) || self.own_lease(key) {
+            return Ok(None);
+        }
+        let what = format!("reading {} {key}", key.kind.as_str());
+        match key.kind {
+            LockKind::ConfigMap => {
+                let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
+                let Some(cm) = call(what, api.get_opt(&key.name)).await? else {
+                    return Ok(None);
+                };
+                if candidate::one_pod_owner(&cm.metadata) && candidate::holds_data(&cm) {
+                    // Not read again until it changes.
+                    let rv = cm.metadata.resource_version.clone().unwrap_or_default();
+                    crate::locked(&self.state)
+                        .holds_data
+                        .insert(key.clone(), rv);
+                    return Ok(None);
+                }
+                let yes = candidate::configmap(&cm).is_some() && !self.has_key(&cm.metadata);
+                Ok(yes.then(|| (cm.metadata, String::new())))
+            }
+            LockKind::Lease => {
+                let api: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
+                let Some(l) = call(what, api.get_opt(&key.name)).await? else {
+                    return Ok(None);
+                };
+                if self.has_key(&l.metadata) {
+                    return Ok(None);
+                }
+                let identity = identity_of(&l);
+                match candidate::lease(&l) {
+                    None => Ok(None),
+                    Some(Shape::HeldForLife(_)) => Ok(Some((l.metadata, identity))),
+                    Some(Shape::NamesAPod(_, host)) => {
+                        if pods_checked.as_deref() != Some(identity.as_str()) {
+                            let hosts = BTreeSet::from([host.clone()]);
+                            let counts = pods_naming(&self.client, &key.namespace, &hosts).await?;
+                            if counts.get(&host) != Some(&1) {
+                                return Ok(None);
+                            }
+                            *pods_checked = Some(identity.clone());
+                        }
+                        Ok(Some((l.metadata, identity)))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counted, logged and said on the lock (`LockOptedIn`).
+    async fn labeled(&self, key: &LockKey, meta: &ObjectMeta) {
+        self.metrics
+            .opt_ins
+            .with_label_values(&[key.kind.as_str()])
+            .inc();
+        let label = format!("{}={}", self.settings.key, self.settings.value);
+        info!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, %label,
+              "lock candidate opted in");
+        let say = Say {
+            type_: EventType::Normal,
+            reason: REASON_OPTED_IN,
+            action: "OptIn",
+            note: format!(
+                "lock-janitor labeled this lock {label} (--auto-opt-in): it frees the lock when its \
+                 holder pod can no longer run. To keep it out, label it {}=false.",
+                self.settings.key
+            ),
+        };
+        self.events
+            .publish(&ref_of(key.kind, meta), None, say)
+            .await;
+    }
+
+    /// A failed read or write: counted by error kind and logged with what
+    /// the janitor needs; the candidate stays unprotected and is tried
+    /// again (`retry_on_lead_and_after_failures`).
+    fn failed(&self, key: &LockKey, e: &Error, needs: &str) {
+        let kind = e.kind();
+        self.metrics
+            .reconcile_errors
+            .with_label_values(&[kind.as_str()])
+            .inc();
+        if kind == ErrorKind::Forbidden {
+            warn!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, error = %e,
+                  missing = needs,
+                  "auto opt-in refused (403): the janitor's ServiceAccount lacks a permission, or an admission policy refused the label");
+        } else {
+            warn!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, error = %e,
+                  "auto opt-in failed; trying again later");
+        }
+    }
+
+    /// On taking the lead, and every `retry` while leading: each candidate
+    /// still unprotected is judged and labeled again (those a standby
+    /// counted, or whose label failed).
+    async fn retry_on_lead_and_after_failures(self: Arc<Self>) {
+        let mut lead = self.gate.changes();
+        loop {
+            let wait = tokio::time::sleep(self.settings.retry);
+            match lead.as_mut() {
+                Some(rx) => tokio::select! {
+                    changed = rx.changed() => if changed.is_err() { lead = None; },
+                    () = wait => {}
+                },
+                None => wait.await,
+            }
+            if !self.settings.write || !self.gate.leads() {
+                continue;
+            }
+            let keys: Vec<(LockKey, String)> = crate::locked(&self.state)
+                .unprotected
+                .iter()
+                .map(|(k, (_, i))| (k.clone(), i.clone()))
+                .collect();
+            for (key, identity) in keys {
+                let checked = (key.kind == LockKind::Lease).then_some(identity);
+                self.clone().judge_soon(key, checked);
+            }
+        }
+    }
+}
+
+/// The keys of one scope and kind remembered before a (re-)list, less
+/// those the list shows again: forgotten when it is done.
+#[derive(Default)]
+struct Relist(Option<HashSet<LockKey>>);
+
+impl Relist {
+    fn started(a: &AutoOptIn, namespace: Option<&str>, kind: LockKind) -> Relist {
+        let s = crate::locked(&a.state);
+        let mine = |k: &&LockKey| k.kind == kind && namespace.is_none_or(|ns| k.namespace == ns);
+        Relist(Some(
+            s.unprotected
+                .keys()
+                .chain(s.holds_data.keys())
+                .filter(mine)
+                .cloned()
+                .collect(),
+        ))
+    }
+
+    fn seen(&mut self, key: &LockKey) {
+        if let Some(keys) = &mut self.0 {
+            keys.remove(key);
+        }
+    }
+
+    fn done(&mut self, a: &AutoOptIn) {
+        for key in self.0.take().unwrap_or_default() {
+            a.drop_key(&key);
+        }
+    }
+}
+
+/// Watch errors: counted (`lock_janitor_watch_errors_total`), a WARN line
+/// at most every 30 s. Readiness is not told: the opted-in locks are
+/// protected whatever becomes of finding new ones.
+#[derive(Default)]
+struct Warned(Option<Instant>);
+
+impl Warned {
+    fn failed(&mut self, metrics: &Metrics, resource: &str, ns: Option<&str>, e: &watcher::Error) {
+        metrics.watch_errors.with_label_values(&[resource]).inc();
+        if self
+            .0
+            .is_none_or(|at| at.elapsed() > Duration::from_secs(30))
+        {
+            self.0 = Some(Instant::now());
+            warn!(resource, scope = ns.unwrap_or("all namespaces"), error = %e,
+                  "auto opt-in watch failing; retrying (the janitor needs list and watch on configmaps and leases in its scope)");
+        }
+    }
+}
+
+/// The finding watches' lists: without a label selector they read every
+/// ConfigMap and Lease in scope, so they are paged small (100 a page, from
+/// etcd, not at resourceVersion 0 as the lock watches list): the page being
+/// decoded is what a list costs in memory. Measured (docs/performance.md,
+/// "Auto opt-in"): at 5,000 ConfigMaps, 500 a page cost 6.1 MiB more RSS
+/// than no auto opt-in, 100 a page 3.0 MiB.
+fn unfiltered() -> watcher::Config {
+    watcher::Config::default().page_size(100)
+}
+
+fn key_of(kind: LockKind, meta: &ObjectMeta) -> LockKey {
+    LockKey {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        kind,
+    }
+}
+
+fn identity_of(l: &Lease) -> String {
+    l.spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .unwrap_or_default()
+}
+
+/// Whether a Lease was created, or its holder acquired it, within
+/// `RECENT` of `now`: a watch event of such a Lease may be a new holder.
+/// A renewal of a holder that acquired long ago is none.
+pub fn changed_lately(l: &Lease, now: Timestamp) -> bool {
+    let recent = SignedDuration::try_from(RECENT).unwrap_or(SignedDuration::ZERO);
+    let acquired = l
+        .spec
+        .as_ref()
+        .and_then(|s| s.acquire_time.as_ref())
+        .map(|t| t.0);
+    let created = l.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    [acquired, created]
+        .into_iter()
+        .flatten()
+        .any(|t| now.duration_since(t) < recent)
+}
+
+/// For each of `hosts`, how many pods of `namespace` it names (by name or
+/// hostname: `lease::names`). One paged list (100 a page, only the count
+/// kept).
+async fn pods_naming(
+    client: &Client,
+    namespace: &str,
+    hosts: &BTreeSet<String>,
+) -> Result<BTreeMap<String, usize>, Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let what = format!("listing pods in {namespace}");
+    let api = &api;
+    let list = |lp: ListParams| async move { api.list(&lp).await };
+    crate::for_each_page(
+        &what,
+        &ListParams::default(),
+        100,
+        list,
+        |page| match page {
+            Paged::StartOver => counts.clear(),
+            Paged::Items(pods) => {
+                for p in &pods {
+                    for h in hosts.iter().filter(|h| lease::names(h, p)) {
+                        *counts.entry(h.clone()).or_default() += 1;
+                    }
+                }
+            }
+        },
+    )
+    .await?;
+    Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+
+    #[test]
+    fn a_lease_is_looked_at_after_a_change_of_holder_not_per_renewal() {
+        let now: Timestamp = "2026-12-06T20:00:00Z".parse().unwrap();
+        let ago = |s: i64| now - SignedDuration::from_secs(s);
+        let lease = |created: i64, acquired: Option<i64>| Lease {
+            metadata: ObjectMeta {
+                creation_timestamp: Some(Time(ago(created))),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                acquire_time: acquired.map(|a| MicroTime(ago(a))),
+                renew_time: Some(MicroTime(now)),
+                ..Default::default()
+            }),
+        };
+        assert!(changed_lately(&lease(2, Some(2)), now), "new");
+        assert!(changed_lately(&lease(3600, Some(5)), now), "a new holder");
+        assert!(!changed_lately(&lease(3600, Some(3600)), now), "a renewal");
+        assert!(!changed_lately(&lease(3600, None), now));
+        assert!(changed_lately(&lease(1, None), now), "new, no acquire time");
+    }
+
+    fn configmap(rv: &str, label: Option<&str>) -> serde_json::Value {
+        let mut cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "op-lock", "namespace": "ops", "uid": "cm-uid", "resourceVersion": rv,
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "op-1", "uid": "pod-uid"}]}});
+        if let Some(v) = label {
+            cm["metadata"]["labels"] = serde_json::json!({"lock-janitor.io/watch": v});
+        }
+        cm
+    }
+
+    fn auto(client: Client) -> (Arc<AutoOptIn>, Metrics) {
+        let metrics = Metrics::new().unwrap();
+        let a = AutoOptIn::new(
+            client,
+            Gate::always(),
+            metrics.clone(),
+            Settings {
+                key: "lock-janitor.io/watch".into(),
+                value: "true".into(),
+                namespaces: vec!["ops".into()],
+                exclusions: Exclusions::parse("kube-system").unwrap(),
+                kinds: vec![LockKind::ConfigMap],
+                own_lease: None,
+                retry: Duration::from_secs(300),
+                write: true,
+            },
+        );
+        (a, metrics)
+    }
+
+    const CM: &str = "/api/v1/namespaces/ops/configmaps/op-lock";
+
+    fn value(m: &Metrics, name: &str, labels: &str) -> String {
+        let text = m.render().unwrap();
+        let line = format!("{name}{{{labels}}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or("absent")
+            .to_owned()
+    }
+
+    /// A 409 reads and judges again: the second read still a candidate is
+    /// labeled (its own resourceVersion in the patch), and said.
+    #[tokio::test]
+    async fn a_conflict_reads_and_judges_again() {
+        use crate::fixtures::{scripted, status, Exchange};
+        let event = serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": "e", "namespace": "ops"}, "eventTime": "2026-12-06T20:00:00.000000Z"});
+        let (client, received) = scripted(vec![
+            Exchange::new("GET", CM, 200, configmap("7", None)),
+            Exchange::new("PATCH", CM, 409, status(409, "Conflict")),
+            Exchange::new("GET", CM, 200, configmap("9", None)),
+            Exchange::new("PATCH", CM, 200, configmap("10", Some("true"))),
+            Exchange::new(
+                "POST",
+                "/apis/events.k8s.io/v1/namespaces/ops/events",
+                201,
+                event,
+            ),
+        ]);
+        let (a, m) = auto(client);
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None)
+            .await;
+        let received = received.lock().unwrap().clone();
+        let calls: Vec<(&str, &str)> = received
+            .iter()
+            .map(|(m, u, _)| (m.as_str(), u.split('?').next().unwrap_or_default()))
+            .collect();
+        assert_eq!(
+            &calls[..4],
+            [("GET", CM), ("PATCH", CM), ("GET", CM), ("PATCH", CM)],
+            "{received:#?}"
+        );
+        assert_eq!(received[3].2["metadata"]["resourceVersion"], "9");
+        assert_eq!(
+            calls.get(4).map(|c| c.0),
+            Some("POST"),
+            "the LockOptedIn Event"
+        );
+        assert_eq!(received[4].2["reason"], "LockOptedIn", "{received:#?}");
+        assert_eq!(
+            value(&m, "lock_janitor_opt_ins_total", r#"kind="configmap""#),
+            "1"
+        );
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#),
+            "0"
+        );
+    }
+
+    /// Read again after a 409, the lock carries the key with another value
+    /// (someone opted it out meanwhile): nothing more is written.
+    #[tokio::test]
+    async fn an_opt_out_made_meanwhile_is_never_overwritten() {
+        use crate::fixtures::{scripted, status, Exchange};
+        let (client, received) = scripted(vec![
+            Exchange::new("GET", CM, 200, configmap("7", None)),
+            Exchange::new("PATCH", CM, 409, status(409, "Conflict")),
+            Exchange::new("GET", CM, 200, configmap("9", Some("false"))),
+        ]);
+        let (a, m) = auto(client);
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None)
+            .await;
+        assert_eq!(received.lock().unwrap().len(), 3);
+        assert_eq!(
+            value(&m, "lock_janitor_opt_ins_total", r#"kind="configmap""#),
+            "0"
+        );
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#),
+            "0"
+        );
+    }
+
+    /// A refused label is counted as `forbidden`, and the lock stays
+    /// counted as unprotected; a ConfigMap with data is never written.
+    #[tokio::test]
+    async fn a_refusal_is_counted_and_data_is_never_labeled() {
+        use crate::fixtures::{scripted, status, Exchange};
+        let (client, received) = scripted(vec![
+            Exchange::new("GET", CM, 200, configmap("7", None)),
+            Exchange::new("PATCH", CM, 403, status(403, "Forbidden")),
+        ]);
+        let (a, m) = auto(client);
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None)
+            .await;
+        assert_eq!(received.lock().unwrap().len(), 2);
+        assert_eq!(
+            value(
+                &m,
+                "lock_janitor_reconcile_errors_total",
+                r#"error="forbidden""#
+            ),
+            "1"
+        );
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#),
+            "1"
+        );
+
+        let mut spark = configmap("7", None);
+        spark["data"] = serde_json::json!({"spark.conf": "x"});
+        let (client, received) = scripted(vec![Exchange::new("GET", CM, 200, spark)]);
+        let (a, m) = auto(client);
+        a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None)
+            .await;
+        assert_eq!(received.lock().unwrap().len(), 1, "one read, no write");
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#),
+            "0"
+        );
+        // Excluded: not even read.
+        let (client, received) = scripted(vec![]);
+        let (a, _) = auto(client);
+        a.judge_and_label(&LockKey::configmap("kube-system", "op-lock"), None)
+            .await;
+        assert!(received.lock().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,290 @@
+//! What a lock candidate is: one shape rule per kind, the only one that
+//! `scan`, `label`, `check` and `run --auto-opt-in` use; and the namespaces
+//! left out of finding candidates (`--exclude-namespaces`). Pure: a rule
+//! that needs the pods of a namespace says so ([`Shape::NamesAPod`]) and the
+//! caller reads them its own way.
+//!
+//! A new kind is one more function here (its rule) and one more arm in
+//! [`Shape`]: a ConfigMap whose leader record is the
+//! `control-plane.alpha.kubernetes.io/leader` annotation would be
+//! `annotated_configmap(&ConfigMap) -> Option<Shape>`, a `NamesAPod` shape.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::{lease, LockKind};
+
+/// How an object is a lock candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Held for life by its one v1 Pod owner (a ConfigMap of operator-lib,
+    /// a Lease of nais/elector): a candidate as it is.
+    HeldForLife(LockKind),
+    /// Its holder identity names `host`: a candidate when exactly one pod
+    /// of its namespace is that host ([`names_one_pod`]).
+    NamesAPod(LockKind, String),
+}
+
+impl Shape {
+    pub fn kind(&self) -> LockKind {
+        match self {
+            Shape::HeldForLife(k) | Shape::NamesAPod(k, _) => *k,
+        }
+    }
+
+    /// The host a pod must be for the object to be a candidate, if any.
+    pub fn host(&self) -> Option<&str> {
+        match self {
+            Shape::HeldForLife(_) => None,
+            Shape::NamesAPod(_, host) => Some(host),
+        }
+    }
+}
+
+/// Exactly one ownerReference, a `v1` `Pod` with a name and a uid: the
+/// leader-for-life shape of operator-lib (and of nais/elector's Leases).
+/// Metadata alone tells it, so a metadata-only list or watch finds these.
+pub fn one_pod_owner(meta: &ObjectMeta) -> bool {
+    matches!(meta.owner_references.as_deref(),
+        Some([one]) if one.kind == "Pod" && one.api_version == "v1"
+            && !one.name.is_empty() && !one.uid.is_empty())
+}
+
+/// Whether a ConfigMap holds `data` or `binaryData`.
+pub fn holds_data(cm: &ConfigMap) -> bool {
+    cm.data.as_ref().is_some_and(|d| !d.is_empty())
+        || cm.binary_data.as_ref().is_some_and(|d| !d.is_empty())
+}
+
+/// Lock-shaped (docs/design.md): one Pod owner, and no `data` or
+/// `binaryData` (operator-lib's locks are empty). Spark drivers, for one,
+/// own ConfigMaps with data; those are never lock candidates.
+pub fn lock_shaped(cm: &ConfigMap) -> bool {
+    one_pod_owner(&cm.metadata) && !holds_data(cm)
+}
+
+/// The ConfigMap rule, on the ConfigMap read whole.
+pub fn configmap(cm: &ConfigMap) -> Option<Shape> {
+    lock_shaped(cm).then_some(Shape::HeldForLife(LockKind::ConfigMap))
+}
+
+/// The Lease rule: held for life (one Pod owner, never renewed), or held
+/// under an identity that names a host (the janitor's own mapping of
+/// identities, `lease::host_of`). Leases no application holds (node
+/// heartbeats, API server identities, Coordinated Leader Election) and
+/// released ones are none.
+pub fn lease(l: &Lease) -> Option<Shape> {
+    if lease::held_for_life(l) {
+        return Some(Shape::HeldForLife(LockKind::Lease));
+    }
+    let host = lease::parse(l).ok()?.host?;
+    Some(Shape::NamesAPod(LockKind::Lease, host))
+}
+
+/// Whether exactly one of `pods` (those of the candidate's namespace, or
+/// any superset of those `host` names) is `host`, by name or hostname.
+/// Several: whichever runs cannot be told, no candidate.
+pub fn names_one_pod<'a>(host: &str, pods: impl IntoIterator<Item = &'a Pod>) -> bool {
+    pods.into_iter().filter(|p| lease::names(host, p)).count() == 1
+}
+
+/// `--exclude-namespaces`: globs of namespaces whose locks are never
+/// auto-opted in, not counted as unprotected, and left out of `label -A`
+/// and of `scan -A`'s unlabeled candidates.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Exclusions(Vec<glob::Pattern>);
+
+/// The namespaces of the control plane and of the platform: their locks
+/// belong to the cluster's vendor, who runs them and their failover.
+pub const DEFAULT_EXCLUSIONS: &str = "kube-system,kube-public,kube-node-lease,openshift-*";
+
+impl Exclusions {
+    /// Comma-separated globs; empty terms are skipped.
+    pub fn parse(s: &str) -> Result<Exclusions, String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| glob::Pattern::new(t).map_err(|e| format!("invalid glob {t:?}: {e}")))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Exclusions)
+    }
+
+    pub fn excludes(&self, namespace: &str) -> bool {
+        self.0.iter().any(|p| p.matches(namespace))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Display for Exclusions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let globs: Vec<&str> = self.0.iter().map(glob::Pattern::as_str).collect();
+        f.write_str(&globs.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{lock_meta, pod_owner};
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::api::core::v1::PodSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
+    use k8s_openapi::jiff::Timestamp;
+
+    fn cm(owners: Vec<OwnerReference>, data: Option<&str>) -> ConfigMap {
+        ConfigMap {
+            metadata: lock_meta(owners, &[]),
+            data: data.map(|d| [("k".to_string(), d.to_string())].into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn configmaps_held_for_life() {
+        let one = || vec![pod_owner("op-1", "u1")];
+        assert_eq!(
+            configmap(&cm(one(), None)),
+            Some(Shape::HeldForLife(LockKind::ConfigMap))
+        );
+        assert_eq!(configmap(&cm(one(), Some("spark"))), None, "holds data");
+        let two = vec![pod_owner("a", "1"), pod_owner("b", "2")];
+        assert_eq!(configmap(&cm(two, None)), None, "two owners");
+        assert_eq!(configmap(&cm(vec![], None)), None, "no owner");
+        assert_eq!(configmap(&cm(vec![pod_owner("", "1")], None)), None);
+        assert_eq!(configmap(&cm(vec![pod_owner("a", "")], None)), None);
+        let rs = OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "ReplicaSet".into(),
+            ..pod_owner("op", "1")
+        };
+        assert_eq!(configmap(&cm(vec![rs], None)), None, "not a pod");
+        let custom = OwnerReference {
+            api_version: "example.com/v1".into(),
+            ..pod_owner("op", "1")
+        };
+        assert_eq!(configmap(&cm(vec![custom], None)), None, "not core/v1");
+    }
+
+    fn lease_with(owners: Vec<OwnerReference>, ns: &str, spec: LeaseSpec) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some("op-lease".into()),
+                uid: Some("lu".into()),
+                resource_version: Some("3".into()),
+                owner_references: Some(owners),
+                ..Default::default()
+            },
+            spec: Some(spec),
+        }
+    }
+
+    fn renewed(identity: &str) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(identity.into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn leases_renewed_or_held_for_life() {
+        let cr = "op-7d9c-x2x_0c3e5a12-4b1f-4a2e-9d7c-1f2e3d4c5b6a";
+        assert_eq!(
+            lease(&lease_with(vec![], "ops", renewed(cr))),
+            Some(Shape::NamesAPod(LockKind::Lease, "op-7d9c-x2x".into()))
+        );
+        assert_eq!(
+            lease(&lease_with(vec![], "ops", renewed("op-0")))
+                .and_then(|s| s.host().map(str::to_owned)),
+            Some("op-0".into())
+        );
+        let nais = LeaseSpec {
+            holder_identity: Some("op-a".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            lease(&lease_with(vec![pod_owner("op-a", "u")], "ops", nais)),
+            Some(Shape::HeldForLife(LockKind::Lease))
+        );
+        // Released, an identity that names no pod, a node heartbeat, one the
+        // API server elects: none.
+        assert_eq!(
+            lease(&lease_with(vec![], "ops", LeaseSpec::default())),
+            None
+        );
+        assert_eq!(
+            lease(&lease_with(vec![], "ops", renewed("10.0.0.1:80"))),
+            None
+        );
+        assert_eq!(
+            lease(&lease_with(vec![], "kube-node-lease", renewed("node-a"))),
+            None
+        );
+        let cle = LeaseSpec {
+            strategy: Some("OldestEmulationVersion".into()),
+            ..renewed("op-0")
+        };
+        assert_eq!(lease(&lease_with(vec![], "ops", cle)), None);
+        // Held with no renew time and no owner: nothing tells when it ends.
+        let bare = LeaseSpec {
+            holder_identity: Some("op-0".into()),
+            ..Default::default()
+        };
+        assert_eq!(lease(&lease_with(vec![], "ops", bare)), None);
+    }
+
+    fn pod(name: &str, hostname: Option<&str>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                hostname: hostname.map(str::to_owned),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn exactly_one_pod_is_the_host() {
+        let pods = [pod("op-0", None), pod("web-1", Some("web")), pod("x", None)];
+        assert!(names_one_pod("op-0", &pods));
+        assert!(names_one_pod("web", &pods), "by hostname");
+        assert!(!names_one_pod("gone", &pods));
+        let twice = [pod("web", None), pod("web-1", Some("web"))];
+        assert!(!names_one_pod("web", &twice), "two pods answer to it");
+    }
+
+    #[test]
+    fn exclusions_are_comma_separated_globs() {
+        let x = Exclusions::parse(DEFAULT_EXCLUSIONS).unwrap();
+        for ns in [
+            "kube-system",
+            "kube-public",
+            "kube-node-lease",
+            "openshift-monitoring",
+            "openshift-",
+        ] {
+            assert!(x.excludes(ns), "{ns}");
+        }
+        for ns in ["ops", "kube-systems", "my-openshift-app", "openshift"] {
+            assert!(!x.excludes(ns), "{ns}");
+        }
+        assert_eq!(x.to_string(), DEFAULT_EXCLUSIONS);
+        let none = Exclusions::parse("").unwrap();
+        assert!(none.is_empty() && !none.excludes("kube-system"));
+        let spaced = Exclusions::parse(" team-?, ,ci-* ").unwrap();
+        assert!(
+            spaced.excludes("team-a") && spaced.excludes("ci-42") && !spaced.excludes("team-ab")
+        );
+        assert!(Exclusions::parse("a,[").is_err());
+    }
+}
