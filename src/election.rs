@@ -7,7 +7,10 @@
 //! API server answers meanwhile. SIGTERM releases the lease as client-go
 //! does (empty holder, `leaseDurationSeconds: 1`); so does a leader whose
 //! watches have been failing for over a minute, so that a healthy standby
-//! leads. Rule 6 makes this an
+//! leads (not for a scope refused at start-up: every replica shares that
+//! answer). A replica that is not ready (a scope refused, watches failing
+//! or still listing) takes or creates a free lease only once it has been
+//! free for a whole lease duration, so a ready replica leads first. Rule 6 makes this an
 //! optimisation, not the safety net: two janitors writing at once still
 //! cannot delete a lock whose holder may run.
 
@@ -143,8 +146,13 @@ pub fn start(
             let mut offered: Option<(Vec<String>, Instant)> = None;
             loop {
                 let started = Instant::now();
-                // A scope refused at start-up counts as a failing watch.
-                let failing = readiness.troubles();
+                // Offered only for failing watches: a scope refused at
+                // start-up is the API server's answer to the ServiceAccount
+                // every replica shares, so no other replica serves it
+                // either, and offering the lease for it would only leave
+                // gaps with no leader (a replica not ready for it still
+                // waits its patience before it takes a free lease).
+                let failing = readiness.failing_watches();
                 let mut offering = false;
                 if failing.is_empty() {
                     if offered.take().is_some() {

@@ -594,8 +594,9 @@ async fn rbac_missing_a_verb_fails() {
     out.others_pass("rbac");
 }
 
-/// A watched namespace whose RoleBinding is gone: the janitor leaves it
-/// out (and retries it), and `check` names it as a refused scope.
+/// The one watched namespace whose RoleBinding is gone: `check` names it as
+/// a refused scope and says that with every scope refused the janitor does
+/// not start (with others it would serve them and retry this one).
 #[tokio::test]
 async fn a_refused_scope_is_named() {
     let i = install("refused", &[]).await;
@@ -610,7 +611,7 @@ async fn a_refused_scope_is_named() {
     assert!(detail.contains("list configmaps in"), "{out}");
     assert!(
         detail.ends_with(&format!(
-            "the janitor serves the others and checks these again every 2 minutes at most): {}",
+            "every watched scope refused, so the janitor does not start (exit 1): {}",
             i.locks
         )),
         "{out}"

@@ -260,7 +260,9 @@ async fn a_namespace_created_later_is_watched_once_it_exists() {
     let created = Instant::now();
     wait_for(
         "the new namespace watched",
-        Duration::from_secs(60),
+        // The refused scope's checks back off from 5 s to 2 min (±20 %):
+        // one more is due within 144 s whenever the namespace appears.
+        Duration::from_secs(180),
         || async { (scope_ready(&j, &later).await == Some(1.0)).then_some(()) },
     )
     .await;

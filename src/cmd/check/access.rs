@@ -180,11 +180,17 @@ pub async fn rbac(i: &Install) -> Check {
             ns
         });
     }
+    let every = !refused.is_empty() && refused.len() == i.run.scope.namespaces.len();
     let refused = if refused.is_empty() {
         String::new()
+    } else if every {
+        format!(
+            "; every watched scope refused, so the janitor does not start (exit 1): {}",
+            refused.join(", ")
+        )
     } else {
         format!(
-            "; scopes refused (not watched, their locks not reclaimed; the janitor serves the others and checks these again every 2 minutes at most): {}",
+            "; scopes refused (not watched, their locks not reclaimed; the janitor serves the others and checks these again, 5 s at first, then up to every 2 minutes): {}",
             refused.join(", ")
         )
     };
