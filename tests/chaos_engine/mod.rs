@@ -660,6 +660,12 @@ pub async fn run(cfg: Config) -> Report {
             "ownerGoneGrace=5s".into(),
             "--set".into(),
             "logFormat=plain".into(),
+            // Its fates model an unlabeled lock (and one whose label is
+            // removed) as one the janitor must leave alone; with auto opt-in
+            // a lock without the key is labeled and protected instead
+            // (tests/e2e/auto_opt_in.rs covers that).
+            "--set".into(),
+            "autoOptIn.enabled=false".into(),
         ],
     );
     apply_rbac(&client, &docs).await;

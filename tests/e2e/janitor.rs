@@ -999,11 +999,16 @@ async fn lock_recreated_between_judgement_and_delete_survives() {
         "the new lock survives"
     );
 
-    // Same lock, changed since judged (resourceVersion): also refused.
+    // Same lock, changed since judged (resourceVersion): also refused. The
+    // copy names the dead pod as its holder, so that the holder's read
+    // right before the write lets the DELETE go and its precondition is
+    // what refuses it.
     let judged = ctx.judge_live(&key).await.unwrap().unwrap();
     let mut stale_copy = judged.clone();
     if let Some(lock) = stale_copy.lock.as_mut() {
         lock.resource_version = "1".into();
+        lock.holder.name = "dead".into();
+        lock.holder.uid = dead.metadata.uid.clone().unwrap();
     }
     stale_copy.verdict = lock_janitor::verdict::Verdict::Stale {
         reason: lock_janitor::verdict::StaleReason::Evicted,
