@@ -915,7 +915,7 @@ async fn main() {
 
     // (c) The floor.
     step("The floor: a bare terminal-pod watcher, one guarded DELETE per death");
-    let fc = floor_client(&n.cp, &client, JANITOR_USER).await;
+    let fc = floor_client(&n.cp, &client, FLOOR_USER, JANITOR_USER).await;
     let floor = floor_deleter(
         &fc,
         per[2]
