@@ -59,6 +59,7 @@ const LOCK_NAMESPACES: usize = 10;
 /// What the janitor costs at scale, beside two floors measured in the same
 /// run (see the file's doc).
 #[derive(clap::Parser)]
+#[command(args_override_self = true)]
 struct Args {
     /// Lock counts to measure at, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
@@ -491,12 +492,17 @@ async fn main() {
     let sf_breakdown = where_time_goes(&cp, SAFE_FLOOR_USER, &set[..s]);
     let sf_burst_breakdown = where_time_goes(&cp, SAFE_FLOOR_USER, &set[s..]);
     safe.abort();
-    let (skipped, failed) = (
-        misses.skipped.load(std::sync::atomic::Ordering::Relaxed),
-        misses.failed.load(std::sync::atomic::Ordering::Relaxed),
+    let count = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
+    let (skipped, failed, events_failed) = (
+        count(&misses.skipped),
+        count(&misses.failed),
+        count(&misses.events_failed),
     );
-    if skipped + failed > 0 {
-        println!("    the safe floor skipped {skipped} locks after a read and failed {failed} reclaims");
+    if skipped + failed + events_failed > 0 {
+        println!(
+            "    the safe floor skipped {skipped} locks after a read, failed {failed} reclaims \
+             and {events_failed} intent Events"
+        );
     }
 
     step("Reclaim latency: the bare-DELETE floor (a bare terminal-pod watcher, one guarded DELETE per death)");

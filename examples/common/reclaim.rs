@@ -188,6 +188,9 @@ pub struct SafeFloorMisses {
     pub skipped: AtomicUsize,
     /// A request failed (or the DELETE was refused): no reclaim.
     pub failed: AtomicUsize,
+    /// Intent Events refused or not answered within `INTENT_WITHIN` (the
+    /// reclaim went on, as the janitor's does).
+    pub events_failed: AtomicUsize,
 }
 
 /// The safe floor: a bare client making exactly the requests the janitor
@@ -240,7 +243,7 @@ pub fn safe_floor_deleter(
             rx.for_each_concurrent(JANITOR_CONCURRENCY, |m| {
                 let (client, recorder, misses) = (client.clone(), recorder.clone(), misses.clone());
                 async move {
-                    match safe_reclaim(&client, &recorder, &m).await {
+                    match safe_reclaim(&client, &recorder, &m, &misses.events_failed).await {
                         Ok(true) => {}
                         Ok(false) => {
                             misses.skipped.fetch_add(1, Ordering::Relaxed);
@@ -270,7 +273,12 @@ fn dead_holder(cm: &ConfigMap, pod: Option<&Pod>) -> bool {
 
 /// One reclaim of the safe floor (see `safe_floor_deleter`): true if the
 /// lock was deleted, false if a read stopped it.
-async fn safe_reclaim(client: &Client, recorder: &Recorder, m: &Made) -> kube::Result<bool> {
+async fn safe_reclaim(
+    client: &Client,
+    recorder: &Recorder,
+    m: &Made,
+    events_failed: &AtomicUsize,
+) -> kube::Result<bool> {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &m.ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &m.ns);
     let Some(cm) = cms.get_opt(&m.lock).await? else {
@@ -297,7 +305,10 @@ async fn safe_reclaim(client: &Client, recorder: &Recorder, m: &Made) -> kube::R
         secondary: related,
     };
     // As the janitor: the Event is waited for a while, never required.
-    let _ = tokio::time::timeout(INTENT_WITHIN, recorder.publish(&intent, &regarding)).await;
+    let published = tokio::time::timeout(INTENT_WITHIN, recorder.publish(&intent, &regarding)).await;
+    if !matches!(published, Ok(Ok(()))) {
+        events_failed.fetch_add(1, Ordering::Relaxed);
+    }
     let again = pods.get_opt(&m.holder).await?;
     if !dead_holder(&cm, again.as_ref()) {
         return Ok(false);
