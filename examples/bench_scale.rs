@@ -568,12 +568,30 @@ async fn main() {
     }
     println!();
     println!("reclaim latency over {top} locks (holder's status write acknowledged -> lock deleted, as a watch here sees it):");
-    println!("  janitor,     one at a time: {}", distribution(j_seq.clone()));
-    println!("  safe floor,  one at a time: {}", distribution(sf_seq.clone()));
-    println!("  bare DELETE, one at a time: {}", distribution(f_seq.clone()));
-    println!("  janitor,     burst of {b}:   {}", distribution(j_burst.clone()));
-    println!("  safe floor,  burst of {b}:   {}", distribution(sf_burst.clone()));
-    println!("  bare DELETE, burst of {b}:   {}", distribution(f_burst.clone()));
+    println!(
+        "  janitor,     one at a time: {}",
+        distribution(j_seq.clone())
+    );
+    println!(
+        "  safe floor,  one at a time: {}",
+        distribution(sf_seq.clone())
+    );
+    println!(
+        "  bare DELETE, one at a time: {}",
+        distribution(f_seq.clone())
+    );
+    println!(
+        "  janitor,     burst of {b}:   {}",
+        distribution(j_burst.clone())
+    );
+    println!(
+        "  safe floor,  burst of {b}:   {}",
+        distribution(sf_burst.clone())
+    );
+    println!(
+        "  bare DELETE, burst of {b}:   {}",
+        distribution(f_burst.clone())
+    );
     println!("median / p99 / max, and the janitor's p99 over the safe floor's:");
     for (what, j, sf, f) in [
         ("one at a time".to_string(), &j_seq, &sf_seq, &f_seq),
@@ -583,7 +601,10 @@ async fn main() {
         println!("    janitor:     {}", median_p99_max(j.clone()));
         println!("    safe floor:  {}", median_p99_max(sf.clone()));
         println!("    bare DELETE: {}", median_p99_max(f.clone()));
-        println!("    janitor p99 / safe floor p99 = {}", ratio(p99(j), p99(sf)));
+        println!(
+            "    janitor p99 / safe floor p99 = {}",
+            ratio(p99(j), p99(sf))
+        );
     }
     println!("where one reclaim's time goes (one at a time; the API server's audit log):");
     println!("  janitor:     {j_breakdown}");

@@ -217,7 +217,8 @@ pub fn safe_floor_deleter(
         tokio::spawn(async move {
             let (tx, rx) = futures::channel::mpsc::unbounded::<Made>();
             let api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
-            let watch = tokio::spawn(async move {
+            // One task with the workers: aborting it ends the watch too.
+            let watch = async move {
                 let stream = watcher(api, watcher::Config::default().fields(TERMINAL_PODS));
                 futures::pin_mut!(stream);
                 let mut queued = HashSet::new();
@@ -232,7 +233,7 @@ pub fn safe_floor_deleter(
                         }
                     }
                 }
-            });
+            };
             let recorder = Recorder::new(
                 client.clone(),
                 Reporter {
@@ -240,7 +241,7 @@ pub fn safe_floor_deleter(
                     instance: None,
                 },
             );
-            rx.for_each_concurrent(JANITOR_CONCURRENCY, |m| {
+            let work = rx.for_each_concurrent(JANITOR_CONCURRENCY, |m| {
                 let (client, recorder, misses) = (client.clone(), recorder.clone(), misses.clone());
                 async move {
                     match safe_reclaim(&client, &recorder, &m, &misses.events_failed).await {
@@ -254,9 +255,8 @@ pub fn safe_floor_deleter(
                         }
                     }
                 }
-            })
-            .await;
-            watch.abort();
+            });
+            futures::join!(watch, work);
         })
     };
     (task, misses)
@@ -305,7 +305,8 @@ async fn safe_reclaim(
         secondary: related,
     };
     // As the janitor: the Event is waited for a while, never required.
-    let published = tokio::time::timeout(INTENT_WITHIN, recorder.publish(&intent, &regarding)).await;
+    let published =
+        tokio::time::timeout(INTENT_WITHIN, recorder.publish(&intent, &regarding)).await;
     if !matches!(published, Ok(Ok(()))) {
         events_failed.fetch_add(1, Ordering::Relaxed);
     }
