@@ -568,30 +568,17 @@ async fn main() {
     }
     println!();
     println!("reclaim latency over {top} locks (holder's status write acknowledged -> lock deleted, as a watch here sees it):");
-    println!(
-        "  janitor,     one at a time: {}",
-        distribution(j_seq.clone())
-    );
-    println!(
-        "  safe floor,  one at a time: {}",
-        distribution(sf_seq.clone())
-    );
-    println!(
-        "  bare DELETE, one at a time: {}",
-        distribution(f_seq.clone())
-    );
-    println!(
-        "  janitor,     burst of {b}:   {}",
-        distribution(j_burst.clone())
-    );
-    println!(
-        "  safe floor,  burst of {b}:   {}",
-        distribution(sf_burst.clone())
-    );
-    println!(
-        "  bare DELETE, burst of {b}:   {}",
-        distribution(f_burst.clone())
-    );
+    let rows = [
+        ("janitor,    ", &j_seq, &j_burst),
+        ("safe floor, ", &sf_seq, &sf_burst),
+        ("bare DELETE,", &f_seq, &f_burst),
+    ];
+    for (who, seq, _) in &rows {
+        println!("  {who} one at a time: {}", distribution(seq.to_vec()));
+    }
+    for (who, _, burst) in &rows {
+        println!("  {who} burst of {b}:   {}", distribution(burst.to_vec()));
+    }
     println!("median / p99 / max, and the janitor's p99 over the safe floor's:");
     for (what, j, sf, f) in [
         ("one at a time".to_string(), &j_seq, &sf_seq, &f_seq),

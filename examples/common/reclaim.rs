@@ -149,8 +149,9 @@ pub async fn reclaim_latency(
     (one_by_one, at_once)
 }
 
-/// The floor: a bare watcher of terminal pods that deletes each one's lock
-/// with the preconditions it was created with. No live reads, no Events.
+/// The bare-DELETE floor: a bare watcher of terminal pods that deletes each
+/// one's lock with the preconditions it was created with, one after the
+/// other. No live reads, no Events.
 pub fn floor_deleter(
     client: &Client,
     locks: HashMap<(String, String), Made>,
