@@ -88,20 +88,55 @@ rules:
   - level: Metadata
 "#;
 
+/// What the janitor costs idle among many pods that hold no lock (see the
+/// file's doc).
+#[derive(clap::Parser)]
+#[command(args_override_self = true)]
 struct Args {
+    /// ConfigMap locks.
+    #[arg(long, default_value_t = 1000)]
     locks: usize,
+    /// Namespaces the locks are spread over.
+    #[arg(long = "lock-namespaces", default_value_t = 20)]
     lock_namespaces: usize,
+    /// Pods that hold no lock.
+    #[arg(long, default_value_t = 50_000)]
     bystanders: usize,
+    /// Namespaces the bystanders are spread over.
+    #[arg(long = "bystander-namespaces", default_value_t = 25)]
     bystander_namespaces: usize,
+    /// Of the bystanders, the share Running (the rest Succeeded).
+    #[arg(long = "running-percent", default_value_t = 60)]
     running_percent: usize,
+    /// Job-like pods created a minute.
+    #[arg(long = "churn-per-min", default_value_t = 1000)]
     churn_per_min: u64,
+    /// Seconds a Job-like pod runs.
+    #[arg(long = "job-run-secs", value_name = "N", default_value = "10", value_parser = seconds)]
     job_run: Duration,
+    /// Seconds a finished Job-like pod stays.
+    #[arg(long = "job-ttl-secs", value_name = "N", default_value = "60", value_parser = seconds)]
     job_ttl: Duration,
+    /// The janitors' --resync: 90s, 5m, 1h, or plain seconds.
+    #[arg(long, value_name = "D", default_value = "5m", value_parser = resync_arg)]
     resync: String,
+    /// --resync in seconds.
+    #[arg(skip)]
     resync_secs: f64,
+    /// Seconds of the measured window.
+    #[arg(long = "window-secs", value_name = "N", default_value = "600", value_parser = seconds)]
     window: Duration,
+    /// Seconds of the baseline's window (default: --window-secs).
+    #[arg(long = "baseline-window-secs", value_name = "N", value_parser = seconds)]
+    baseline: Option<Duration>,
+    /// The baseline's window, as run.
+    #[arg(skip)]
     baseline_window: Duration,
+    /// Running pods in the namespace of the Lease judgement (phase C).
+    #[arg(long = "lease-pods", default_value_t = 5000)]
     lease_pods: usize,
+    /// Object writes in flight while setting up.
+    #[arg(long, default_value_t = 64)]
     writers: usize,
 }
 
@@ -121,64 +156,17 @@ fn parse_resync(v: &str) -> Option<f64> {
     (n > 0.0).then_some(n * f)
 }
 
+/// `--resync`, checked: a duration `parse_resync` reads.
+fn resync_arg(v: &str) -> Result<String, String> {
+    parse_resync(v)
+        .map(|_| v.to_owned())
+        .ok_or_else(|| format!("{v:?} is not a duration like 60s or 5m"))
+}
+
 fn parse_args() -> Args {
-    let mut a = Args {
-        locks: 1000,
-        lock_namespaces: 20,
-        bystanders: 50_000,
-        bystander_namespaces: 25,
-        running_percent: 60,
-        churn_per_min: 1000,
-        job_run: Duration::from_secs(10),
-        job_ttl: Duration::from_secs(60),
-        resync: "5m".into(),
-        resync_secs: 300.0,
-        window: Duration::from_secs(600),
-        baseline_window: Duration::ZERO,
-        lease_pods: 5000,
-        writers: 64,
-    };
-    let mut baseline = None;
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .unwrap_or_else(|| die(&format!("{flag} needs a value")));
-        let num = || -> u64 {
-            value
-                .parse()
-                .unwrap_or_else(|_| die(&format!("{flag}: {value:?} is not a number")))
-        };
-        match flag.as_str() {
-            "--locks" => a.locks = num() as usize,
-            "--lock-namespaces" => a.lock_namespaces = num() as usize,
-            "--bystanders" => a.bystanders = num() as usize,
-            "--bystander-namespaces" => a.bystander_namespaces = num() as usize,
-            "--running-percent" => a.running_percent = num() as usize,
-            "--churn-per-min" => a.churn_per_min = num(),
-            "--job-run-secs" => a.job_run = Duration::from_secs(num()),
-            "--job-ttl-secs" => a.job_ttl = Duration::from_secs(num()),
-            "--resync" => {
-                a.resync_secs = parse_resync(&value).unwrap_or_else(|| {
-                    die(&format!(
-                        "--resync: {value:?} is not a duration like 60s or 5m"
-                    ))
-                });
-                a.resync = value.clone();
-            }
-            "--window-secs" => a.window = Duration::from_secs(num()),
-            "--baseline-window-secs" => baseline = Some(Duration::from_secs(num())),
-            "--lease-pods" => a.lease_pods = num() as usize,
-            "--writers" => a.writers = num() as usize,
-            other => die(&format!(
-                "unknown argument {other}; use --locks N --lock-namespaces N --bystanders N \
-                 --bystander-namespaces N --running-percent N --churn-per-min N \
-                 --job-run-secs N --job-ttl-secs N --resync D --window-secs N \
-                 --baseline-window-secs N --lease-pods N --writers N"
-            )),
-        }
-    }
-    a.baseline_window = baseline.unwrap_or(a.window);
+    let mut a = <Args as clap::Parser>::parse();
+    a.resync_secs = parse_resync(&a.resync).unwrap_or(300.0);
+    a.baseline_window = a.baseline.unwrap_or(a.window);
     if a.locks == 0
         || a.lock_namespaces == 0
         || a.bystander_namespaces == 0

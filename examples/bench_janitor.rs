@@ -57,47 +57,36 @@ const LARGE_LABEL: &str = "bench.lock-janitor.io/large";
 /// Selects no lock: the baseline janitor.
 const NONE_LABEL: &str = "bench.lock-janitor.io/none";
 
+/// The janitor's reclaim latency and its cost among many pods (see the
+/// file's doc).
+#[derive(clap::Parser)]
+#[command(args_override_self = true)]
 struct Args {
+    /// Locks of the small janitor.
+    #[arg(long, default_value_t = 100)]
     small: usize,
+    /// Locks of the large janitor.
+    #[arg(long, default_value_t = 1000)]
     locks: usize,
+    /// Running pods that hold no lock.
+    #[arg(long = "running-pods", default_value_t = 5000)]
     running_pods: usize,
+    /// Terminal pods that hold no lock.
+    #[arg(long = "terminal-pods", default_value_t = 2000)]
     terminal_pods: usize,
+    /// Holders evicted in the burst.
+    #[arg(long, default_value_t = 100)]
     evict: usize,
+    /// The janitor's --resync, in seconds.
+    #[arg(long = "resync-secs", value_name = "N", default_value = "15", value_parser = seconds)]
     resync: Duration,
+    /// Resyncs to wait for before measuring.
+    #[arg(long = "settle-resyncs", default_value_t = 2)]
     settle_resyncs: u32,
 }
 
 fn parse_args() -> Args {
-    let mut a = Args {
-        small: 100,
-        locks: 1000,
-        running_pods: 5000,
-        terminal_pods: 2000,
-        evict: 100,
-        resync: Duration::from_secs(15),
-        settle_resyncs: 2,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut num = || -> u64 {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| die(&format!("{flag} needs a number")))
-        };
-        match flag.as_str() {
-            "--small" => a.small = num() as usize,
-            "--locks" => a.locks = num() as usize,
-            "--running-pods" => a.running_pods = num() as usize,
-            "--terminal-pods" => a.terminal_pods = num() as usize,
-            "--evict" => a.evict = num() as usize,
-            "--resync-secs" => a.resync = Duration::from_secs(num()),
-            "--settle-resyncs" => a.settle_resyncs = num() as u32,
-            other => die(&format!(
-                "unknown argument {other}; use --small N --locks N --running-pods N \
-                 --terminal-pods N --evict N --resync-secs N --settle-resyncs N"
-            )),
-        }
-    }
+    let a = <Args as clap::Parser>::parse();
     if a.small > a.locks || a.evict > a.locks || a.resync.is_zero() {
         die("need small <= locks, evict <= locks, resync-secs > 0");
     }

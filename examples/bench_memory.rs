@@ -80,11 +80,17 @@ fn lock_meta(i: usize) -> PartialObjectMeta<ConfigMap> {
     m
 }
 
+/// Heap bytes per watched ConfigMap lock, by part (see the file's doc).
+#[derive(clap::Parser)]
+#[command(args_override_self = true)]
+struct Args {
+    /// Locks to feed the parts.
+    #[arg(value_name = "N", default_value_t = 10_000)]
+    n: usize,
+}
+
 fn main() {
-    let n: usize = std::env::args()
-        .nth(1)
-        .map(|a| a.parse().expect("N: a number of locks"))
-        .unwrap_or(10_000);
+    let Args { n } = clap::Parser::parse();
     let metas: Vec<_> = (0..n).map(lock_meta).collect();
     println!("heap kept per watched lock, {n} locks (requested bytes; the allocator adds its own)");
     let mut at = live();

@@ -59,54 +59,30 @@ use support::*;
 const RELEASE: &str = "lock-janitor";
 const LOCK_NAMESPACES: usize = 10;
 
+/// The chart's janitor on the real node (see the file's doc).
+#[derive(clap::Parser)]
+#[command(args_override_self = true)]
 struct Args {
+    /// Locks in all.
+    #[arg(long, default_value_t = 10_000)]
     locks: usize,
+    /// Holders evicted at once, one burst for each, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
     bursts: Vec<usize>,
+    /// Lease holders that fail at once (0: none).
+    #[arg(long = "lease-burst", default_value_t = 100)]
     lease_burst: usize,
-    /// The Lease holders live among the ConfigMap holders (1,000 pods a
-    /// namespace at 10,000 locks) rather than in namespaces of their own.
+    /// `locks`: the Lease holders live among the ConfigMap holders (1,000
+    /// pods a namespace at 10,000 locks); `own`: in namespaces of their own.
+    #[arg(long = "lease-namespaces", value_name = "own|locks", default_value = "own", value_parser = own_or_locks, action = clap::ArgAction::Set)]
     leases_among_locks: bool,
     /// Namespaces with a real operator whose pods the kubelet evicts.
+    #[arg(long, default_value_t = 3)]
     evictions: usize,
 }
 
 fn parse_args() -> Args {
-    let mut a = Args {
-        locks: 10_000,
-        bursts: vec![100, 1000],
-        lease_burst: 100,
-        leases_among_locks: false,
-        evictions: 3,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .unwrap_or_else(|| die(&format!("{flag} needs a value")));
-        let num = |v: &str| -> usize {
-            v.parse()
-                .unwrap_or_else(|_| die(&format!("{flag}: {v:?} is not a number")))
-        };
-        match flag.as_str() {
-            "--locks" => a.locks = num(&value),
-            "--bursts" => a.bursts = value.split(',').map(num).collect(),
-            "--lease-burst" => a.lease_burst = num(&value),
-            "--evictions" => a.evictions = num(&value),
-            "--lease-namespaces" => {
-                a.leases_among_locks = match value.as_str() {
-                    "own" => false,
-                    "locks" => true,
-                    v => die(&format!(
-                        "--lease-namespaces: {v:?} is neither own nor locks"
-                    )),
-                }
-            }
-            other => die(&format!(
-                "unknown argument {other}; use --locks N --bursts N,N --lease-burst N \
-                 --lease-namespaces own|locks --evictions N"
-            )),
-        }
-    }
+    let a = <Args as clap::Parser>::parse();
     if a.locks < 3 * a.bursts.iter().sum::<usize>() {
         die("need --locks >= 3 x the sum of --bursts (each reclaimer gets fresh locks)");
     }
@@ -915,7 +891,7 @@ async fn main() {
 
     // (c) The floor.
     step("The floor: a bare terminal-pod watcher, one guarded DELETE per death");
-    let fc = floor_client(&n.cp, &client, JANITOR_USER).await;
+    let fc = floor_client(&n.cp, &client, FLOOR_USER, JANITOR_USER).await;
     let floor = floor_deleter(
         &fc,
         per[2]

@@ -5,8 +5,14 @@
 //! requests it makes
 //! while idle (from the API server's own `apiserver_request_total`, with and
 //! without the janitor), and reclaim latency, sequential and in a burst,
-//! beside a floor measured in the same run: a bare watcher of terminal pods
-//! that sends one guarded DELETE per death. Then a burst of Lease holders
+//! beside two floors measured in the same run, each on locks of its own:
+//! the safe floor, a bare client making exactly the requests the janitor
+//! must make for a reclaim (a live GET of the lock, a live GET of the
+//! holder, the intent Event, the holder read again, the DELETE with uid and
+//! resourceVersion preconditions), 16 reclaims at a time as the janitor
+//! runs them; and the bare-DELETE floor, a watcher of terminal pods that
+//! sends one guarded DELETE per death and nothing else. It prints the
+//! janitor's p99 over the safe floor's. Then a burst of Lease holders
 //! that die at once (`--lease-burst`, renewing every 2 s until they die):
 //! the time from the moment the renewal rule allows a release to the
 //! release, beside a bare releaser in the same run that updates each Lease
@@ -50,64 +56,41 @@ use support::*;
 
 const LOCK_NAMESPACES: usize = 10;
 
+/// What the janitor costs at scale, beside two floors measured in the same
+/// run (see the file's doc).
+#[derive(clap::Parser)]
+#[command(args_override_self = true)]
 struct Args {
+    /// Lock counts to measure at, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     levels: Vec<usize>,
+    /// Holders evicted one at a time (for the janitor and each floor).
+    #[arg(long, default_value_t = 20)]
     sequential: usize,
+    /// Holders evicted at once (for the janitor and each floor).
+    #[arg(long, default_value_t = 100)]
     evict: usize,
+    /// Seconds of each idle window.
+    #[arg(long = "idle-secs", value_name = "N", default_value = "60", value_parser = seconds)]
     idle: Duration,
+    /// The janitor's --resync while idle, in seconds.
+    #[arg(long = "resync-secs", value_name = "N", default_value = "20", value_parser = seconds)]
     resync: Duration,
     /// Lease holders that fail at once (0: none).
+    #[arg(long, default_value_t = 100)]
     lease_burst: usize,
-    /// The Lease holders live among the ConfigMap holders (1,000 pods a
-    /// namespace at 10,000 locks) rather than in namespaces of their own.
+    /// `locks`: the Lease holders live among the ConfigMap holders (1,000
+    /// pods a namespace at 10,000 locks); `own`: in namespaces of their own.
+    #[arg(long = "lease-namespaces", value_name = "own|locks", default_value = "own", value_parser = own_or_locks, action = clap::ArgAction::Set)]
     leases_among_locks: bool,
 }
 
 fn parse_args() -> Args {
-    let mut a = Args {
-        levels: vec![1000, 10000],
-        sequential: 20,
-        evict: 100,
-        idle: Duration::from_secs(60),
-        resync: Duration::from_secs(20),
-        lease_burst: 100,
-        leases_among_locks: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .unwrap_or_else(|| die(&format!("{flag} needs a value")));
-        let num = |v: &str| -> u64 {
-            v.parse()
-                .unwrap_or_else(|_| die(&format!("{flag}: {v:?} is not a number")))
-        };
-        match flag.as_str() {
-            "--levels" => a.levels = value.split(',').map(|v| num(v) as usize).collect(),
-            "--sequential" => a.sequential = num(&value) as usize,
-            "--evict" => a.evict = num(&value) as usize,
-            "--idle-secs" => a.idle = Duration::from_secs(num(&value)),
-            "--resync-secs" => a.resync = Duration::from_secs(num(&value)),
-            "--lease-burst" => a.lease_burst = num(&value) as usize,
-            "--lease-namespaces" => {
-                a.leases_among_locks = match value.as_str() {
-                    "own" => false,
-                    "locks" => true,
-                    v => die(&format!(
-                        "--lease-namespaces: {v:?} is neither own nor locks"
-                    )),
-                }
-            }
-            other => die(&format!(
-                "unknown argument {other}; use --levels N,N --sequential N --evict N \
-                 --idle-secs N --resync-secs N --lease-burst N --lease-namespaces own|locks"
-            )),
-        }
-    }
+    let mut a = <Args as clap::Parser>::parse();
     a.levels.sort();
     let top = a.levels.last().copied().unwrap_or(0);
-    if top < 2 * (a.sequential + a.evict) || a.resync.is_zero() || a.idle < a.resync {
-        die("need the largest level >= 2 * (sequential + evict), resync-secs > 0, idle-secs >= resync-secs");
+    if top < 3 * (a.sequential + a.evict) || a.resync.is_zero() || a.idle < a.resync {
+        die("need the largest level >= 3 * (sequential + evict), resync-secs > 0, idle-secs >= resync-secs");
     }
     a
 }
@@ -488,21 +471,48 @@ async fn main() {
     let j_breakdown = where_time_goes(&cp, JANITOR_USER, &made[..s]);
     let j_burst_breakdown = where_time_goes(&cp, JANITOR_USER, &made[s..s + b]);
     drop(j);
-    step("Reclaim latency: the floor (a bare terminal-pod watcher, one guarded DELETE per death)");
-    let rest = &made[s + b..];
-    // The floor as a user of its own, so that the audit log tells its
-    // requests from the benchmark's.
-    let floor_client = floor_client(&cp, &client, JANITOR_USER).await;
-    let floor = floor_deleter(
-        &floor_client,
-        rest.iter()
+    let sets = [&made[s + b..2 * (s + b)], &made[2 * (s + b)..3 * (s + b)]];
+    let by_holder = |set: &[Made]| {
+        set.iter()
             .map(|m| ((m.ns.clone(), m.holder.clone()), m.clone()))
-            .collect(),
-    );
+            .collect()
+    };
+
+    step(&format!(
+        "Reclaim latency: the safe floor (a bare client making the janitor's requests: GET lock, GET holder, \
+         intent Event, GET holder, guarded DELETE; {JANITOR_CONCURRENCY} at a time)"
+    ));
+    // Each floor as a user of its own, so that the audit log tells its
+    // requests from the benchmark's.
+    let safe_client = floor_client(&cp, &client, SAFE_FLOOR_USER, JANITOR_USER).await;
+    let (safe, misses) = safe_floor_deleter(&safe_client, by_holder(sets[0]));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (f_seq, f_burst) = reclaim_latency(&client, &deleted, &rest[..s], &rest[s..s + b]).await;
-    let f_breakdown = where_time_goes(&cp, FLOOR_USER, &rest[..s]);
-    let f_burst_breakdown = where_time_goes(&cp, FLOOR_USER, &rest[s..s + b]);
+    let set = sets[0];
+    let (sf_seq, sf_burst) = reclaim_latency(&client, &deleted, &set[..s], &set[s..]).await;
+    let sf_breakdown = where_time_goes(&cp, SAFE_FLOOR_USER, &set[..s]);
+    let sf_burst_breakdown = where_time_goes(&cp, SAFE_FLOOR_USER, &set[s..]);
+    safe.abort();
+    let count = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
+    let (skipped, failed, events_failed) = (
+        count(&misses.skipped),
+        count(&misses.failed),
+        count(&misses.events_failed),
+    );
+    if skipped + failed + events_failed > 0 {
+        println!(
+            "    the safe floor skipped {skipped} locks after a read, failed {failed} reclaims \
+             and {events_failed} intent Events"
+        );
+    }
+
+    step("Reclaim latency: the bare-DELETE floor (a bare terminal-pod watcher, one guarded DELETE per death)");
+    let floor_client = floor_client(&cp, &client, FLOOR_USER, JANITOR_USER).await;
+    let floor = floor_deleter(&floor_client, by_holder(sets[1]));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let set = sets[1];
+    let (f_seq, f_burst) = reclaim_latency(&client, &deleted, &set[..s], &set[s..]).await;
+    let f_breakdown = where_time_goes(&cp, FLOOR_USER, &set[..s]);
+    let f_burst_breakdown = where_time_goes(&cp, FLOOR_USER, &set[s..]);
     floor.abort();
     watch.abort();
     let leases = if args.lease_burst > 0 {
@@ -558,16 +568,39 @@ async fn main() {
     }
     println!();
     println!("reclaim latency over {top} locks (holder's status write acknowledged -> lock deleted, as a watch here sees it):");
-    println!("  janitor, one at a time: {}", distribution(j_seq));
-    println!("  floor,   one at a time: {}", distribution(f_seq));
-    println!("  janitor, burst of {b}:   {}", distribution(j_burst));
-    println!("  floor,   burst of {b}:   {}", distribution(f_burst));
+    let rows = [
+        ("janitor,    ", &j_seq, &j_burst),
+        ("safe floor, ", &sf_seq, &sf_burst),
+        ("bare DELETE,", &f_seq, &f_burst),
+    ];
+    for (who, seq, _) in &rows {
+        println!("  {who} one at a time: {}", distribution(seq.to_vec()));
+    }
+    for (who, _, burst) in &rows {
+        println!("  {who} burst of {b}:   {}", distribution(burst.to_vec()));
+    }
+    println!("median / p99 / max, and the janitor's p99 over the safe floor's:");
+    for (what, j, sf, f) in [
+        ("one at a time".to_string(), &j_seq, &sf_seq, &f_seq),
+        (format!("burst of {b}"), &j_burst, &sf_burst, &f_burst),
+    ] {
+        println!("  {what}:");
+        println!("    janitor:     {}", median_p99_max(j.clone()));
+        println!("    safe floor:  {}", median_p99_max(sf.clone()));
+        println!("    bare DELETE: {}", median_p99_max(f.clone()));
+        println!(
+            "    janitor p99 / safe floor p99 = {}",
+            ratio(p99(j), p99(sf))
+        );
+    }
     println!("where one reclaim's time goes (one at a time; the API server's audit log):");
-    println!("  janitor: {j_breakdown}");
-    println!("  floor:   {f_breakdown}");
+    println!("  janitor:     {j_breakdown}");
+    println!("  safe floor:  {sf_breakdown}");
+    println!("  bare DELETE: {f_breakdown}");
     println!("where the time goes in the burst of {b}:");
-    println!("  janitor: {j_burst_breakdown}");
-    println!("  floor:   {f_burst_breakdown}");
+    println!("  janitor:     {j_burst_breakdown}");
+    println!("  safe floor:  {sf_burst_breakdown}");
+    println!("  bare DELETE: {f_burst_breakdown}");
     if let Some((janitor, floor, windows, requests)) = leases {
         let n = args.lease_burst;
         println!(

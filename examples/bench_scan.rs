@@ -31,47 +31,29 @@ use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
 /// Object writes in flight while setting up.
 const WRITERS: usize = 48;
 
+/// `scan` at scale (see the file's doc).
+#[derive(clap::Parser)]
+#[command(args_override_self = true)]
 struct Args {
+    /// Runs of each command.
+    #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Namespaces the ConfigMaps are spread over.
+    #[arg(long, default_value_t = 10)]
     namespaces: usize,
+    /// ConfigMaps in all.
+    #[arg(long, default_value_t = 10_000)]
     configmaps: usize,
+    /// Of them, locks.
+    #[arg(long, default_value_t = 500)]
     locks: usize,
+    /// The lock-janitor binary to run.
+    #[arg(long, value_name = "PATH", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/lock-janitor"))]
     bin: PathBuf,
 }
 
 fn parse_args() -> Args {
-    let mut a = Args {
-        runs: 3,
-        namespaces: 10,
-        configmaps: 10_000,
-        locks: 500,
-        bin: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/lock-janitor"),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .unwrap_or_else(|| die(&format!("{flag} needs a value")))
-        };
-        match flag.as_str() {
-            "--runs" => a.runs = value().parse().unwrap_or_else(|_| die("--runs: a number")),
-            "--namespaces" => {
-                a.namespaces = value()
-                    .parse()
-                    .unwrap_or_else(|_| die("--namespaces: a number"))
-            }
-            "--configmaps" => {
-                a.configmaps = value()
-                    .parse()
-                    .unwrap_or_else(|_| die("--configmaps: a number"))
-            }
-            "--locks" => a.locks = value().parse().unwrap_or_else(|_| die("--locks: a number")),
-            "--bin" => a.bin = value().into(),
-            other => die(&format!(
-                "unknown argument {other}; use --runs N --namespaces N --configmaps N --locks N --bin PATH"
-            )),
-        }
-    }
+    let a = <Args as clap::Parser>::parse();
     if a.locks > a.configmaps || a.namespaces == 0 || a.runs == 0 {
         die("need 0 < namespaces, 0 < runs, locks <= configmaps");
     }

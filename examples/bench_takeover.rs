@@ -207,21 +207,25 @@ const LIBRARY_GO: [Duration; 3] = [
     Duration::from_secs(26),
 ];
 
+/// Takeover time after an eviction with real peers, alone and with the
+/// janitor (see the file's doc).
+#[derive(clap::Parser)]
+#[command(args_override_self = true)]
+struct Args {
+    /// Rounds of operator-lib and of the 60 s Lease.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Rounds at library-go's timings.
+    #[arg(long = "library-go-rounds", default_value_t = 1)]
+    library_go_rounds: usize,
+}
+
 #[tokio::main]
 async fn main() {
-    let (mut rounds, mut slow_rounds) = (3usize, 1usize);
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let n = |v: &str| {
-            v.parse()
-                .unwrap_or_else(|_| die(&format!("{flag}: {v:?} is not a number")))
-        };
-        match (flag.as_str(), it.next()) {
-            ("--rounds", Some(v)) => rounds = n(&v),
-            ("--library-go-rounds", Some(v)) => slow_rounds = n(&v),
-            _ => die("use --rounds N --library-go-rounds N"),
-        }
-    }
+    let Args {
+        rounds,
+        library_go_rounds: slow_rounds,
+    } = clap::Parser::parse();
     println!(
         "bench_takeover: {rounds} rounds, operator-lib alone beside operator-lib with the janitor {}",
         janitor_bin().display()

@@ -22,24 +22,29 @@ fn die(msg: &str) -> ! {
     std::process::exit(2)
 }
 
+/// A long run of the chaos suite with a random seed (`SEED=<n>` replays a
+/// plan).
+#[derive(clap::Parser)]
+#[command(args_override_self = true)]
+struct Args {
+    /// Locks in the run.
+    #[arg(long, default_value_t = 300)]
+    locks: usize,
+    /// Faults injected.
+    #[arg(long, default_value_t = 20)]
+    faults: usize,
+    /// Seconds the faults are spread over.
+    #[arg(long = "spread-secs", value_name = "N", default_value_t = 600)]
+    spread: u64,
+}
+
 #[tokio::main]
 async fn main() {
-    let (mut locks, mut faults, mut spread) = (300usize, 20usize, 600u64);
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let v = it
-            .next()
-            .unwrap_or_else(|| die(&format!("{flag} needs a value")));
-        let n: u64 = v
-            .parse()
-            .unwrap_or_else(|_| die(&format!("{flag}: {v:?} is not a number")));
-        match flag.as_str() {
-            "--locks" => locks = n as usize,
-            "--faults" => faults = n as usize,
-            "--spread-secs" => spread = n,
-            _ => die("use --locks N --faults N --spread-secs N"),
-        }
-    }
+    let Args {
+        locks,
+        faults,
+        spread,
+    } = clap::Parser::parse();
     let seed = std::env::var("SEED")
         .ok()
         .map(|s| s.parse().unwrap_or_else(|_| die("SEED must be a number")))

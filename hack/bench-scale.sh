@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # make bench: what the janitor costs at 0, 1,000 and 10,000 locks (memory,
 # idle API load from apiserver_request_total with and without it) and its
-# reclaim latency beside a floor, in one run on a local control plane. It
-# prints numbers and fails on nothing but errors. About 10 minutes on 2 cores
-# with the defaults, after the builds.
+# reclaim latency beside two floors (the safe floor: the janitor's own
+# requests from a bare client; the bare DELETE), in one run on a local
+# control plane (docs/performance.md "Two floors"). It prints numbers and
+# fails on nothing but errors. About 10 minutes on 2 cores with the
+# defaults, after the builds.
 #
 #   hack/bench-scale.sh [--levels 1000,10000] [--sequential 20] [--evict 100]
 #       [--idle-secs 60] [--resync-secs 20] [--lease-burst 100]
-#       [--lease-namespaces own|locks]
+#       [--lease-namespaces own|locks]     (--help says what each is)
 #
 # It measures the image's binary (the static musl build of the Dockerfile);
 # LOCK_JANITOR_BIN=<path> measures another (for example target/release/lock-janitor,

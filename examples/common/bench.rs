@@ -25,6 +25,23 @@ pub fn die(msg: &str) -> ! {
     std::process::exit(2);
 }
 
+/// A flag's whole seconds as a Duration (`--idle-secs 60`).
+pub fn seconds(v: &str) -> Result<Duration, String> {
+    v.parse()
+        .map(Duration::from_secs)
+        .map_err(|_| format!("{v:?} is not a number"))
+}
+
+/// `--lease-namespaces own|locks`: whether the Lease holders live among
+/// the ConfigMap holders.
+pub fn own_or_locks(v: &str) -> Result<bool, String> {
+    match v {
+        "own" => Ok(false),
+        "locks" => Ok(true),
+        v => Err(format!("{v:?} is neither own nor locks")),
+    }
+}
+
 pub fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
 }
@@ -133,6 +150,21 @@ pub fn median_p99_max(mut v: Vec<f64>) -> String {
         v[v.len() - 1],
         v.len()
     )
+}
+
+/// The p99 of a sample (nearest rank); None if it is empty.
+pub fn p99(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| quantile(&v, 0.99))
+}
+
+/// `a / b` as "1.23x", or "-" when either is missing or b is 0.
+pub fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        _ => "-".into(),
+    }
 }
 
 fn distribution_of(mut v: Vec<f64>, unit: &str, digits: usize) -> String {

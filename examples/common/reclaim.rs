@@ -1,18 +1,21 @@
 //! ConfigMap locks with holder pods, their holders' deaths and the floor
-//! reclaimer, shared by `bench_scale` (simulated control plane) and
-//! `bench_node` (the chart's pod on the real node).
+//! reclaimers (the bare DELETE and the safe floor), shared by `bench_scale`
+//! (simulated control plane) and `bench_node` (the chart's pod on the real
+//! node).
 #![allow(dead_code)]
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use lock_janitor_testenv::kubelet;
 
 use crate::bench_support::*;
@@ -21,6 +24,15 @@ use crate::bench_support::*;
 pub const WRITERS: usize = 32;
 /// The floor reclaimer's user.
 pub const FLOOR_USER: &str = "lock-janitor-bench-floor";
+/// The safe floor's user.
+pub const SAFE_FLOOR_USER: &str = "lock-janitor-bench-safe-floor";
+/// Reclaims the janitor runs side by side for one scope and kind
+/// (`CONCURRENCY` in src/controller/mod.rs, the Controller's concurrency;
+/// the benchmark's janitor has one scope, the whole cluster).
+pub const JANITOR_CONCURRENCY: usize = 16;
+/// How long the janitor waits for its intent Event before it goes on
+/// (`INTENT_WITHIN` in src/reclaim.rs).
+const INTENT_WITHIN: Duration = Duration::from_millis(500);
 /// Pods that can no longer run (the janitor's own field selector).
 pub const TERMINAL_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
 
@@ -137,8 +149,9 @@ pub async fn reclaim_latency(
     (one_by_one, at_once)
 }
 
-/// The floor: a bare watcher of terminal pods that deletes each one's lock
-/// with the preconditions it was created with. No live reads, no Events.
+/// The bare-DELETE floor: a bare watcher of terminal pods that deletes each
+/// one's lock with the preconditions it was created with, one after the
+/// other. No live reads, no Events.
 pub fn floor_deleter(
     client: &Client,
     locks: HashMap<(String, String), Made>,
@@ -168,15 +181,167 @@ pub fn floor_deleter(
     })
 }
 
-/// A client as `FLOOR_USER`, bound to `role` (the janitor's grants), so
-/// that the audit log tells the floor's requests from the benchmark's.
+/// What the safe floor did that was not a reclaim.
+#[derive(Default)]
+pub struct SafeFloorMisses {
+    /// A live read found the lock gone, or its holder not dead or not the
+    /// lock's: nothing written.
+    pub skipped: AtomicUsize,
+    /// A request failed (or the DELETE was refused): no reclaim.
+    pub failed: AtomicUsize,
+    /// Intent Events refused or not answered within `INTENT_WITHIN` (the
+    /// reclaim went on, as the janitor's does).
+    pub events_failed: AtomicUsize,
+}
+
+/// The safe floor: a bare client making exactly the requests the janitor
+/// must make for a reclaim, in the janitor's order, and no others. For each
+/// terminal pod its watch shows (each once), the pod's lock: a live GET of
+/// the lock; a live GET of the holder; the intent Event (events.k8s.io, a
+/// `StaleLockReclaiming` on the lock, the holder related, through kube's
+/// `Recorder` as the janitor writes it, waited for `INTENT_WITHIN` at
+/// most); the holder read again (the last request before the write); the
+/// DELETE with the uid and resourceVersion of the lock as read.
+/// `JANITOR_CONCURRENCY` reclaims at a time, the watch read on meanwhile
+/// into a queue, as the janitor's Controller does; its connections are
+/// opened first (one a worker, as a janitor that has run a while holds
+/// them). Its judgement is the least that reads can decide: the holder is
+/// the pod the lock's owner reference names (its uid) and is Failed or
+/// Succeeded; else nothing is written (counted in `skipped`).
+pub fn safe_floor_deleter(
+    client: &Client,
+    locks: HashMap<(String, String), Made>,
+) -> (tokio::task::JoinHandle<()>, Arc<SafeFloorMisses>) {
+    let client = client.clone();
+    let misses = Arc::new(SafeFloorMisses::default());
+    let task = {
+        let misses = misses.clone();
+        tokio::spawn(async move {
+            // HTTP/1.1: a request in flight holds a connection. A janitor
+            // that has run a while holds as many as its workers; so does
+            // the floor before its first death, not a TLS handshake each.
+            let warm = (0..JANITOR_CONCURRENCY).map(|_| client.apiserver_version());
+            let _ = futures::future::join_all(warm).await;
+            let (tx, rx) = futures::channel::mpsc::unbounded::<Made>();
+            let api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
+            // One task with the workers: aborting it ends the watch too.
+            let watch = async move {
+                let stream = watcher(api, watcher::Config::default().fields(TERMINAL_PODS));
+                futures::pin_mut!(stream);
+                let mut queued = HashSet::new();
+                while let Some(ev) = stream.next().await {
+                    let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev else {
+                        continue;
+                    };
+                    let key = (p.namespace().unwrap_or_default(), p.name_any());
+                    if let Some(m) = locks.get(&key) {
+                        if queued.insert(key) && tx.unbounded_send(m.clone()).is_err() {
+                            return;
+                        }
+                    }
+                }
+            };
+            let recorder = Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: SAFE_FLOOR_USER.into(),
+                    instance: None,
+                },
+            );
+            let work = rx.for_each_concurrent(JANITOR_CONCURRENCY, |m| {
+                let (client, recorder, misses) = (client.clone(), recorder.clone(), misses.clone());
+                async move {
+                    match safe_reclaim(&client, &recorder, &m, &misses.events_failed).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            misses.skipped.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            eprintln!("safe floor: {}/{}: {e}", m.ns, m.lock);
+                            misses.failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+            futures::join!(watch, work);
+        })
+    };
+    (task, misses)
+}
+
+/// Whether `pod` is the dead pod `cm`'s owner reference names.
+fn dead_holder(cm: &ConfigMap, pod: Option<&Pod>) -> bool {
+    let Some(pod) = pod else { return false };
+    let owner = cm.owner_references().iter().find(|o| o.kind == "Pod");
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    owner.map(|o| o.uid.as_str()) == pod.metadata.uid.as_deref()
+        && matches!(phase, Some("Failed" | "Succeeded"))
+}
+
+/// One reclaim of the safe floor (see `safe_floor_deleter`): true if the
+/// lock was deleted, false if a read stopped it.
+async fn safe_reclaim(
+    client: &Client,
+    recorder: &Recorder,
+    m: &Made,
+    events_failed: &AtomicUsize,
+) -> kube::Result<bool> {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &m.ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &m.ns);
+    let Some(cm) = cms.get_opt(&m.lock).await? else {
+        return Ok(false);
+    };
+    let holder = pods.get_opt(&m.holder).await?;
+    if !dead_holder(&cm, holder.as_ref()) {
+        return Ok(false);
+    }
+    let regarding = cm.object_ref(&());
+    let related = holder.as_ref().map(|p| ObjectReference {
+        resource_version: None,
+        ..p.object_ref(&())
+    });
+    let intent = Event {
+        type_: EventType::Normal,
+        reason: "StaleLockReclaiming".into(),
+        note: Some(format!(
+            "Deleting this lock: holder pod {} was evicted (it can never run again). \
+             Reclaimed by the safe floor of bench-scale.",
+            m.holder
+        )),
+        action: "Reclaim".into(),
+        secondary: related,
+    };
+    // As the janitor: the Event is waited for a while, never required.
+    let published =
+        tokio::time::timeout(INTENT_WITHIN, recorder.publish(&intent, &regarding)).await;
+    if !matches!(published, Ok(Ok(()))) {
+        events_failed.fetch_add(1, Ordering::Relaxed);
+    }
+    let again = pods.get_opt(&m.holder).await?;
+    if !dead_holder(&cm, again.as_ref()) {
+        return Ok(false);
+    }
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: cm.metadata.uid.clone(),
+            resource_version: cm.metadata.resource_version.clone(),
+        }),
+        ..Default::default()
+    };
+    cms.delete(&m.lock, &dp).await?;
+    Ok(true)
+}
+
+/// A client as `user`, bound to `role` (the janitor's grants), so that the
+/// audit log tells a floor's requests from the benchmark's.
 pub async fn floor_client(
     cp: &lock_janitor_testenv::ControlPlane,
     admin: &Client,
+    user: &str,
     role: &str,
 ) -> Client {
-    crate::support::bind_cluster_role(admin, FLOOR_USER, role).await;
-    let kc = kube::config::Kubeconfig::read_from(crate::support::kubeconfig_as(cp, FLOOR_USER))
+    crate::support::bind_cluster_role(admin, user, role).await;
+    let kc = kube::config::Kubeconfig::read_from(crate::support::kubeconfig_as(cp, user))
         .unwrap_or_else(|e| die(&e.to_string()));
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
