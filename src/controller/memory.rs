@@ -54,6 +54,12 @@ impl Memory {
         f(&mut crate::locked(&self.inner))
     }
 
+    /// How many locks are remembered (the per-lock state a soak run
+    /// watches for growth; logged with each resync sweep).
+    pub fn remembered(&self) -> usize {
+        self.with(|i| i.locks.len())
+    }
+
     /// A reconcile of `version` starts: the lock's state, unless its last
     /// judgement stands (settled at this version, not suspect). The
     /// suspect is cleared (one raised from now on stays raised), and the

@@ -216,6 +216,8 @@ async fn sweeper(
                         requests = found.requests,
                         namespaces = found.namespaces,
                         suspects = found.configmaps.len() + found.leases.len(),
+                        remembered = ctx.memory.remembered(),
+                        awaited = ctx.takeovers.awaiting().len(),
                         "resync sweep done"
                     );
                     // Suspects first, so that seeding leaves them alone.
