@@ -717,7 +717,29 @@ async fn setup(args: &Args) -> Soak {
 /// nothing grew.
 fn judge(soak: &Soak, minutes: u64) -> bool {
     let book = soak.book.lock().unwrap();
-    let events = audit::read(soak.cp.audit_log_path());
+    // The API server rotates its audit log at 100 MB (its default); a
+    // long run fills several: read every one of them.
+    let dir = soak
+        .cp
+        .audit_log_path()
+        .parent()
+        .expect("the audit log's dir");
+    let mut events = Vec::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(dir)
+        .expect("the audit log's dir")
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("audit") && name.ends_with(".log") {
+            events.extend(audit::read(&entry.path()));
+            files += 1;
+        }
+    }
+    println!(
+        "soak: {} audit events read from {files} audit log file(s)",
+        events.len()
+    );
     let ns = soak.ns.as_str();
     let janitor =
         |e: &&AuditEvent| e.effective_user() == soak.user && e.namespace.as_deref() == Some(ns);
