@@ -176,4 +176,34 @@ ao --set-json 'autoOptIn.excludeNamespaces=[]' | grep -q -- '"--exclude-namespac
 refuse "a namespace glob with a space" "does not match pattern" --set-json 'autoOptIn.excludeNamespaces=["kube system"]'
 echo "test-chart: auto opt-in on by default, off with autoOptIn.enabled=false, exclusions from autoOptIn.excludeNamespaces"
 
+# The delete guard lets the janitor label a renewed Lease only for
+# --auto-opt-in: not rendered with autoOptIn.enabled=false, and refused in
+# the excluded namespaces (their globs as anchored regexes, matching as the
+# binary's globs do; tests/e2e/admission.rs shows the refusal).
+guard_of() { "$helm" template lj "$chart" --namespace "$ns" --show-only templates/admission-delete-guard.yaml "$@"; }
+renewed_branch='variables.heldLease && !variables.excludedNamespace'
+guard_of | grep -Fq "$renewed_branch" || fail "the guard's label branch for renewed Leases is not rendered by default"
+guard_of --set autoOptIn.enabled=false | grep -Fq "variables.heldLease && !variables.excludedNamespace" \
+  && fail "autoOptIn.enabled=false still renders the guard's label branch for renewed Leases"
+guard_of --set autoOptIn.enabled=false | grep -Fq "excludedNamespace" \
+  && fail "autoOptIn.enabled=false still renders excludedNamespace"
+guard_of --set autoOptIn.enabled=false | grep -Fq "((variables.forLifeLease) &&" \
+  || fail "autoOptIn.enabled=false does not keep the label branch for Leases held for life"
+guard_of --set-json 'autoOptIn.excludeNamespaces=["kube-system","team-?","ci-*","a[bc]d"]' | python3 -c '
+import re, sys, yaml
+policy = next(d for d in yaml.safe_load_all(sys.stdin) if d and d["kind"] == "ValidatingAdmissionPolicy")
+expr = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "excludedNamespace")
+m = re.fullmatch(r"(\[.*\])\.exists\(re, request\.namespace\.matches\(re\)\)", expr.strip())
+assert m, expr
+regexes = yaml.safe_load(m.group(1))
+excluded = lambda ns: any(re.search(r, ns) for r in regexes)
+for ns in ["kube-system", "team-a", "ci-", "ci-42", "abd", "acd"]:
+    assert excluded(ns), (ns, regexes)
+for ns in ["kube-systems", "my-kube-system", "team-ab", "team-", "xci-1", "aed", "ops"]:
+    assert not excluded(ns), (ns, regexes)
+' || fail "the guard's excluded namespaces do not match as the globs do"
+guard_of --set-json 'autoOptIn.excludeNamespaces=[]' | grep -A2 "name: excludedNamespace" | grep -q "^ *false$" \
+  || fail "autoOptIn.excludeNamespaces=[] does not render excludedNamespace as false"
+echo "test-chart: the guard labels renewed Leases only with autoOptIn.enabled, never in autoOptIn.excludeNamespaces"
+
 echo "test-chart: OK"

@@ -28,6 +28,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -149,16 +150,24 @@ impl AutoOptIn {
                 .is_some_and(|(ns, name)| *ns == key.namespace && *name == key.name)
     }
 
-    /// Forgets `key`: deleted, labeled, or no candidate now.
+    /// Forgets what is known of `key` as a candidate: labeled, or no
+    /// candidate now. When a Lease was judged (`judged`) is kept until
+    /// `RECENT` runs out, whatever the judgement: a Lease found to be no
+    /// candidate is not judged again at each of its renewals.
     fn drop_key(&self, key: &LockKey) {
         let mut s = crate::locked(&self.state);
         let counted = s.unprotected.remove(key).is_some();
         s.holds_data.remove(key);
-        s.judged.remove(key);
         drop(s);
         if counted {
             self.count(key.kind);
         }
+    }
+
+    /// Forgets all of `key`: deleted.
+    fn forget(&self, key: &LockKey) {
+        crate::locked(&self.state).judged.remove(key);
+        self.drop_key(key);
     }
 
     fn count(&self, kind: LockKind) {
@@ -171,6 +180,17 @@ impl AutoOptIn {
             .unprotected
             .with_label_values(&[kind.as_str()])
             .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A candidate that could not be judged (its read or its pods' list
+    /// failed): counted as unprotected, so that it is retried; what was
+    /// known of it is kept.
+    fn maybe_unprotected(&self, key: &LockKey) {
+        let mut s = crate::locked(&self.state);
+        s.holds_data.remove(key);
+        s.unprotected.entry(key.clone()).or_default();
+        drop(s);
+        self.count(key.kind);
     }
 
     fn unprotected(&self, key: &LockKey, uid: &str, identity: &str) {
@@ -203,7 +223,7 @@ impl AutoOptIn {
                     continue;
                 }
                 Ok(watcher::Event::Delete(m)) => {
-                    self.drop_key(&key_of(LockKind::ConfigMap, &m.metadata));
+                    self.forget(&key_of(LockKind::ConfigMap, &m.metadata));
                     continue;
                 }
                 Ok(watcher::Event::InitApply(m) | watcher::Event::Apply(m)) => m.metadata,
@@ -242,7 +262,7 @@ impl AutoOptIn {
         let mut relist = Relist::default();
         // Listed Leases whose identity names a host, by namespace: their
         // pods are listed once per namespace when the list is done.
-        let mut listed: BTreeMap<String, Vec<(LockKey, String, String)>> = BTreeMap::new();
+        let mut listed: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
         let mut stream = std::pin::pin!(stream);
         let mut errors = Warned::default();
         while let Some(ev) = stream.next().await {
@@ -260,7 +280,7 @@ impl AutoOptIn {
                     continue;
                 }
                 Ok(watcher::Event::Delete(l)) => {
-                    self.drop_key(&key_of(LockKind::Lease, &l.metadata));
+                    self.forget(&key_of(LockKind::Lease, &l.metadata));
                     continue;
                 }
                 Ok(watcher::Event::InitApply(l)) => (l, true),
@@ -295,26 +315,40 @@ impl AutoOptIn {
                     listed
                         .entry(key.namespace.clone())
                         .or_default()
-                        .push((key, host, identity));
+                        .push(Listed {
+                            key,
+                            host,
+                            uid,
+                            identity,
+                        });
                 }
                 Shape::NamesAPod(..) => {
-                    if !changed_lately(&l, Timestamp::now()) || !self.first_look(&key, &identity) {
-                        continue;
+                    if self.look_again(&key, &l, &identity, Timestamp::now()) {
+                        self.clone().judge_soon(key, None);
                     }
-                    // Not known as unprotected: whatever it was, it is
-                    // judged again now.
-                    self.drop_key(&key);
-                    crate::locked(&self.state)
-                        .judged
-                        .insert(key.clone(), (identity, Instant::now()));
-                    self.clone().judge_soon(key, None);
                 }
             }
         }
     }
 
+    /// Whether a renewed Lease seen by its watch (not known as unprotected)
+    /// is judged now: it changed lately and was not judged with this holder
+    /// within `RECENT`. When it is, that is remembered (and what was known
+    /// of it as a candidate forgotten: it is judged again).
+    fn look_again(&self, key: &LockKey, l: &Lease, identity: &str, now: Timestamp) -> bool {
+        if !changed_lately(l, now) || !self.first_look(key, identity) {
+            return false;
+        }
+        self.drop_key(key);
+        crate::locked(&self.state)
+            .judged
+            .insert(key.clone(), (identity.to_owned(), Instant::now()));
+        true
+    }
+
     /// Whether a Lease that changed lately was not judged with this holder
-    /// within `RECENT`; forgets the older judgements.
+    /// within `RECENT`; forgets the older judgements (so `judged` holds at
+    /// most the Leases judged in the last `RECENT`).
     fn first_look(&self, key: &LockKey, identity: &str) -> bool {
         let mut s = crate::locked(&self.state);
         s.judged.retain(|_, (_, at)| at.elapsed() < RECENT);
@@ -323,9 +357,11 @@ impl AutoOptIn {
 
     /// The listed Leases of one namespace whose identity names a host: one
     /// paged list of the namespace's pods tells which name exactly one.
-    fn judge_listed_leases(self: Arc<Self>, ns: String, leases: Vec<(LockKey, String, String)>) {
+    /// A failed list counts each of them as unprotected (maybe one): they
+    /// are judged again with the other retries.
+    fn judge_listed_leases(self: Arc<Self>, ns: String, leases: Vec<Listed>) -> JoinHandle<()> {
         tokio::spawn(async move {
-            let hosts: BTreeSet<String> = leases.iter().map(|(_, h, _)| h.clone()).collect();
+            let hosts: BTreeSet<String> = leases.iter().map(|l| l.host.clone()).collect();
             let found = {
                 let _turn = self.turns.acquire().await;
                 pods_naming(&self.client, &ns, &hosts).await
@@ -334,15 +370,18 @@ impl AutoOptIn {
                 Ok(c) => c,
                 Err(e) => {
                     self.failed(&LockKey::lease(&ns, ""), &e, "list on pods");
+                    for l in leases {
+                        self.unprotected(&l.key, &l.uid, &l.identity);
+                    }
                     return;
                 }
             };
-            for (key, host, identity) in leases {
-                if counts.get(&host) == Some(&1) {
-                    self.clone().judge_soon(key, Some(identity));
+            for l in leases {
+                if counts.get(&l.host) == Some(&1) {
+                    self.clone().judge_soon(l.key, Some(l.identity));
                 }
             }
-        });
+        })
     }
 
     /// Judges `key` from a live read, and labels it if this replica leads
@@ -367,6 +406,9 @@ impl AutoOptIn {
                 Ok(r) => r,
                 Err(e) => {
                     self.failed(key, &e, "get on configmaps and leases, list on pods");
+                    // Maybe a candidate: counted (as it was, if it was) and
+                    // judged again with the other retries.
+                    self.maybe_unprotected(key);
                     return;
                 }
             };
@@ -496,8 +538,9 @@ impl AutoOptIn {
     }
 
     /// A failed read or write: counted by error kind and logged with what
-    /// the janitor needs; the candidate stays unprotected and is tried
-    /// again (`retry_on_lead_and_after_failures`).
+    /// the janitor needs. The caller keeps the candidate counted as
+    /// unprotected, so that it is tried again
+    /// (`retry_on_lead_and_after_failures`).
     fn failed(&self, key: &LockKey, e: &Error, needs: &str) {
         let kind = e.kind();
         self.metrics
@@ -516,7 +559,7 @@ impl AutoOptIn {
 
     /// On taking the lead, and every `retry` while leading: each candidate
     /// still unprotected is judged and labeled again (those a standby
-    /// counted, or whose label failed).
+    /// counted, or whose read, pod list or label failed).
     async fn retry_on_lead_and_after_failures(self: Arc<Self>) {
         let mut lead = self.gate.changes();
         loop {
@@ -531,17 +574,32 @@ impl AutoOptIn {
             if !self.settings.write || !self.gate.leads() {
                 continue;
             }
-            let keys: Vec<(LockKey, String)> = crate::locked(&self.state)
-                .unprotected
-                .iter()
-                .map(|(k, (_, i))| (k.clone(), i.clone()))
-                .collect();
-            for (key, identity) in keys {
-                let checked = (key.kind == LockKind::Lease).then_some(identity);
-                self.clone().judge_soon(key, checked);
-            }
+            self.retry_unprotected();
         }
     }
+
+    /// Judges again each candidate counted as unprotected, from a live
+    /// read and, for a Lease whose holder names a pod, a live list of its
+    /// namespace's pods: whether it names exactly one pod may have changed
+    /// since it was counted (a standby counts for days).
+    fn retry_unprotected(self: &Arc<Self>) {
+        let keys: Vec<LockKey> = crate::locked(&self.state)
+            .unprotected
+            .keys()
+            .cloned()
+            .collect();
+        for key in keys {
+            self.clone().judge_soon(key, None);
+        }
+    }
+}
+
+/// A listed Lease whose holder identity names `host`.
+struct Listed {
+    key: LockKey,
+    host: String,
+    uid: String,
+    identity: String,
 }
 
 /// The keys of one scope and kind remembered before a (re-)list, less
@@ -571,7 +629,7 @@ impl Relist {
 
     fn done(&mut self, a: &AutoOptIn) {
         for key in self.0.take().unwrap_or_default() {
-            a.drop_key(&key);
+            a.forget(&key);
         }
     }
 }
@@ -622,8 +680,9 @@ fn identity_of(l: &Lease) -> String {
 }
 
 /// Whether a Lease was created, or its holder acquired it, within
-/// `RECENT` of `now`: a watch event of such a Lease may be a new holder.
-/// A renewal of a holder that acquired long ago is none.
+/// `RECENT` before `now`: a watch event of such a Lease may be a new
+/// holder. A renewal of a holder that acquired long ago is none, and so is
+/// one whose times are ahead of `now`.
 pub fn changed_lately(l: &Lease, now: Timestamp) -> bool {
     let recent = SignedDuration::try_from(RECENT).unwrap_or(SignedDuration::ZERO);
     let acquired = l
@@ -632,10 +691,13 @@ pub fn changed_lately(l: &Lease, now: Timestamp) -> bool {
         .and_then(|s| s.acquire_time.as_ref())
         .map(|t| t.0);
     let created = l.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    // A time ahead of `now` (the holder's clock fast) is not recent: else
+    // each renewal would be judged for as long as that clock is ahead.
     [acquired, created]
         .into_iter()
         .flatten()
-        .any(|t| now.duration_since(t) < recent)
+        .map(|t| now.duration_since(t))
+        .any(|d| d >= SignedDuration::ZERO && d < recent)
 }
 
 /// For each of `hosts`, how many pods of `namespace` it names (by name or
@@ -674,6 +736,7 @@ async fn pods_naming(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::Received;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 
@@ -699,6 +762,31 @@ mod tests {
         assert!(changed_lately(&lease(1, None), now), "new, no acquire time");
     }
 
+    /// A holder whose clock is ahead writes an acquireTime in the future:
+    /// that is not a change of lately, else every renewal would be judged
+    /// for as long as the clock is ahead (an hour fast: an hour).
+    #[test]
+    fn a_time_ahead_of_now_is_not_lately() {
+        let now: Timestamp = "2026-12-06T20:00:00Z".parse().unwrap();
+        let at = |s: i64| now + SignedDuration::from_secs(s);
+        let lease = |created: i64, acquired: i64| Lease {
+            metadata: ObjectMeta {
+                creation_timestamp: Some(Time(at(created))),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                acquire_time: Some(MicroTime(at(acquired))),
+                renew_time: Some(MicroTime(at(acquired))),
+                ..Default::default()
+            }),
+        };
+        assert!(!changed_lately(&lease(-86400, 3600), now), "an hour ahead");
+        assert!(!changed_lately(&lease(-86400, 1), now), "a second ahead");
+        assert!(changed_lately(&lease(-86400, 0), now), "acquired now");
+        assert!(changed_lately(&lease(-86400, -29), now));
+        assert!(!changed_lately(&lease(-86400, -30), now), "RECENT run out");
+    }
+
     fn configmap(rv: &str, label: Option<&str>) -> serde_json::Value {
         let mut cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "op-lock", "namespace": "ops", "uid": "cm-uid", "resourceVersion": rv,
@@ -710,6 +798,10 @@ mod tests {
     }
 
     fn auto(client: Client) -> (Arc<AutoOptIn>, Metrics) {
+        auto_of(client, vec![LockKind::ConfigMap])
+    }
+
+    fn auto_of(client: Client, kinds: Vec<LockKind>) -> (Arc<AutoOptIn>, Metrics) {
         let metrics = Metrics::new().unwrap();
         let a = AutoOptIn::new(
             client,
@@ -720,7 +812,7 @@ mod tests {
                 value: "true".into(),
                 namespaces: vec!["ops".into()],
                 exclusions: Exclusions::parse("kube-system").unwrap(),
-                kinds: vec![LockKind::ConfigMap],
+                kinds,
                 own_lease: None,
                 retry: Duration::from_secs(300),
                 write: true,
@@ -730,6 +822,242 @@ mod tests {
     }
 
     const CM: &str = "/api/v1/namespaces/ops/configmaps/op-lock";
+    const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/op-lease";
+    const PODS: &str = "/api/v1/namespaces/ops/pods";
+    const HOLDER: &str = "op-7d9c-x2x_0c3e5a12-4b1f-4a2e-9d7c-1f2e3d4c5b6a";
+
+    /// A renewed Lease of `ops` held by `HOLDER` (host `op-7d9c-x2x`),
+    /// acquired `acquired` seconds ago.
+    fn renewed_lease(rv: &str, acquired: i64, label: Option<&str>) -> Lease {
+        let now = Timestamp::now();
+        let at = MicroTime(now - SignedDuration::from_secs(acquired));
+        Lease {
+            metadata: ObjectMeta {
+                namespace: Some("ops".into()),
+                name: Some("op-lease".into()),
+                uid: Some("lease-uid".into()),
+                resource_version: Some(rv.into()),
+                creation_timestamp: Some(Time(now - SignedDuration::from_secs(86400))),
+                labels: label.map(|v| [("lock-janitor.io/watch".into(), v.into())].into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(HOLDER.into()),
+                lease_duration_seconds: Some(15),
+                acquire_time: Some(at.clone()),
+                renew_time: Some(at),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn json<T: serde::Serialize>(o: &T) -> serde_json::Value {
+        let mut v = serde_json::to_value(o).unwrap();
+        v["apiVersion"] = "coordination.k8s.io/v1".into();
+        v["kind"] = "Lease".into();
+        v
+    }
+
+    /// A page of `ops`'s pods, named `names`.
+    fn pods(names: &[&str]) -> serde_json::Value {
+        let items: Vec<serde_json::Value> = names
+            .iter()
+            .map(|n| serde_json::json!({"metadata": {"name": n, "namespace": "ops", "uid": format!("{n}-uid")}}))
+            .collect();
+        serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+    }
+
+    fn calls(received: &Received) -> Vec<(String, String)> {
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(m, u, _)| {
+                (
+                    m.clone(),
+                    u.split('?').next().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    fn call_of(m: &str, p: &str) -> (String, String) {
+        (m.to_owned(), p.to_owned())
+    }
+
+    /// Waits until no judgement runs.
+    async fn settled(a: &AutoOptIn) {
+        for _ in 0..500 {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            if crate::locked(&a.state).running.is_empty() {
+                return;
+            }
+        }
+        panic!("judgements still running");
+    }
+
+    /// A renewed Lease that is no candidate (its holder names no pod) is
+    /// judged once after its change of holder, not again at each renewal
+    /// within `RECENT`; deleted, it is forgotten whole.
+    #[tokio::test]
+    async fn a_lease_found_no_candidate_is_not_judged_at_each_renewal() {
+        use crate::fixtures::{scripted, Exchange};
+        let (client, received) = scripted(vec![
+            Exchange::new("GET", LEASE, 200, json(&renewed_lease("7", 2, None))),
+            Exchange::new("GET", PODS, 200, pods(&["someone-else"])),
+        ]);
+        let (a, m) = auto_of(client, vec![LockKind::Lease]);
+        let key = LockKey::lease("ops", "op-lease");
+        let l = renewed_lease("7", 2, None);
+        assert!(
+            a.look_again(&key, &l, HOLDER, Timestamp::now()),
+            "a new holder"
+        );
+        a.clone().judge_soon(key.clone(), None);
+        settled(&a).await;
+        assert_eq!(
+            calls(&received),
+            [call_of("GET", LEASE), call_of("GET", PODS)],
+            "judged: no candidate"
+        );
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="lease""#),
+            "0"
+        );
+        // Its renewals within RECENT: not judged again.
+        for rv in ["8", "9", "10"] {
+            let l = renewed_lease(rv, 4, None);
+            assert!(
+                !a.look_again(&key, &l, HOLDER, Timestamp::now()),
+                "renewal {rv} judged again"
+            );
+        }
+        // Another holder is judged.
+        assert!(a.look_again(&key, &l, "op-other", Timestamp::now()));
+        // Deleted: forgotten, judged when it comes back.
+        a.forget(&key);
+        assert!(crate::locked(&a.state).judged.is_empty());
+        assert!(a.look_again(&key, &l, HOLDER, Timestamp::now()));
+    }
+
+    /// A candidate whose read failed stays counted as unprotected and is
+    /// judged (and labeled) again with the retries.
+    #[tokio::test]
+    async fn a_candidate_whose_read_failed_is_retried() {
+        use crate::fixtures::{scripted, status, Exchange};
+        let (client, received) = scripted(vec![
+            Exchange::new("GET", CM, 500, status(500, "InternalError")),
+            Exchange::new("GET", CM, 200, configmap("7", None)),
+            Exchange::new("PATCH", CM, 200, configmap("8", Some("true"))),
+        ]);
+        let (a, m) = auto(client);
+        let key = LockKey::configmap("ops", "op-lock");
+        a.judge_and_label(&key, None).await;
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#),
+            "1",
+            "a read that failed: still (maybe) unprotected"
+        );
+        a.retry_unprotected();
+        settled(&a).await;
+        let c = calls(&received);
+        assert_eq!(
+            &c[..3],
+            [call_of("GET", CM), call_of("GET", CM), call_of("PATCH", CM)],
+            "{c:?}"
+        );
+        assert_eq!(
+            value(&m, "lock_janitor_opt_ins_total", r#"kind="configmap""#),
+            "1"
+        );
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="configmap""#),
+            "0"
+        );
+    }
+
+    /// The listed Leases of a namespace whose pod list failed are counted
+    /// as unprotected, and retried: read, their pods listed, labeled.
+    #[tokio::test]
+    async fn leases_whose_pod_list_failed_are_retried() {
+        use crate::fixtures::{scripted, status, Exchange};
+        let labeled = json(&renewed_lease("8", 3600, Some("true")));
+        let (client, received) = scripted(vec![
+            Exchange::new("GET", PODS, 500, status(500, "InternalError")),
+            Exchange::new("GET", LEASE, 200, json(&renewed_lease("7", 3600, None))),
+            Exchange::new("GET", PODS, 200, pods(&["op-7d9c-x2x"])),
+            Exchange::new("PATCH", LEASE, 200, labeled),
+        ]);
+        let (a, m) = auto_of(client, vec![LockKind::Lease]);
+        let key = LockKey::lease("ops", "op-lease");
+        let listed = vec![Listed {
+            key: key.clone(),
+            host: "op-7d9c-x2x".into(),
+            uid: "lease-uid".into(),
+            identity: HOLDER.into(),
+        }];
+        a.clone()
+            .judge_listed_leases("ops".into(), listed)
+            .await
+            .unwrap();
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="lease""#),
+            "1",
+            "a pod list that failed: still (maybe) unprotected"
+        );
+        a.retry_unprotected();
+        settled(&a).await;
+        let c = calls(&received);
+        assert_eq!(
+            &c[..4],
+            [
+                call_of("GET", PODS),
+                call_of("GET", LEASE),
+                call_of("GET", PODS),
+                call_of("PATCH", LEASE)
+            ],
+            "{c:?}"
+        );
+        assert_eq!(
+            value(&m, "lock_janitor_opt_ins_total", r#"kind="lease""#),
+            "1"
+        );
+    }
+
+    /// Counted as unprotected (by a standby, say) days ago: on taking the
+    /// lead the Lease's pods are listed again, and a holder that names no
+    /// pod any more (or several) is not labeled.
+    #[tokio::test]
+    async fn a_retry_checks_the_pods_again_before_labeling_a_lease() {
+        use crate::fixtures::{scripted, Exchange};
+        let (client, received) = scripted(vec![
+            Exchange::new("GET", LEASE, 200, json(&renewed_lease("7", 86400, None))),
+            // Its holder's pod is gone since.
+            Exchange::new("GET", PODS, 200, pods(&["op-8f00-a1a"])),
+        ]);
+        let (a, m) = auto_of(client, vec![LockKind::Lease]);
+        let key = LockKey::lease("ops", "op-lease");
+        a.unprotected(&key, "lease-uid", HOLDER);
+        a.retry_unprotected();
+        settled(&a).await;
+        let c = calls(&received);
+        assert_eq!(
+            c.iter().filter(|(m, _)| m == "PATCH").count(),
+            0,
+            "labeled without a look at the pods: {c:?}"
+        );
+        assert_eq!(
+            &c[..2],
+            [call_of("GET", LEASE), call_of("GET", PODS)],
+            "{c:?}"
+        );
+        assert_eq!(
+            value(&m, "lock_janitor_unprotected_locks", r#"kind="lease""#),
+            "0",
+            "no candidate now"
+        );
+    }
 
     fn value(m: &Metrics, name: &str, labels: &str) -> String {
         let text = m.render().unwrap();

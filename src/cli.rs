@@ -503,6 +503,7 @@ mod tests {
             vec!["lock-janitor", "run", "--leader-elect-namespace", "Bad_NS"],
             vec!["lock-janitor", "run", "--log-level", "loud"],
             vec!["lock-janitor", "run", "--exclude-namespaces", "a,["],
+            vec!["lock-janitor", "run", "--exclude-namespaces", "Kube-System"],
             vec![
                 "lock-janitor",
                 "run",

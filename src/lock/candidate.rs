@@ -100,12 +100,25 @@ pub struct Exclusions(Vec<glob::Pattern>);
 pub const DEFAULT_EXCLUSIONS: &str = "kube-system,kube-public,kube-node-lease,openshift-*";
 
 impl Exclusions {
-    /// Comma-separated globs; empty terms are skipped.
+    /// Comma-separated globs; empty terms are skipped. A namespace name is
+    /// lowercase letters, digits and `-`: a glob with any other character
+    /// than those and `*`, `?`, `[`, `]` (an uppercase letter, say) could
+    /// never match one, and is refused (the chart's schema says the same).
     pub fn parse(s: &str) -> Result<Exclusions, String> {
         s.split(',')
             .map(str::trim)
             .filter(|t| !t.is_empty())
-            .map(|t| glob::Pattern::new(t).map_err(|e| format!("invalid glob {t:?}: {e}")))
+            .map(|t| {
+                if let Some(c) = t.chars().find(|c| {
+                    !(c.is_ascii_lowercase() || c.is_ascii_digit() || "-*?[]".contains(*c))
+                }) {
+                    return Err(format!(
+                        "invalid glob {t:?}: {c:?} can never match a namespace name \
+                         (lowercase letters, digits and '-'; globs add '*', '?', '[', ']')"
+                    ));
+                }
+                glob::Pattern::new(t).map_err(|e| format!("invalid glob {t:?}: {e}"))
+            })
             .collect::<Result<Vec<_>, _>>()
             .map(Exclusions)
     }
@@ -286,5 +299,22 @@ mod tests {
             spaced.excludes("team-a") && spaced.excludes("ci-42") && !spaced.excludes("team-ab")
         );
         assert!(Exclusions::parse("a,[").is_err());
+    }
+
+    /// Namespace names are lowercase: a glob that could never match one is
+    /// a usage error, not an exclusion that silently excludes nothing.
+    #[test]
+    fn exclusions_that_can_never_match_are_refused() {
+        for bad in [
+            "Kube-System",
+            "openshift-*,Team-?",
+            "kube_system",
+            "ns.a",
+            "[!a]*",
+        ] {
+            let e = Exclusions::parse(bad).expect_err(bad);
+            assert!(e.contains("can never match a namespace name"), "{bad}: {e}");
+        }
+        assert!(Exclusions::parse("team-[ab]?,ci-*").is_ok());
     }
 }

@@ -96,6 +96,8 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
     let admin = cp.client().await.unwrap();
     let rel = fresh_namespace(&admin, "guard-rel").await;
     let ns = fresh_namespace(&admin, "guard-locks").await;
+    // Excluded from auto opt-in by a glob (`?`), besides the defaults.
+    let excluded = fresh_namespace(&admin, "guard-excl").await;
     let node = format!("node-{ns}");
     kubelet::create_node(&admin, &node).await.unwrap();
     // This release watches its own selector, so that the cluster-wide
@@ -113,6 +115,8 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
             "replicas=1".into(),
             "--set".into(),
             "deletePod=true".into(),
+            "--set-json".into(),
+            r#"autoOptIn.excludeNamespaces=["kube-system","kube-public","kube-node-lease","openshift-*","guard-excl-??????"]"#.into(),
         ],
     );
     apply_rbac(&admin, &docs).await;
@@ -552,6 +556,31 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         )
         .await
         .expect("the opt-in label added to a renewed Lease passes");
+    // ... but not in a namespace excluded from auto opt-in (kube-system by
+    // default, another by a glob): labeled, it would be releasable.
+    for in_ns in ["kube-system", excluded.as_str()] {
+        let name = format!("renewed-{ns}");
+        let admin_leases: Api<Lease> = Api::namespaced(admin.clone(), in_ns);
+        let mut l = lease.clone();
+        l.metadata.name = Some(name.clone());
+        let l = admin_leases
+            .create(&PostParams::default(), &l)
+            .await
+            .unwrap();
+        let label = json!({"metadata": {"labels": {opt_in.0: opt_in.1},
+                                        "resourceVersion": l.metadata.resource_version}});
+        let m = denied(
+            Api::<Lease>::namespaced(janitor_client.clone(), in_ns)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&label))
+                .await,
+        )
+        .unwrap_or_else(|| panic!("the opt-in label on a renewed Lease in {in_ns} is refused"));
+        assert!(m.contains("outside the excluded namespaces"), "{m}");
+        admin_leases
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
     as_janitor_leases
         .delete("for-life", &both(&life))
         .await
