@@ -8,6 +8,10 @@
 # helm: $HELM, else the testenv's pinned build (testenv/build.sh --print), else
 # PATH. This script does not build helm; `make testenv-build` does.
 set -euo pipefail
+# `CMD | has PATTERN`: grep -q on all of CMD's output, read to the end first
+# (a bare `| grep -q` exits at the first match, CMD then dies of SIGPIPE,
+# and pipefail turns the match into a failure).
+has() { local out; out=$(cat); grep -q "$@" <<<"$out"; }
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 chart=charts/lock-janitor
@@ -171,8 +175,8 @@ echo "test-chart: NOTES point at check and at the leader's logs"
 ao() { "$helm" template lj "$chart" --namespace "$ns" "$@" | grep -E -- '--(auto-opt-in|exclude-namespaces)' || true; }
 [ "$(ao | tr -d ' "-' )" = "$(printf 'autooptin\nexcludenamespaces=kubesystem,kubepublic,kubenodelease,openshift*')" ] \
   || fail "auto opt-in defaults: $(ao)"
-ao --set autoOptIn.enabled=false | grep -q -- '--auto-opt-in' && fail "autoOptIn.enabled=false still renders --auto-opt-in"
-ao --set-json 'autoOptIn.excludeNamespaces=[]' | grep -q -- '"--exclude-namespaces="' || fail "autoOptIn.excludeNamespaces=[] does not render an empty --exclude-namespaces"
+ao --set autoOptIn.enabled=false | has -- '--auto-opt-in' && fail "autoOptIn.enabled=false still renders --auto-opt-in"
+ao --set-json 'autoOptIn.excludeNamespaces=[]' | has -- '"--exclude-namespaces="' || fail "autoOptIn.excludeNamespaces=[] does not render an empty --exclude-namespaces"
 refuse "a namespace glob with a space" "does not match pattern" --set-json 'autoOptIn.excludeNamespaces=["kube system"]'
 echo "test-chart: auto opt-in on by default, off with autoOptIn.enabled=false, exclusions from autoOptIn.excludeNamespaces"
 
@@ -182,12 +186,12 @@ echo "test-chart: auto opt-in on by default, off with autoOptIn.enabled=false, e
 # binary's globs do; tests/e2e/admission.rs shows the refusal).
 guard_of() { "$helm" template lj "$chart" --namespace "$ns" --show-only templates/admission-delete-guard.yaml "$@"; }
 renewed_branch='variables.heldLease && !variables.excludedNamespace'
-guard_of | grep -Fq "$renewed_branch" || fail "the guard's label branch for renewed Leases is not rendered by default"
-guard_of --set autoOptIn.enabled=false | grep -Fq "variables.heldLease && !variables.excludedNamespace" \
+guard_of | has -F "$renewed_branch" || fail "the guard's label branch for renewed Leases is not rendered by default"
+guard_of --set autoOptIn.enabled=false | has -F "variables.heldLease && !variables.excludedNamespace" \
   && fail "autoOptIn.enabled=false still renders the guard's label branch for renewed Leases"
-guard_of --set autoOptIn.enabled=false | grep -Fq "excludedNamespace" \
+guard_of --set autoOptIn.enabled=false | has -F "excludedNamespace" \
   && fail "autoOptIn.enabled=false still renders excludedNamespace"
-guard_of --set autoOptIn.enabled=false | grep -Fq "((variables.forLifeLease) &&" \
+guard_of --set autoOptIn.enabled=false | has -F "((variables.forLifeLease) &&" \
   || fail "autoOptIn.enabled=false does not keep the label branch for Leases held for life"
 guard_of --set-json 'autoOptIn.excludeNamespaces=["kube-system","team-?","ci-*","a[bc]d"]' | python3 -c '
 import re, sys, yaml
@@ -202,7 +206,7 @@ for ns in ["kube-system", "team-a", "ci-", "ci-42", "abd", "acd"]:
 for ns in ["kube-systems", "my-kube-system", "team-ab", "team-", "xci-1", "aed", "ops"]:
     assert not excluded(ns), (ns, regexes)
 ' || fail "the guard's excluded namespaces do not match as the globs do"
-guard_of --set-json 'autoOptIn.excludeNamespaces=[]' | grep -A2 "name: excludedNamespace" | grep -q "^ *false$" \
+guard_of --set-json 'autoOptIn.excludeNamespaces=[]' | grep -A2 "name: excludedNamespace" | has "^ *false$" \
   || fail "autoOptIn.excludeNamespaces=[] does not render excludedNamespace as false"
 echo "test-chart: the guard labels renewed Leases only with autoOptIn.enabled, never in autoOptIn.excludeNamespaces"
 
