@@ -14,9 +14,11 @@
 //! reconcile error counters. At the end: wrong writes (from the API server's
 //! audit log: a freeing write whose lock's holder was not dead at that
 //! moment), missed reclaims (a death whose lock was not freed within 2
-//! minutes), and RSS growth after the first 5 minutes. Exits 1 if any write
-//! was wrong, any reclaim missed, or (in a run of 10 minutes or more) RSS
-//! grew 5 % or more.
+//! minutes), and RSS growth after the first 5 minutes (per process, and per
+//! stretch in one role from 5 minutes into it: a standby that takes the lead
+//! takes on a leader's state). Exits 1 if any write was wrong, any reclaim
+//! missed, or (in a run of 10 minutes or more) RSS grew 5 % or more within
+//! a role.
 //!
 //! ```text
 //! cargo build --release --bin lock-janitor --example soak
@@ -858,27 +860,58 @@ fn judge(soak: &Soak, minutes: u64) -> bool {
     for m in missed.iter().take(20) {
         println!("soak:   {m}");
     }
-    // RSS growth after the first 5 minutes, per janitor process (a port is
-    // one process: the restarted one has a port of its own).
+    // RSS growth per janitor process (a port is one process: the restarted
+    // one has a port of its own) and per role: a standby that takes the
+    // lead takes on a leader's state (its sweeps, its takeover followers,
+    // a reclaim series for each lock it frees, kept an hour), so each
+    // stretch in one role is judged from 5 minutes into it to its end.
+    // The whole process's growth from minute 5 is printed too.
     let samples = soak.rss.lock().unwrap();
     let mut grew = false;
     let ports: std::collections::BTreeSet<u16> = samples.iter().map(|s| s.port).collect();
     for port in ports {
         let mine: Vec<&Sample> = samples.iter().filter(|s| s.port == port).collect();
-        let (Some(first), Some(last)) = (mine.iter().find(|s| s.minute >= 5), mine.last()) else {
-            continue;
-        };
-        if last.minute <= first.minute || first.rss_kib == 0 {
-            continue;
-        }
-        let growth = (last.rss_kib as f64 - first.rss_kib as f64) / first.rss_kib as f64 * 100.0;
         let peak = mine.iter().map(|s| s.rss_kib).max().unwrap_or(0);
-        println!(
-            "soak: janitor :{port}: RSS {} KiB at minute {} -> {} KiB at minute {} ({growth:+.1} %), peak {peak} KiB",
-            first.rss_kib, first.minute, last.rss_kib, last.minute
-        );
-        if growth >= 5.0 && minutes >= 10 {
-            grew = true;
+        let growth = |a: &Sample, b: &Sample| {
+            (b.rss_kib as f64 - a.rss_kib as f64) / a.rss_kib.max(1) as f64 * 100.0
+        };
+        if let (Some(first), Some(last)) = (mine.iter().find(|s| s.minute >= 5), mine.last()) {
+            if last.minute > first.minute {
+                println!(
+                    "soak: janitor :{port}: RSS {} KiB at minute {} -> {} KiB at minute {} ({:+.1} %), peak {peak} KiB",
+                    first.rss_kib,
+                    first.minute,
+                    last.rss_kib,
+                    last.minute,
+                    growth(first, last)
+                );
+            }
+        }
+        // Its stretches in one role.
+        let mut stretches: Vec<Vec<&Sample>> = Vec::new();
+        for s in &mine {
+            match stretches.last_mut() {
+                Some(st) if st[0].leader == s.leader => st.push(s),
+                _ => stretches.push(vec![s]),
+            }
+        }
+        for st in stretches {
+            let role = if st[0].leader { "leader" } else { "standby" };
+            let settled = st.iter().find(|s| s.minute >= st[0].minute + 5);
+            let (Some(first), Some(last)) = (settled, st.last()) else {
+                continue;
+            };
+            if last.minute <= first.minute {
+                continue;
+            }
+            let g = growth(first, last);
+            println!(
+                "soak: janitor :{port} as {role} (from minute {}): RSS {} KiB at minute {} -> {} KiB at minute {} ({g:+.1} %)",
+                st[0].minute, first.rss_kib, first.minute, last.rss_kib, last.minute
+            );
+            if g >= 5.0 && minutes >= 10 {
+                grew = true;
+            }
         }
     }
     let ok = wrong.is_empty() && missed.is_empty() && !grew;
