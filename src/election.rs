@@ -116,8 +116,9 @@ impl Gate {
 /// Returns the gate at once; the task runs in the background.
 ///
 /// A leader whose watches have been failing past the readiness threshold
-/// (`readiness`: not ready for a minute), or with a scope refused at
-/// start-up, offers the lease to a ready replica (releases it); a replica
+/// (`readiness`: not ready for a minute) offers the lease to a ready
+/// replica (releases it; not for a scope refused at start-up, which every
+/// replica's ServiceAccount shares); a replica
 /// that is not ready for any reason (its watches still listing included)
 /// takes or creates only a lease nobody took for a lease duration. So a
 /// ready standby leads if there is one, and otherwise the not-ready one

@@ -195,7 +195,8 @@ impl Readiness {
 
     /// What keeps this replica from being ready, besides its first lists
     /// and shutdown: the scopes refused at start-up and the watches failing
-    /// for more than a minute. The election offers its lease on these.
+    /// for more than a minute (the election offers its lease on the
+    /// failing watches alone).
     pub fn troubles(&self) -> Vec<String> {
         let mut v: Vec<String> = self
             .refused_scopes()

@@ -183,7 +183,15 @@ impl Reclaimer {
             return Ok(Freed::NotLeader);
         }
         self.intent(j, lock, reason).await;
-        if let Some(changed) = self.holder_again(lock, reason).await? {
+        let again = match self.holder_again(lock, reason).await {
+            Ok(again) => again,
+            Err(e) => {
+                self.stopped(j, &format!("the holder could not be read again ({e})"))
+                    .await;
+                return Err(e);
+            }
+        };
+        if let Some(changed) = again {
             warn!(namespace = %j.key.namespace, lock = %j.key.name, kind = %j.key.kind,
                   holder = %lock.holder.name, reason = %reason, changed = %changed,
                   "the holder changed between the judgement and the write; nothing written, judging again");

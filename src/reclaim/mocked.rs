@@ -339,11 +339,12 @@ fn errors(shared: &Shared, kind: crate::ErrorKind) -> u64 {
         .get()
 }
 
-fn evicted() -> Verdict {
-    let pod = evicted_pod();
+/// The verdict on `pod` (the evicted holder a test's script answered
+/// with: built once, so that its death time is the one judged).
+fn evicted(pod: &Pod) -> Verdict {
     Verdict::Stale {
         reason: StaleReason::Evicted,
-        died_at: verdict::last_finished(&pod),
+        died_at: verdict::last_finished(pod),
     }
 }
 
@@ -358,7 +359,7 @@ async fn a_write_that_goes_through_frees_says_and_counts() {
         script.push(write_of(kind));
         script.push(Expect::event("ops", REASON_RECLAIMED));
         let (out, seen, shared) = run(kind, WRITE, script).await;
-        assert_eq!(out.verdict, Some(evicted()), "{kind:?}");
+        assert_eq!(out.verdict, Some(evicted(&pod)), "{kind:?}");
         assert!(
             matches!(out.freed(), Some(Freed::Reclaimed { .. })),
             "{kind:?}: {out:?}"
@@ -889,11 +890,12 @@ async fn a_replica_that_does_not_lead_writes_nothing() {
     for kind in KINDS {
         let (gate, close) = crate::election::Gate::closable();
         close();
-        let (client, server) = ApiServer::start(reads(kind, kind.live(), Some(&evicted_pod())));
+        let pod = evicted_pod();
+        let (client, server) = ApiServer::start(reads(kind, kind.live(), Some(&pod)));
         let ctx = janitor_gated(client, gate);
         let out = judge_and_write(&ctx, &kind.key()).await;
         server.finish().await;
-        assert_eq!(out.verdict, Some(evicted()), "{kind:?}");
+        assert_eq!(out.verdict, Some(evicted(&pod)), "{kind:?}");
         assert_eq!(
             out.done,
             Done {
