@@ -429,13 +429,16 @@ async fn only_candidates_are_labeled_and_only_by_the_leader() {
             "{u} wrote in the excluded namespace: {far_writes:#?}"
         );
     }
+    // A 409 (the elector renewed its Lease between the janitor's read and
+    // its guarded patch) is read again and patched again: each name is
+    // patched once with success, and any other answer is a 409.
     let mut patched: Vec<String> = writes_in(cp, leader_user, &ns)
         .into_iter()
         .filter(|e| e.name.as_deref() != Some("lock-janitor"))
-        .map(|e| {
+        .filter_map(|e| {
             assert_eq!(e.verb, "patch", "{e:?}");
-            assert_eq!(e.code, Some(200), "{e:?}");
-            e.name.unwrap_or_default()
+            assert!(matches!(e.code, Some(200) | Some(409)), "{e:?}");
+            (e.code == Some(200)).then(|| e.name.unwrap_or_default())
         })
         .collect();
     patched.sort();
