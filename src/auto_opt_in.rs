@@ -34,6 +34,7 @@ use tracing::{debug, info, warn};
 
 use crate::election::Gate;
 use crate::events::{ref_of, Events, Say, REASON_OPTED_IN};
+use crate::kinds::{self, Object};
 use crate::lock::candidate::{self, Exclusions, Shape};
 use crate::lock::{lease, LockKey, LockKind};
 use crate::metrics::Metrics;
@@ -296,7 +297,7 @@ impl AutoOptIn {
                 self.drop_key(&key);
                 continue;
             }
-            let Some(shape) = candidate::lease(&l) else {
+            let Some(shape) = kinds::candidate(Object::Lease(&l)) else {
                 self.drop_key(&key);
                 continue;
             };
@@ -482,7 +483,7 @@ impl AutoOptIn {
                         .insert(key.clone(), rv);
                     return Ok(None);
                 }
-                let yes = candidate::configmap(&cm).is_some() && !self.has_key(&cm.metadata);
+                let yes = kinds::configmap_candidate(&cm).is_some() && !self.has_key(&cm.metadata);
                 Ok(yes.then(|| (cm.metadata, String::new())))
             }
             LockKind::Lease => {
@@ -494,7 +495,7 @@ impl AutoOptIn {
                     return Ok(None);
                 }
                 let identity = identity_of(&l);
-                match candidate::lease(&l) {
+                match kinds::candidate(Object::Lease(&l)) {
                     None => Ok(None),
                     Some(Shape::HeldForLife(_)) => Ok(Some((l.metadata, identity))),
                     Some(Shape::NamesAPod(_, host)) => {

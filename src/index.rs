@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::core::PartialObjectMeta;
 use kube::ResourceExt;
 
+use crate::kinds::{self, Judged, Object};
 use crate::lock::LockKey;
 
 /// A ConfigMap lock as its (metadata-only) watch reads it.
@@ -333,10 +334,10 @@ impl Index<Lease> for LeaseIndex {
         let key = LockKey::lease(lease.namespace().unwrap_or_default(), lease.name_any());
         // A Lease held for life names its holder by its owner, whose name
         // and uid a sweep checks (a name no pod can have names none).
-        if crate::lock::lease::held_for_life(lease) {
-            let owner = crate::lock::parse(&lease.metadata)
-                .ok()
-                .map(|l| (l.holder.name, l.holder.uid));
+        let o = Object::Lease(lease);
+        let kind = kinds::of(o);
+        if kind.judged() == Judged::ByOwner {
+            let owner = kind.holder(o).map(|h| (h.name, h.uid));
             let host = owner.as_ref().map(|(name, _)| name.clone());
             let owner = owner.filter(|(name, uid)| !uid.is_empty() && crate::dns_subdomain(name));
             self.apply_owned(key, host, owner);

@@ -10,12 +10,14 @@ pub mod cli;
 pub mod client;
 pub mod cmd;
 pub mod controller;
+pub mod decide;
 pub mod election;
 pub mod events;
 #[cfg(test)]
 mod fixtures;
 pub mod http;
 pub mod index;
+pub mod kinds;
 pub mod lock;
 pub mod metrics;
 pub mod observe;

@@ -14,6 +14,7 @@ use kube::core::PartialObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use tracing::debug;
 
+use crate::kinds::{self, Judged, Kind, Object};
 use crate::lock::lease::LeaseLock;
 use crate::lock::{self, Holder, Lock, LockKey, LockKind};
 use crate::selector::Selector;
@@ -57,27 +58,27 @@ impl Judgement {
         }
     }
 
-    /// The version judged, as `Watched::version` names it: a ConfigMap's
-    /// resourceVersion; a Lease's uid and holder identity (its renewals
-    /// change nothing a judgement depends on, and would repeat its Event
-    /// every few seconds).
-    pub fn version(&self) -> String {
+    /// The lock object as judged.
+    pub fn object(&self) -> Object<'_> {
         match &self.lease {
-            Some(l) => lock::lease::version(l),
-            None => self.meta.resource_version.clone().unwrap_or_default(),
+            Some(l) => Object::Lease(l),
+            None => Object::ConfigMap(&self.meta),
         }
     }
 
-    /// Whether this is a Lease held for life: freed by a DELETE, as a
-    /// ConfigMap lock is, not by a release.
-    pub fn held_for_life(&self) -> bool {
-        self.lease.as_ref().is_some_and(lock::lease::held_for_life)
+    /// The lock's kind.
+    pub fn kind(&self) -> &'static dyn Kind {
+        kinds::of(self.object())
     }
 
-    /// Whether freeing this lock deletes it (a ConfigMap, a Lease held for
-    /// life) rather than releasing it (any other Lease).
-    pub fn freed_by_delete(&self) -> bool {
-        self.key.kind == LockKind::ConfigMap || self.held_for_life()
+    /// The version judged, as the lock's kind names it (`Kind::version`).
+    pub fn version(&self) -> String {
+        self.kind().version(self.object())
+    }
+
+    /// Whether the lock is judged by its owner pod (held for life).
+    pub fn held_for_life(&self) -> bool {
+        self.kind().judged() == Judged::ByOwner
     }
 
     /// A Lease whose one matching pod matched by its hostname, not its
@@ -349,7 +350,7 @@ impl Observer {
         if !self.selector.matches(lease.metadata.labels.as_ref()) {
             return Ok(None);
         }
-        if lock::lease::held_for_life(lease) {
+        if kinds::of(Object::Lease(lease)).judged() == Judged::ByOwner {
             return self
                 .judge_for_life(key.clone(), lease.clone(), None, clock)
                 .await
@@ -376,7 +377,7 @@ impl Observer {
         pods: Option<&[Pod]>,
         renewals: &Renewals,
     ) -> Result<Judgement, Error> {
-        if lock::lease::held_for_life(&live) {
+        if kinds::of(Object::Lease(&live)).judged() == Judged::ByOwner {
             // Its owner, from the pods listed (whole) when there are any.
             let holder = pods.and_then(|pods| {
                 let owner = lock::parse(&live.metadata).ok()?.holder;

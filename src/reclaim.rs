@@ -26,19 +26,17 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Api, Client};
 use tracing::{error, info, warn};
 
-pub use crate::controller::decide::{Done, Freed};
 use crate::election::Gate;
 use crate::events::{self, Events, Say};
-use crate::lock::{Lock, LockKind};
+use crate::kinds::{Answer, Target};
+use crate::lock::Lock;
 use crate::metrics::Metrics;
 use crate::observe::Judgement;
 use crate::verdict::{self, StaleReason, Verdict};
@@ -51,6 +49,8 @@ const INTENT_WITHIN: Duration = Duration::from_millis(500);
 
 #[cfg(test)]
 mod mocked;
+
+pub use crate::decide::{Done, Freed};
 
 /// What the janitor may write.
 #[derive(Clone, Copy, Debug, Default)]
@@ -259,14 +259,7 @@ impl Reclaimer {
     /// `lock_janitor_reconcile_errors_total{error="event"}`, whether the
     /// Events API refused it or it was cut short.
     async fn intent(&self, j: &Judgement, lock: &Lock, reason: StaleReason) {
-        let doing = if j.freed_by_delete() {
-            match j.key.kind {
-                LockKind::ConfigMap => "Deleting this lock",
-                LockKind::Lease => "Deleting this Lease",
-            }
-        } else {
-            "Releasing this Lease"
-        };
+        let doing = j.kind().words().doing;
         let why = words::why_stale(reason, &lock.holder.name, j.holder.as_ref());
         let say = Say {
             type_: EventType::Normal,
@@ -355,17 +348,8 @@ impl Reclaimer {
         let once = match freed {
             Freed::DryRun => {
                 let why = why();
-                let note = match j.key.kind {
-                    LockKind::ConfigMap => {
-                        format!("Would delete this lock: {why} (dry run: nothing deleted).")
-                    }
-                    LockKind::Lease if j.held_for_life() => {
-                        format!("Would delete this Lease: {why} (dry run: nothing deleted).")
-                    }
-                    LockKind::Lease => {
-                        format!("Would release this Lease: {why} (dry run: nothing written).")
-                    }
-                };
+                let w = j.kind().words();
+                let note = format!("{}: {why} (dry run: {}).", w.would, w.untouched);
                 Say {
                     type_: EventType::Warning,
                     reason: events::REASON_DETECTED,
@@ -385,11 +369,7 @@ impl Reclaimer {
                 ),
             },
             Freed::Reclaimed { .. } => {
-                let done = match j.key.kind {
-                    LockKind::ConfigMap => "Deleted this lock",
-                    LockKind::Lease if j.held_for_life() => "Deleted this Lease",
-                    LockKind::Lease => "Released this Lease",
-                };
+                let done = j.kind().words().done;
                 let say = Say {
                     type_: EventType::Normal,
                     reason: events::REASON_RECLAIMED,
@@ -420,69 +400,22 @@ impl Reclaimer {
         self.publish(j, once).await.then_some(reason)
     }
 
-    /// The one write that frees a stale lock, guarded by exactly what was
-    /// judged: a ConfigMap, or a Lease held for life, is deleted with uid and
-    /// resourceVersion preconditions; any other Lease is released (never
-    /// deleted) by an update of the very object read, which carries its
-    /// resourceVersion.
+    /// The one write that frees a stale lock, the lock's kind's
+    /// (`Kind::free`), guarded by exactly what was judged.
     async fn free(&self, j: &Judgement, lock: &Lock) -> Result<Freed, Error> {
-        let (ns, name) = (lock.namespace.as_str(), lock.name.as_str());
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(lock.uid.clone()),
-                resource_version: Some(lock.resource_version.clone()),
-            }),
-            ..Default::default()
+        let target = Target {
+            meta: &j.meta,
+            uid: &lock.uid,
+            resource_version: &lock.resource_version,
+            lease: j.lease.as_ref(),
+            now: Timestamp::now(),
         };
-        // The API server answers with the object, not a Status, when the
-        // delete only set deletionTimestamp: finalizers keep it.
-        let kept = |meta: ObjectMeta| {
-            meta.deletion_timestamp.as_ref()?;
-            meta.finalizers.filter(|f| !f.is_empty())
-        };
-        let answered = match j.key.kind {
-            LockKind::ConfigMap => {
-                let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
-                call(format!("deleting lock {ns}/{name}"), cms.delete(name, &dp))
-                    .await
-                    .map(|answer| answer.left().and_then(|cm| kept(cm.metadata)))
-            }
-            // Held for life: a release frees nothing (its candidates only
-            // create it), so it is deleted as a ConfigMap lock is.
-            LockKind::Lease if j.held_for_life() => {
-                let leases: Api<Lease> = Api::namespaced(self.client.clone(), ns);
-                call(
-                    format!("deleting lease {ns}/{name}"),
-                    leases.delete(name, &dp),
-                )
-                .await
-                .map(|answer| answer.left().and_then(|l| kept(l.metadata)))
-            }
-            LockKind::Lease => {
-                // Never a copy the watch dropped annotations from: the
-                // replace would erase them.
-                let Some(judged) = j.lease.clone().filter(crate::lock::lease::is_whole) else {
-                    return Ok(Freed::Changed(
-                        "the Lease as judged is not at hand whole".into(),
-                    ));
-                };
-                // The judged object keeps its resourceVersion: the update
-                // fails with 409 if the Lease changed since it was read.
-                let released = crate::lock::lease::released(judged, Timestamp::now());
-                let leases: Api<Lease> = Api::namespaced(self.client.clone(), ns);
-                call(
-                    format!("releasing lease {ns}/{name}"),
-                    leases.replace(name, &PostParams::default(), &released),
-                )
-                .await
-                .map(|_| None)
-            }
-        };
-        match answered {
-            Ok(None) => Ok(Freed::Reclaimed {
+        match j.kind().free(&self.client, target).await {
+            Ok(Answer::Freed) => Ok(Freed::Reclaimed {
                 at: Timestamp::now(),
             }),
-            Ok(Some(finalizers)) => Ok(Freed::Blocked(finalizers)),
+            Ok(Answer::Kept(finalizers)) => Ok(Freed::Blocked(finalizers)),
+            Ok(Answer::NotWritten(why)) => Ok(Freed::Changed(why)),
             Err(Error::Kube { source, .. }) if api_code(&source) == Some(404) => Ok(Freed::Gone),
             Err(Error::Kube { source, .. }) if api_code(&source) == Some(409) => {
                 Ok(Freed::Changed(source.to_string()))

@@ -2,7 +2,7 @@
 //! and the pods of each namespace with a candidate (a Lease's holder may be
 //! named by a pod's `spec.hostname`, so the namespace's pods are listed
 //! whole, once). A Lease is a candidate when it is opted in, or when
-//! `lock::candidate::lease` says so: held for life, or held under an
+//! its kind's candidate rule (`Kind::candidate`) says so: held for life, or held under an
 //! identity that names exactly one pod of its namespace (node heartbeats in
 //! `kube-node-lease` and the control plane's own leases name no pod and are
 //! left out), outside the excluded namespaces unless named with -n.
@@ -17,6 +17,7 @@ use kube::Api;
 use super::report::{row, Row};
 use super::Cluster;
 use crate::cli::Scope;
+use crate::kinds::{self, Object};
 use crate::lock::candidate::{self, Shape};
 use crate::lock::{self, LockKey};
 use crate::observe::{Judgement, Observer};
@@ -61,7 +62,7 @@ pub async fn list_lease_candidates(
         .iter()
         .map(|l| {
             let ns = l.metadata.namespace.as_deref().unwrap_or_default();
-            let shape = candidate::lease(l);
+            let shape = kinds::candidate(Object::Lease(l));
             let labeled = scope.selector.matches(l.metadata.labels.as_ref());
             if shape.is_some() && !labeled && scope.leaves_out(ns) {
                 excluded += 1;

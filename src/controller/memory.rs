@@ -13,7 +13,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 
 use super::cadence::Cadence;
-use super::decide::{Phase, State};
+use crate::decide::{Phase, State};
 use crate::lock::{Holder, Lock, LockKey, LockKind};
 use crate::metrics::Metrics;
 use crate::observe::HolderClock;

@@ -22,10 +22,13 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::decide::{self, Judged, Next, State, Step, REJUDGE_AFTER};
 use crate::election::Gate;
 use crate::events::Events;
-use crate::lock::{self, Holder, LockKey, LockKind};
+use crate::kinds::{self, Object};
+use crate::lock::{Holder, LockKey, LockKind};
 use crate::observe::{Judgement, Observer};
+use crate::reclaim::{Done, Freed};
 use crate::reclaim::{Mode, Reclaimer};
 use crate::selector::Selector;
 use crate::shared::Shared;
@@ -33,7 +36,6 @@ use crate::takeover::{Awaited, Takeovers, Workload};
 use crate::verdict::Policy;
 use crate::verdict::{HeldBecause, Verdict};
 use crate::Error;
-use decide::{Done, Freed, Judged, Next, State, Step, REJUDGE_AFTER};
 
 /// How soon a leader whose claim had lapsed during a write judges again.
 const LAPSED_RETRY: Duration = Duration::from_secs(5);
@@ -178,8 +180,10 @@ impl Context {
         let mut clock = self.memory.clock(key, state);
         let now = k8s_openapi::jiff::Timestamp::now();
         if let Some(lease) = watched
-            .filter(|l| !lock::lease::held_for_life(l))
-            .filter(|l| lock::lease::parse(l).is_ok_and(|p| p.host.is_none() || p.expired(now)))
+            .filter(|l| !crate::lock::lease::held_for_life(l))
+            .filter(|l| {
+                crate::lock::lease::parse(l).is_ok_and(|p| p.host.is_none() || p.expired(now))
+            })
         {
             let j = self
                 .observer
@@ -257,11 +261,19 @@ pub trait Watched:
     + 'static
 {
     const KIND: LockKind;
+    /// The watched copy, as its kind reads it.
+    fn object(&self) -> Object<'_>;
     /// What a settled judgement depends on: when it changes, the lock is
     /// judged again (`memory::needs_judging`).
-    fn version(&self) -> String;
+    fn version(&self) -> String {
+        let o = self.object();
+        kinds::of(o).version(o)
+    }
     /// The holder the cached copy names, when it can tell.
-    fn cached_holder(&self) -> Option<Holder>;
+    fn cached_holder(&self) -> Option<Holder> {
+        let o = self.object();
+        kinds::of(o).holder(o)
+    }
     /// The Lease as its watch holds it (judged as it is when released or
     /// expired); none for ConfigMaps.
     fn cached_lease(&self) -> Option<&Lease> {
@@ -271,38 +283,20 @@ pub trait Watched:
 
 impl Watched for LockMeta {
     const KIND: LockKind = LockKind::ConfigMap;
-    fn version(&self) -> String {
-        self.metadata.resource_version.clone().unwrap_or_default()
-    }
-    fn cached_holder(&self) -> Option<Holder> {
-        lock::parse(&self.metadata).ok().map(|l| l.holder)
+    fn object(&self) -> Object<'_> {
+        Object::ConfigMap(&self.metadata)
     }
 }
 
 impl Watched for Lease {
     const KIND: LockKind = LockKind::Lease;
-    /// Its uid and holder identity, not its resourceVersion: a holder
-    /// renews every few seconds, and a renewal changes nothing the verdict
-    /// depends on (a holder's death comes from the terminal-pod watch).
-    fn version(&self) -> String {
-        lease_version(self)
-    }
-    fn cached_holder(&self) -> Option<Holder> {
-        if lock::lease::held_for_life(self) {
-            return lock::parse(&self.metadata).ok().map(|l| l.holder);
-        }
-        let host = lock::lease::parse(self).ok()?.host?;
-        Some(Holder {
-            name: host,
-            uid: String::new(),
-        })
+    fn object(&self) -> Object<'_> {
+        Object::Lease(self)
     }
     fn cached_lease(&self) -> Option<&Lease> {
         Some(self)
     }
 }
-
-pub use crate::lock::lease::version as lease_version;
 
 pub fn key_of<K: Watched>(o: &K) -> LockKey {
     LockKey {
@@ -544,7 +538,7 @@ fn wire(
 }
 
 pub mod cadence;
-pub mod decide;
+
 pub mod memory;
 mod pods;
 mod scope;

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{drive, key_of, Context, LockMeta, Watched, Wiring};
 use crate::index::{HolderIndex, Index, LeaseIndex};
+use crate::kinds::{self, Judged};
 use crate::lock::{self, LockKey};
 use crate::scoped;
 use crate::streams::{objects_only, on_first_sync, watch_backoff, watch_health};
@@ -40,8 +41,17 @@ pub(super) trait Kind:
     fn trim(&mut self);
     /// What memory learns from a listed, created or changed lock.
     fn seen(_ctx: &Context, _key: &LockKey, _lock: &Self) {}
-    /// What memory learns from a deleted one, before it is forgotten.
-    fn gone(_ctx: &Context, _key: &LockKey, _lock: &Self) {}
+    /// What memory learns from a deleted one, before it is forgotten: the
+    /// owner of a lock held for life, as it was last seen.
+    fn gone(ctx: &Context, key: &LockKey, last: &Self) {
+        let o = last.object();
+        let kind = kinds::of(o);
+        if kind.judged() == Judged::ByOwner {
+            if let Some(owner) = kind.holder(o) {
+                ctx.memory.set_holder(key, &owner);
+            }
+        }
+    }
 }
 
 impl Kind for LockMeta {
@@ -50,12 +60,6 @@ impl Kind for LockMeta {
     const ACCEPTING_FROM_START: bool = false;
     fn trim(&mut self) {
         strip_cached(self)
-    }
-    fn gone(ctx: &Context, key: &LockKey, last: &Self) {
-        if let Ok(last) = lock::parse(&last.metadata) {
-            // Whose lock it was, as it was last seen.
-            ctx.memory.set_holder(key, &last.holder);
-        }
     }
 }
 
@@ -72,14 +76,6 @@ impl Kind for Lease {
     /// (a release waits for it to be missed).
     fn seen(ctx: &Context, key: &LockKey, lease: &Self) {
         ctx.memory.saw_lease(key, lease);
-    }
-    fn gone(ctx: &Context, key: &LockKey, last: &Self) {
-        if lock::lease::held_for_life(last) {
-            if let Ok(last) = lock::parse(&last.metadata) {
-                // Whose Lease it was, as it was last seen: its owner.
-                ctx.memory.set_holder(key, &last.holder);
-            }
-        }
     }
 }
 

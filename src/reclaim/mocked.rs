@@ -17,7 +17,8 @@ use kube::Client;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::controller::{self, decide, Context, LockMeta, Settings};
+use crate::controller::{self, Context, LockMeta, Settings};
+use crate::decide;
 use crate::events::{
     REASON_AMBIGUOUS, REASON_BLOCKED, REASON_DETECTED, REASON_POD_DELETED, REASON_RECLAIMED,
     REASON_RECLAIMING, REASON_STOPPED, REASON_UNMANAGEABLE,

@@ -1,6 +1,7 @@
 use super::*;
 use crate::lock::Holder;
 use k8s_openapi::api::core::v1::PodStatus;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 fn lock() -> Lock {
     Lock {

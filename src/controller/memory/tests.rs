@@ -2,7 +2,7 @@
 //! that outlive a judgement, and the lock counts that follow the put.
 
 use super::*;
-use crate::controller::decide::Phase;
+use crate::decide::Phase;
 use crate::verdict::StaleReason;
 
 fn memory() -> (Memory, Metrics) {

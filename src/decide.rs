@@ -176,7 +176,7 @@ fn untouchable(verdict: &Verdict) -> Option<&'static str> {
     }
 }
 
-/// What the guarded write of a stale lock did: one value for both kinds.
+/// What the guarded write of a stale lock did: one value for every kind.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Freed {
     /// Freed at this time (the ConfigMap deleted, the Lease released).

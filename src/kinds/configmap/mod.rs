@@ -1,0 +1,78 @@
+//! A ConfigMap held for life (operator-lib's `leader.Become`): one v1 Pod
+//! ownerReference names the leader; no data. Judged by that owner, freed by
+//! a DELETE with uid and resourceVersion preconditions (the garbage
+//! collector's own job, when the owner pod object stays in the API).
+
+use futures::future::{BoxFuture, FutureExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Api, Client};
+
+use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Target, Words};
+use crate::lock::candidate::{one_pod_owner, Shape};
+use crate::lock::{Holder, LockKind};
+use crate::{call, Error};
+
+pub struct ConfigMapHeldForLife;
+
+const WORDS: Words = Words {
+    doing: "Deleting this lock",
+    done: "Deleted this lock",
+    would: "Would delete this lock",
+    untouched: "nothing deleted",
+    freed: "deleted",
+};
+
+impl Kind for ConfigMapHeldForLife {
+    fn name(&self) -> &'static str {
+        "ConfigMap held for life"
+    }
+
+    fn resource(&self) -> LockKind {
+        LockKind::ConfigMap
+    }
+
+    /// Every ConfigMap no other kind claims: one that is not lock-shaped is
+    /// judged unmanageable, and reported.
+    fn claims(&self, _o: Object<'_>) -> bool {
+        true
+    }
+
+    fn judged(&self) -> Judged {
+        Judged::ByOwner
+    }
+
+    fn holder(&self, o: Object<'_>) -> Option<Holder> {
+        super::owner(o)
+    }
+
+    /// Its resourceVersion: anything that changes it (an owner, a label)
+    /// may change the judgement.
+    fn version(&self, o: Object<'_>) -> String {
+        o.meta().resource_version.clone().unwrap_or_default()
+    }
+
+    /// One v1 Pod owner (the caller that reads the whole object also asks
+    /// that it hold no data: `lock::lock_shaped`).
+    fn candidate(&self, o: Object<'_>) -> Option<Shape> {
+        one_pod_owner(o.meta()).then_some(Shape::HeldForLife(LockKind::ConfigMap))
+    }
+
+    fn words(&self) -> &'static Words {
+        &WORDS
+    }
+
+    fn free<'a>(
+        &'a self,
+        client: &'a Client,
+        t: Target<'a>,
+    ) -> BoxFuture<'a, Result<Answer, Error>> {
+        async move {
+            let cms: Api<ConfigMap> = Api::namespaced(client.clone(), t.namespace());
+            let action = format!("deleting lock {}/{}", t.namespace(), t.name());
+            call(action, cms.delete(t.name(), &guarded_delete(&t)))
+                .await
+                .map(|answer| deleted(answer.left().map(|cm| cm.metadata)))
+        }
+        .boxed()
+    }
+}

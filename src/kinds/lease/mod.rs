@@ -1,0 +1,119 @@
+//! A renewed Lease (client-go, controller-runtime, library-go, fabric8, the
+//! Java and Python clients): `spec.holderIdentity` names a pod (its name,
+//! or controller-runtime's `<hostname>_<uuid>`), renewed every few seconds.
+//! Judged by that pod and the renewals the janitor observes; freed by the
+//! release client-go itself writes on a clean shutdown, an update of the
+//! very Lease read (its resourceVersion guards it). Never deleted.
+
+use futures::future::{BoxFuture, FutureExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::PostParams;
+use kube::{Api, Client};
+
+use super::{Answer, Judged, Kind, Object, Target, Words};
+use crate::lock::candidate::Shape;
+use crate::lock::{lease, Holder, LockKind};
+use crate::{call, Error};
+
+pub struct RenewedLease;
+
+const WORDS: Words = Words {
+    doing: "Releasing this Lease",
+    done: "Released this Lease",
+    would: "Would release this Lease",
+    untouched: "nothing written",
+    freed: "released",
+};
+
+impl Kind for RenewedLease {
+    fn name(&self) -> &'static str {
+        "renewed Lease"
+    }
+
+    fn resource(&self) -> LockKind {
+        LockKind::Lease
+    }
+
+    /// Every Lease that is not held for life.
+    fn claims(&self, _o: Object<'_>) -> bool {
+        true
+    }
+
+    fn judged(&self) -> Judged {
+        Judged::ByRenewals
+    }
+
+    /// The host its holder identity names.
+    fn holder(&self, o: Object<'_>) -> Option<Holder> {
+        let Object::Lease(l) = o else {
+            return None;
+        };
+        let host = lease::parse(l).ok()?.host?;
+        Some(Holder {
+            name: host,
+            uid: String::new(),
+        })
+    }
+
+    /// Its uid and holder identity, not its resourceVersion: a holder renews
+    /// every few seconds, and a renewal changes nothing the verdict depends
+    /// on (a holder's death comes from the terminal-pod watch).
+    fn version(&self, o: Object<'_>) -> String {
+        let Object::Lease(l) = o else {
+            return String::new();
+        };
+        let identity = l
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            .unwrap_or_default();
+        format!(
+            "{}/{identity}",
+            l.metadata.uid.as_deref().unwrap_or_default()
+        )
+    }
+
+    /// Held under an identity that names a host (the janitor's own mapping
+    /// of identities, `lease::host_of`). Leases no application holds (node
+    /// heartbeats, API server identities, Coordinated Leader Election) and
+    /// released ones are none.
+    fn candidate(&self, o: Object<'_>) -> Option<Shape> {
+        let Object::Lease(l) = o else {
+            return None;
+        };
+        let host = lease::parse(l).ok()?.host?;
+        Some(Shape::NamesAPod(LockKind::Lease, host))
+    }
+
+    fn words(&self) -> &'static Words {
+        &WORDS
+    }
+
+    fn free<'a>(
+        &'a self,
+        client: &'a Client,
+        t: Target<'a>,
+    ) -> BoxFuture<'a, Result<Answer, Error>> {
+        async move {
+            // Never a copy the watch dropped annotations from: the replace
+            // would erase them.
+            let Some(judged) = t.lease.filter(|l| lease::is_whole(l)) else {
+                return Ok(Answer::NotWritten(
+                    "the Lease as judged is not at hand whole".into(),
+                ));
+            };
+            // The judged object keeps its resourceVersion: the update fails
+            // with 409 if the Lease changed since it was read.
+            let released = lease::released(judged.clone(), t.now);
+            let leases: Api<Lease> = Api::namespaced(client.clone(), t.namespace());
+            let action = format!("releasing lease {}/{}", t.namespace(), t.name());
+            call(
+                action,
+                leases.replace(t.name(), &PostParams::default(), &released),
+            )
+            .await
+            .map(|_| Answer::Freed)
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,82 @@
+//! A Lease held for life (nais/elector): one v1 Pod ownerReference, neither
+//! `renewTime` nor `leaseDurationSeconds`, held by nobody or by that owner.
+//! Its holder never renews it and its candidates only create it (one that
+//! finds it there has lost), so a release frees nothing: it is judged as a
+//! ConfigMap held for life is, by its owner, and freed by a DELETE with uid
+//! and resourceVersion preconditions.
+
+use futures::future::{BoxFuture, FutureExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+
+use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Target, Words};
+use crate::lock::candidate::Shape;
+use crate::lock::{lease, Holder, LockKind};
+use crate::{call, Error};
+
+pub struct LeaseHeldForLife;
+
+const WORDS: Words = Words {
+    doing: "Deleting this Lease",
+    done: "Deleted this Lease",
+    would: "Would delete this Lease",
+    untouched: "nothing deleted",
+    freed: "deleted",
+};
+
+impl Kind for LeaseHeldForLife {
+    fn name(&self) -> &'static str {
+        "Lease held for life"
+    }
+
+    fn resource(&self) -> LockKind {
+        LockKind::Lease
+    }
+
+    fn claims(&self, o: Object<'_>) -> bool {
+        matches!(o, Object::Lease(l) if lease::held_for_life(l))
+    }
+
+    fn judged(&self) -> Judged {
+        Judged::ByOwner
+    }
+
+    fn holder(&self, o: Object<'_>) -> Option<Holder> {
+        super::owner(o)
+    }
+
+    /// Its uid and resourceVersion: never renewed, it changes only when
+    /// something a judgement depends on does (an owner, a label).
+    fn version(&self, o: Object<'_>) -> String {
+        let m = o.meta();
+        format!(
+            "{}/{}",
+            m.uid.as_deref().unwrap_or_default(),
+            m.resource_version.as_deref().unwrap_or_default()
+        )
+    }
+
+    fn candidate(&self, o: Object<'_>) -> Option<Shape> {
+        self.claims(o)
+            .then_some(Shape::HeldForLife(LockKind::Lease))
+    }
+
+    fn words(&self) -> &'static Words {
+        &WORDS
+    }
+
+    fn free<'a>(
+        &'a self,
+        client: &'a Client,
+        t: Target<'a>,
+    ) -> BoxFuture<'a, Result<Answer, Error>> {
+        async move {
+            let leases: Api<Lease> = Api::namespaced(client.clone(), t.namespace());
+            let action = format!("deleting lease {}/{}", t.namespace(), t.name());
+            call(action, leases.delete(t.name(), &guarded_delete(&t)))
+                .await
+                .map(|answer| deleted(answer.left().map(|l| l.metadata)))
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,216 @@
+//! The lock kinds, one folder each, behind one interface ([`Kind`]): what
+//! differs between them and nothing else. Watching, indexing, judging,
+//! deciding, gating and recording are written once, in the modules above
+//! this one, and ask the kind of a lock ([`of`]) what they need.
+//!
+//! A kind says:
+//! - which objects it is ([`Kind::claims`]), in which resource
+//!   ([`Kind::resource`], the `kind` label of metrics and Events);
+//! - how its locks are judged ([`Judged`]): by the one Pod that owns them,
+//!   or by the renewals of a leader record whose holder names a pod;
+//! - what a judgement depends on ([`Kind::version`]);
+//! - its candidate shape, the one rule `scan`, `label`, `check` and
+//!   `--auto-opt-in` use ([`Kind::candidate`]);
+//! - its freeing write, guarded by exactly what was judged
+//!   ([`Kind::free`]), and the words that report it ([`Words`]).
+//!
+//! Adding a kind is a folder here and one line in [`KINDS`].
+
+pub mod configmap;
+pub mod lease;
+pub mod lease_for_life;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Preconditions};
+use kube::Client;
+
+use crate::lock::candidate::{holds_data, Shape};
+use crate::lock::{Holder, LockKind};
+use crate::Error;
+
+/// The registration: every kind, in the order they claim an object (the
+/// first that claims it is its kind; the last of each resource claims
+/// every object of it, so that every watched object has a kind).
+pub static KINDS: [&dyn Kind; 3] = [
+    &lease_for_life::LeaseHeldForLife,
+    &lease::RenewedLease,
+    &configmap::ConfigMapHeldForLife,
+];
+
+/// The kind of a lock object.
+pub fn of(o: Object<'_>) -> &'static dyn Kind {
+    KINDS
+        .iter()
+        .copied()
+        .find(|k| k.resource() == o.resource() && k.claims(o))
+        .unwrap_or(match o {
+            Object::ConfigMap(_) => &configmap::ConfigMapHeldForLife,
+            Object::Lease(_) => &lease::RenewedLease,
+        })
+}
+
+/// The candidate shape of an object, by its kind (`Kind::candidate`).
+pub fn candidate(o: Object<'_>) -> Option<Shape> {
+    of(o).candidate(o)
+}
+
+/// A ConfigMap read whole: its kind's shape, and no data (operator-lib's
+/// locks are empty; Spark drivers, for one, own ConfigMaps with data).
+pub fn configmap_candidate(cm: &ConfigMap) -> Option<Shape> {
+    if holds_data(cm) {
+        return None;
+    }
+    candidate(Object::ConfigMap(&cm.metadata))
+}
+
+/// A lock object as watched or read: the metadata of a ConfigMap (all a
+/// ConfigMap kind is judged by lives there; whether it holds data is read
+/// on its own) or a whole Lease.
+#[derive(Clone, Copy, Debug)]
+pub enum Object<'a> {
+    ConfigMap(&'a ObjectMeta),
+    Lease(&'a Lease),
+}
+
+impl<'a> Object<'a> {
+    pub fn meta(&self) -> &'a ObjectMeta {
+        match self {
+            Object::ConfigMap(m) => m,
+            Object::Lease(l) => &l.metadata,
+        }
+    }
+
+    pub fn resource(&self) -> LockKind {
+        match self {
+            Object::ConfigMap(_) => LockKind::ConfigMap,
+            Object::Lease(_) => LockKind::Lease,
+        }
+    }
+}
+
+/// How a kind's locks are judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judged {
+    /// By the one v1 Pod that owns the lock, by name and uid; freed when it
+    /// is dead, or gone past `--owner-gone-grace` (operator-lib, nais/elector).
+    ByOwner,
+    /// By a leader record whose holder identity names a pod of its
+    /// namespace, and by the renewals the janitor itself observes (client-go
+    /// and every elector that renews).
+    ByRenewals,
+}
+
+/// How a kind's Events and logs say its freeing write.
+#[derive(Clone, Copy, Debug)]
+pub struct Words {
+    /// Before the write: "Deleting this lock".
+    pub doing: &'static str,
+    /// After it: "Deleted this lock".
+    pub done: &'static str,
+    /// A dry run's: "Would delete this lock".
+    pub would: &'static str,
+    /// What a dry run did not do: "nothing deleted".
+    pub untouched: &'static str,
+    /// The freed lock, as a takeover's log says it: "deleted".
+    pub freed: &'static str,
+}
+
+/// What a freeing write did, when the API server did not refuse it (404
+/// and 409 come back as errors, which the caller reads).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Freed,
+    /// A delete that only set deletionTimestamp: these finalizers keep it.
+    Kept(Vec<String>),
+    /// Nothing written: what was judged is not at hand as the write needs
+    /// it (this), so the lock is judged again.
+    NotWritten(String),
+}
+
+/// The lock exactly as judged, from live reads: what its freeing write is
+/// guarded by.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    pub meta: &'a ObjectMeta,
+    /// The uid and resourceVersion judged (never empty: a lock without
+    /// them is unmanageable, and never gets here).
+    pub uid: &'a str,
+    pub resource_version: &'a str,
+    /// A Lease as read, whole.
+    pub lease: Option<&'a Lease>,
+    pub now: Timestamp,
+}
+
+impl Target<'_> {
+    pub fn namespace(&self) -> &str {
+        self.meta.namespace.as_deref().unwrap_or_default()
+    }
+
+    pub fn name(&self) -> &str {
+        self.meta.name.as_deref().unwrap_or_default()
+    }
+}
+
+/// One lock kind: what differs between kinds, and only that.
+pub trait Kind: Send + Sync + 'static {
+    /// Its name in docs and debug logs.
+    fn name(&self) -> &'static str;
+    /// The resource it lives in.
+    fn resource(&self) -> LockKind;
+    /// Whether an object of its resource is of this kind (asked in
+    /// [`KINDS`]' order).
+    fn claims(&self, o: Object<'_>) -> bool;
+    fn judged(&self) -> Judged;
+    /// The pod the lock names, as far as the object tells: an owner by
+    /// name and uid, a holder identity by the host it names (no uid).
+    fn holder(&self, o: Object<'_>) -> Option<Holder>;
+    /// What a settled judgement depends on: when it changes, the lock is
+    /// judged again.
+    fn version(&self, o: Object<'_>) -> String;
+    /// The candidate shape: whether the object is a lock of this kind that
+    /// the janitor could manage, from what a list shows.
+    fn candidate(&self, o: Object<'_>) -> Option<Shape>;
+    fn words(&self) -> &'static Words;
+    /// The one write that frees a stale lock, guarded by exactly what was
+    /// judged (preconditions or the resourceVersion read). 404 and 409 come
+    /// back as errors: the caller reads them.
+    fn free<'a>(
+        &'a self,
+        client: &'a Client,
+        t: Target<'a>,
+    ) -> BoxFuture<'a, Result<Answer, Error>>;
+}
+
+/// The owner a lock held for life names (`Judged::ByOwner`).
+fn owner(o: Object<'_>) -> Option<Holder> {
+    crate::lock::parse(o.meta()).ok().map(|l| l.holder)
+}
+
+/// A DELETE with the uid and resourceVersion judged as preconditions.
+pub fn guarded_delete(t: &Target<'_>) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(t.uid.to_owned()),
+            resource_version: Some(t.resource_version.to_owned()),
+        }),
+        ..Default::default()
+    }
+}
+
+/// What a DELETE did from its answer: the object (not a Status) when the
+/// delete only set its deletionTimestamp, and finalizers keep it;
+/// `Answer::Freed` for a Status.
+pub fn deleted(meta: Option<ObjectMeta>) -> Answer {
+    let kept = meta.and_then(|meta| {
+        meta.deletion_timestamp.as_ref()?;
+        meta.finalizers.filter(|f| !f.is_empty())
+    });
+    kept.map_or(Answer::Freed, Answer::Kept)
+}
+
+#[cfg(test)]
+mod tests;
