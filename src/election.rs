@@ -137,154 +137,210 @@ pub fn start(
         state: Some(state.clone()),
         changes: Some(changes),
     };
-    let task = {
-        let gate = gate.clone();
-        tokio::spawn(async move {
-            let api: Api<Lease> = Api::namespaced(client, &election.namespace);
-            let mut leading = false;
-            // While not ready: the failing watches when this replica last
-            // offered the lease (or took it back), and when.
-            let mut offered: Option<(Vec<String>, Instant)> = None;
-            loop {
-                let started = Instant::now();
-                // Offered only for failing watches: a scope refused at
-                // start-up is the API server's answer to the ServiceAccount
-                // every replica shares, so no other replica serves it
-                // either, and offering the lease for it would only leave
-                // gaps with no leader (a replica not ready for it still
-                // waits its patience before it takes a free lease).
-                let failing = readiness.failing_watches();
-                let mut offering = false;
-                if failing.is_empty() {
-                    if offered.take().is_some() {
-                        info!(lease = %election.lease, "ready again: leading or standing by as usual");
-                    }
-                } else if gate.may_write() && should_offer(&failing, offered.as_ref()) {
-                    // Offered: a ready standby takes it at its next retry;
-                    // if none does within a lease duration, this replica
-                    // takes it back (below) and leads its healthy scopes.
-                    offering = true;
-                    warn!(lease = %election.lease, failing = ?failing,
-                          "not ready (watches failing for over a minute): offering the leader lease to a ready replica; taken back if none takes it within a lease duration");
-                    locked(&state).deadline = None;
-                    match release(&api, &election).await {
-                        Ok(()) => {
-                            offered = Some((failing.clone(), Instant::now()));
-                            info!(lease = %election.lease, "released the leader lease while not ready")
-                        }
-                        Err(e) => {
-                            metrics.leader_renew_errors.inc();
-                            warn!(lease = %election.lease, error = %e,
-                                  "could not release the leader lease while not ready; writes have stopped, and it is tried again");
-                        }
-                    }
-                }
-                // A replica that is not ready (a scope refused or failing,
-                // or its watches still listing) takes or creates only a
-                // lease that nobody took for a lease duration: a ready one
-                // comes first, and when none can be ready this one still
-                // leads the scopes it serves.
-                let patience = if readiness.is_ready() {
-                    Duration::ZERO
-                } else {
-                    election.lease_duration
-                };
-                // A round that takes longer than the renew deadline is a
-                // failed one: the gauge must not say 1 past the deadline.
-                let round = tokio::time::timeout(
-                    election.renew_deadline(),
-                    try_acquire_or_renew(&api, &election, &state, patience),
-                );
-                let result = if offering {
-                    Ok(false)
-                } else {
-                    match round.await {
-                        Ok(r) => r,
-                        Err(_) => Err(Error::Timeout {
-                            action: "renewing the leader lease".into(),
-                            after: election.renew_deadline(),
-                        }),
-                    }
-                };
-                match result {
-                    Ok(true) => locked(&state).deadline = Some(started + election.renew_deadline()),
-                    Ok(false) => locked(&state).deadline = None,
-                    Err(e) => {
-                        metrics.leader_renew_errors.inc();
-                        warn!(lease = %election.lease, error = %e,
-                              "could not renew or acquire the leader lease; writes stop at the renew deadline");
-                    }
-                }
-                let now_leading = gate.may_write();
-                if now_leading != leading {
-                    leading = now_leading;
-                    metrics.leader.set(i64::from(leading));
-                    let _ = changed.send(leading);
-                    let took = std::mem::take(&mut locked(&state).took);
-                    if leading && took && !failing.is_empty() {
-                        // Taken back: nobody ready took it. Not offered
-                        // again until another watch fails, or REOFFER_EVERY.
-                        offered = Some((failing.clone(), Instant::now()));
-                        warn!(lease = %election.lease, identity = %election.identity, failing = ?failing,
-                              "leading while not ready: no ready replica took the leader lease; reclaims go on in the scopes whose watches work");
-                    } else if leading {
-                        info!(lease = %election.lease, identity = %election.identity, "leading: this replica writes");
-                    } else {
-                        info!(lease = %election.lease, identity = %election.identity, "not leading: standing by (watches stay warm)");
-                    }
-                }
-                // A standby looks again right when the lease it saw expires,
-                // not up to a retry period later.
-                let wait = if leading {
-                    election.retry_period()
-                } else {
-                    let s = locked(&state);
-                    match &s.observed {
-                        Some((holder, _, seen)) if !holder.is_empty() => {
-                            // Not ready: it may take it only a lease
-                            // duration later (`patience`).
-                            let expires = *seen
-                                + election.lease_duration
-                                + patience
-                                + Duration::from_millis(50);
-                            election
-                                .retry_period()
-                                .min(expires.saturating_duration_since(Instant::now()))
-                                .max(Duration::from_millis(50))
-                        }
-                        _ => election.retry_period(),
-                    }
-                };
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(wait) => {}
-                }
-                // A deadline that passed while sleeping ends the lead.
-                if leading && !gate.may_write() {
-                    leading = false;
-                    metrics.leader.set(0);
-                    let _ = changed.send(false);
-                    warn!(lease = %election.lease, "leader lease not renewed within its deadline: stopped writing");
-                }
-            }
-            // Whenever this replica may still be the holder (a release that
-            // failed while not ready, a deadline just missed): `release`
-            // writes only a Lease this identity holds, guarded by its
-            // resourceVersion.
-            if leading || offered.is_some() || gate.may_write() {
-                locked(&state).deadline = None;
-                metrics.leader.set(0);
-                match release(&api, &election).await {
-                    Ok(()) => info!(lease = %election.lease, "released the leader lease"),
-                    Err(e) => {
-                        metrics.leader_renew_errors.inc();
-                        warn!(lease = %election.lease, error = %e, "could not release the leader lease; it expires by itself")
-                    }
-                }
-            }
-        })
+    let elector = Elector {
+        api: Api::namespaced(client, &election.namespace),
+        election,
+        state,
+        gate: gate.clone(),
+        metrics,
+        readiness,
+        changed,
+        leading: false,
+        offered: None,
     };
-    (gate, task)
+    (gate, tokio::spawn(elector.run(shutdown)))
+}
+
+/// The election's task and what it carries from one round to the next.
+struct Elector {
+    api: Api<Lease>,
+    election: Election,
+    state: Arc<Mutex<State>>,
+    gate: Gate,
+    metrics: Metrics,
+    readiness: Arc<Readiness>,
+    changed: tokio::sync::watch::Sender<bool>,
+    leading: bool,
+    /// While not ready: the failing watches when this replica last
+    /// offered the lease (or took it back), and when.
+    offered: Option<(Vec<String>, Instant)>,
+}
+
+impl Elector {
+    /// A round a retry period (or less) apart until `shutdown`, then the
+    /// release.
+    async fn run(mut self, shutdown: CancellationToken) {
+        let election = self.election.clone();
+        loop {
+            let started = Instant::now();
+            // Offered only for failing watches: a scope refused at
+            // start-up is the API server's answer to the ServiceAccount
+            // every replica shares, so no other replica serves it
+            // either, and offering the lease for it would only leave
+            // gaps with no leader (a replica not ready for it still
+            // waits its patience before it takes a free lease).
+            let failing = self.readiness.failing_watches();
+            let offering = self.offer_if_failing(&failing).await;
+            // A replica that is not ready (a scope refused or failing,
+            // or its watches still listing) takes or creates only a
+            // lease that nobody took for a lease duration: a ready one
+            // comes first, and when none can be ready this one still
+            // leads the scopes it serves.
+            let patience = if self.readiness.is_ready() {
+                Duration::ZERO
+            } else {
+                election.lease_duration
+            };
+            let result = if offering {
+                Ok(false)
+            } else {
+                self.round(patience).await
+            };
+            match result {
+                Ok(true) => {
+                    locked(&self.state).deadline = Some(started + election.renew_deadline())
+                }
+                Ok(false) => locked(&self.state).deadline = None,
+                Err(e) => {
+                    self.metrics.leader_renew_errors.inc();
+                    warn!(lease = %election.lease, error = %e,
+                          "could not renew or acquire the leader lease; writes stop at the renew deadline");
+                }
+            }
+            self.say_change(&failing);
+            let wait = self.wait(patience);
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            // A deadline that passed while sleeping ends the lead.
+            if self.leading && !self.gate.may_write() {
+                self.leading = false;
+                self.metrics.leader.set(0);
+                let _ = self.changed.send(false);
+                warn!(lease = %election.lease, "leader lease not renewed within its deadline: stopped writing");
+            }
+        }
+        self.release_at_stop().await;
+    }
+
+    /// A leader whose watches are failing offers the lease (releases it):
+    /// a ready standby takes it at its next retry; if none does within a
+    /// lease duration, this replica takes it back (a later round) and
+    /// leads its healthy scopes. Returns whether it offered this round.
+    async fn offer_if_failing(&mut self, failing: &[String]) -> bool {
+        let election = &self.election;
+        if failing.is_empty() {
+            if self.offered.take().is_some() {
+                info!(lease = %election.lease, "ready again: leading or standing by as usual");
+            }
+            return false;
+        }
+        if !(self.gate.may_write() && should_offer(failing, self.offered.as_ref())) {
+            return false;
+        }
+        warn!(lease = %election.lease, failing = ?failing,
+              "not ready (watches failing for over a minute): offering the leader lease to a ready replica; taken back if none takes it within a lease duration");
+        locked(&self.state).deadline = None;
+        match release(&self.api, election).await {
+            Ok(()) => {
+                self.offered = Some((failing.to_vec(), Instant::now()));
+                info!(lease = %election.lease, "released the leader lease while not ready")
+            }
+            Err(e) => {
+                self.metrics.leader_renew_errors.inc();
+                warn!(lease = %election.lease, error = %e,
+                      "could not release the leader lease while not ready; writes have stopped, and it is tried again");
+            }
+        }
+        true
+    }
+
+    /// One try to acquire or renew. A round that takes longer than the
+    /// renew deadline is a failed one: the gauge must not say 1 past the
+    /// deadline.
+    async fn round(&self, patience: Duration) -> Result<bool, Error> {
+        let election = &self.election;
+        let round = tokio::time::timeout(
+            election.renew_deadline(),
+            try_acquire_or_renew(&self.api, election, &self.state, patience),
+        );
+        match round.await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                action: "renewing the leader lease".into(),
+                after: election.renew_deadline(),
+            }),
+        }
+    }
+
+    /// When leading starts or stops: the gauge, the gate's watchers and
+    /// the log.
+    fn say_change(&mut self, failing: &[String]) {
+        let election = &self.election;
+        let now_leading = self.gate.may_write();
+        if now_leading == self.leading {
+            return;
+        }
+        self.leading = now_leading;
+        let leading = now_leading;
+        self.metrics.leader.set(i64::from(leading));
+        let _ = self.changed.send(leading);
+        let took = std::mem::take(&mut locked(&self.state).took);
+        if leading && took && !failing.is_empty() {
+            // Taken back: nobody ready took it. Not offered
+            // again until another watch fails, or REOFFER_EVERY.
+            self.offered = Some((failing.to_vec(), Instant::now()));
+            warn!(lease = %election.lease, identity = %election.identity, failing = ?failing,
+                  "leading while not ready: no ready replica took the leader lease; reclaims go on in the scopes whose watches work");
+        } else if leading {
+            info!(lease = %election.lease, identity = %election.identity, "leading: this replica writes");
+        } else {
+            info!(lease = %election.lease, identity = %election.identity, "not leading: standing by (watches stay warm)");
+        }
+    }
+
+    /// How long until the next round. A standby looks again right when
+    /// the lease it saw expires, not up to a retry period later.
+    fn wait(&self, patience: Duration) -> Duration {
+        let election = &self.election;
+        if self.leading {
+            return election.retry_period();
+        }
+        let s = locked(&self.state);
+        match &s.observed {
+            Some((holder, _, seen)) if !holder.is_empty() => {
+                // Not ready: it may take it only a lease
+                // duration later (`patience`).
+                let expires =
+                    *seen + election.lease_duration + patience + Duration::from_millis(50);
+                election
+                    .retry_period()
+                    .min(expires.saturating_duration_since(Instant::now()))
+                    .max(Duration::from_millis(50))
+            }
+            _ => election.retry_period(),
+        }
+    }
+
+    /// Whenever this replica may still be the holder (a release that
+    /// failed while not ready, a deadline just missed): `release`
+    /// writes only a Lease this identity holds, guarded by its
+    /// resourceVersion.
+    async fn release_at_stop(&self) {
+        let election = &self.election;
+        if self.leading || self.offered.is_some() || self.gate.may_write() {
+            locked(&self.state).deadline = None;
+            self.metrics.leader.set(0);
+            match release(&self.api, election).await {
+                Ok(()) => info!(lease = %election.lease, "released the leader lease"),
+                Err(e) => {
+                    self.metrics.leader_renew_errors.inc();
+                    warn!(lease = %election.lease, error = %e, "could not release the leader lease; it expires by itself")
+                }
+            }
+        }
+    }
 }
 
 /// A leader that is not ready offers its lease again this often while

@@ -102,9 +102,52 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let shared = Shared::new().context("registering metrics")?;
     tokio::spawn(watch_signals(shutdown.clone(), shared.clone()));
 
-    let settings = Settings {
-        selector: args.scope.selector,
-        namespaces: sorted_once(args.scope.namespaces),
+    let settings = settings_of(&args);
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        ?settings,
+        "starting lock-janitor"
+    );
+    let (config, client, control) = connect(&args, &shared).await?;
+    // The server outlives the controller: /readyz answers 503 (not a refused
+    // connection) while in-flight work drains, and /metrics stays scrapable.
+    let http_stop = CancellationToken::new();
+    let server = start_http(&args, &shared, &http_stop).await?;
+
+    // Scopes that refuse are served around and retried; only a refusal of
+    // every scope stops here.
+    let Some(refused) = check_start_up(&control, &settings, &shutdown).await? else {
+        info!("stopped before start-up finished");
+        return Ok(());
+    };
+
+    // The lease is renewed through the drain and released after it.
+    let election_stop = CancellationToken::new();
+    let (gate, election) = start_election(&args, &config, &shared, &election_stop)?;
+    let auto_opt_in = start_auto_opt_in(&args, &settings, &client, &gate, &shared, &shutdown);
+    let ctx = Context::with_clients(client, control.clone(), shared, settings, gate);
+    drain(&ctx, refused, &shutdown).await;
+    if let Some(task) = auto_opt_in {
+        task.abort();
+    }
+    let waiting = ctx.takeovers.awaiting();
+    if !waiting.is_empty() {
+        let locks: Vec<String> = waiting.iter().map(|k| k.to_string()).collect();
+        warn!(locks = ?locks, "stopping while these locks await a takeover: label the new locks with `lock-janitor label --apply`");
+    }
+    election_stop.cancel();
+    release_lease(election).await;
+    http_stop.cancel();
+    stop_http(server).await;
+    info!("stopped");
+    Ok(())
+}
+
+/// The controller's settings from the flags.
+fn settings_of(args: &RunArgs) -> Settings {
+    Settings {
+        selector: args.scope.selector.clone(),
+        namespaces: sorted_once(args.scope.namespaces.clone()),
         dry_run: args.dry_run,
         delete_pod: args.delete_pod,
         policy: Policy {
@@ -112,13 +155,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         resync: args.resync,
         takeover_timeout: args.takeover_timeout,
-        kinds: sorted_once(args.lock_kinds),
-    };
-    info!(
-        version = env!("CARGO_PKG_VERSION"),
-        ?settings,
-        "starting lock-janitor"
-    );
+        kinds: sorted_once(args.lock_kinds.clone()),
+    }
+}
+
+/// The cluster's config, the budgeted client and the control client.
+async fn connect(
+    args: &RunArgs,
+    shared: &Shared,
+) -> anyhow::Result<(kube::Config, kube::Client, kube::Client)> {
     let budget = lock_janitor::client::Budget {
         qps: args.api_qps,
         burst: args.api_burst,
@@ -130,6 +175,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .context("no Kubernetes cluster found: set KUBECONFIG, create ~/.kube/config, or run in a pod with a service account")?;
     let control = lock_janitor::client::control(config.clone(), &shared.metrics)
         .context("building the control client")?;
+    Ok((config, client, control))
+}
+
+/// Binds --metrics-bind-address and serves /metrics, /healthz and /readyz
+/// on it until `stop`.
+async fn start_http(
+    args: &RunArgs,
+    shared: &Shared,
+    stop: &CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
     let listener = http::bind(args.metrics_bind_address)
         .await
         .with_context(|| {
@@ -138,76 +193,96 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 args.metrics_bind_address
             )
         })?;
-    // The server outlives the controller: /readyz answers 503 (not a refused
-    // connection) while in-flight work drains, and /metrics stays scrapable.
-    let http_stop = CancellationToken::new();
-    let server = tokio::spawn(http::serve(
+    Ok(tokio::spawn(http::serve(
         listener,
         shared.clone(),
-        http_stop.clone().cancelled_owned(),
-    ));
+        stop.clone().cancelled_owned(),
+    )))
+}
 
-    // Scopes that refuse are served around and retried; only a refusal of
-    // every scope stops here.
-    let refused = tokio::select! {
-        checked = lock_janitor::preflight::preflight(&control, &settings.selector, &settings.namespaces, &settings.kinds) => checked.map_err(|e| {
+/// The start-up checks: the scopes that refuse, an error when every one
+/// does, or None when a signal came first.
+async fn check_start_up(
+    control: &kube::Client,
+    settings: &Settings,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<Vec<lock_janitor::preflight::Refusal>>> {
+    tokio::select! {
+        checked = lock_janitor::preflight::preflight(control, &settings.selector, &settings.namespaces, &settings.kinds) => checked.map(Some).map_err(|e| {
             let hint = match e {
                 lock_janitor::Error::Unsupported { .. } | lock_janitor::Error::Refused { .. } => "start-up check failed",
                 _ => "start-up check failed (is the selector valid, and does RBAC grant list and watch on configmaps and pods?)",
             };
             anyhow::Error::new(e).context(hint)
-        })?,
-        _ = shutdown.cancelled() => {
-            info!("stopped before start-up finished");
-            return Ok(());
-        }
-    };
+        }),
+        _ = shutdown.cancelled() => Ok(None),
+    }
+}
 
-    // The lease is renewed through the drain and released after it.
-    let election_stop = CancellationToken::new();
-    let (gate, election) = if args.leader_elect {
-        let Some(namespace) = args.leader_elect_namespace.clone().or_else(|| {
-            std::env::var("POD_NAMESPACE")
-                .ok()
-                .filter(|s| !s.is_empty())
-        }) else {
-            anyhow::bail!("--leader-elect needs --leader-elect-namespace or $POD_NAMESPACE");
-        };
-        let identity = std::env::var("POD_NAME")
+/// With --leader-elect, the election's gate and task; without, a gate that
+/// always lets through.
+fn start_election(
+    args: &RunArgs,
+    config: &kube::Config,
+    shared: &Shared,
+    stop: &CancellationToken,
+) -> anyhow::Result<(
+    lock_janitor::election::Gate,
+    Option<tokio::task::JoinHandle<()>>,
+)> {
+    if !args.leader_elect {
+        shared.metrics.leader.set(1);
+        return Ok((lock_janitor::election::Gate::always(), None));
+    }
+    let Some(namespace) = args.leader_elect_namespace.clone().or_else(|| {
+        std::env::var("POD_NAMESPACE")
             .ok()
             .filter(|s| !s.is_empty())
-            .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
-            .context(
-                "--leader-elect needs $POD_NAME (the chart sets it) or $HOSTNAME as its identity",
-            )?;
-        let election = lock_janitor::election::Election {
-            lease: args.leader_elect_lease.clone(),
-            namespace,
-            identity,
-            lease_duration: args.leader_elect_lease_duration,
-        };
-        info!(lease = %election.lease, namespace = %election.namespace, identity = %election.identity,
-              "leader election on; writing only while holding the lease");
-        // A client of its own: its renewals never share a connection with
-        // the reads and writes of a mass eviction (the judgements' live
-        // reads and writes, up to 16 at a time per kind, go on `control`).
-        let elector = lock_janitor::client::control(config.clone(), &shared.metrics)
-            .context("building the election client")?;
-        let (gate, task) = lock_janitor::election::start(
-            elector,
-            election,
-            shared.metrics.clone(),
-            shared.readiness.clone(),
-            election_stop.clone(),
-        );
-        (gate, Some(task))
-    } else {
-        shared.metrics.leader.set(1);
-        (lock_janitor::election::Gate::always(), None)
+    }) else {
+        anyhow::bail!("--leader-elect needs --leader-elect-namespace or $POD_NAMESPACE");
     };
-    // Every replica finds and counts the unprotected candidates; the leader
-    // labels them (docs/design.md, "Auto opt-in").
-    let auto_opt_in = args.auto_opt_in.then(|| {
+    let identity = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .context(
+            "--leader-elect needs $POD_NAME (the chart sets it) or $HOSTNAME as its identity",
+        )?;
+    let election = lock_janitor::election::Election {
+        lease: args.leader_elect_lease.clone(),
+        namespace,
+        identity,
+        lease_duration: args.leader_elect_lease_duration,
+    };
+    info!(lease = %election.lease, namespace = %election.namespace, identity = %election.identity,
+          "leader election on; writing only while holding the lease");
+    // A client of its own: its renewals never share a connection with
+    // the reads and writes of a mass eviction (the judgements' live
+    // reads and writes, up to 16 at a time per kind, go on `control`).
+    let elector = lock_janitor::client::control(config.clone(), &shared.metrics)
+        .context("building the election client")?;
+    let (gate, task) = lock_janitor::election::start(
+        elector,
+        election,
+        shared.metrics.clone(),
+        shared.readiness.clone(),
+        stop.clone(),
+    );
+    Ok((gate, Some(task)))
+}
+
+/// With --auto-opt-in, its task: every replica finds and counts the
+/// unprotected candidates; the leader labels them (docs/design.md, "Auto
+/// opt-in").
+fn start_auto_opt_in(
+    args: &RunArgs,
+    settings: &Settings,
+    client: &kube::Client,
+    gate: &lock_janitor::election::Gate,
+    shared: &Shared,
+    shutdown: &CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    args.auto_opt_in.then(|| {
         // `Cli::try_parse_checked` refuses --auto-opt-in without one.
         let (key, value) = settings.selector.opt_in_label().unwrap_or_default();
         let own_lease = args.leader_elect.then(|| {
@@ -236,11 +311,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         info!(exclude_namespaces = %args.scope.exclude_namespaces,
               "auto opt-in on: labeling every unlabeled lock candidate in scope");
         tokio::spawn(a.run(shutdown.clone()))
-    });
-    let ctx = Context::with_clients(client, control.clone(), shared, settings, gate);
-    // The drain after a signal is bounded: in-flight reclaims get DRAIN_BOUND
-    // to finish (each API call is bounded too), then the process goes on
-    // to release its lease and exit. The chart's grace period is above it.
+    })
+}
+
+/// Runs the controller until a signal, then lets in-flight work drain.
+/// The drain after a signal is bounded: in-flight reclaims get DRAIN_BOUND
+/// to finish (each API call is bounded too), then the process goes on
+/// to release its lease and exit. The chart's grace period is above it.
+async fn drain(
+    ctx: &std::sync::Arc<Context>,
+    refused: Vec<lock_janitor::preflight::Refusal>,
+    shutdown: &CancellationToken,
+) {
     let drained = controller::run_refused(ctx.clone(), refused, shutdown.clone());
     tokio::pin!(drained);
     let deadline = async {
@@ -251,17 +333,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         () = &mut drained => {}
         () = deadline => warn!("in-flight work did not finish within {}s of the signal; stopping anyway", DRAIN_BOUND.as_secs()),
     }
-    if let Some(task) = auto_opt_in {
-        task.abort();
-    }
-    let waiting = ctx.takeovers.awaiting();
-    if !waiting.is_empty() {
-        let locks: Vec<String> = waiting.iter().map(|k| k.to_string()).collect();
-        warn!(locks = ?locks, "stopping while these locks await a takeover: label the new locks with `lock-janitor label --apply`");
-    }
-    election_stop.cancel();
+}
+
+/// Waits for the election task to release the lease, after the drain
+/// (bounded by the API timeout).
+async fn release_lease(election: Option<tokio::task::JoinHandle<()>>) {
     if let Some(task) = election {
-        // Released after the drain (bounded by the API timeout).
         if tokio::time::timeout(Duration::from_secs(20), task)
             .await
             .is_err()
@@ -269,15 +346,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             warn!("the leader lease was not released within 20s; it expires by itself");
         }
     }
-    http_stop.cancel();
+}
+
+/// Waits for the HTTP server to stop (its stop token cancelled).
+async fn stop_http(server: tokio::task::JoinHandle<std::io::Result<()>>) {
     match tokio::time::timeout(Duration::from_secs(5), server).await {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => warn!(error = %e, "metrics server stopped with an error"),
         Ok(Err(e)) => warn!(error = %e, "metrics server task failed"),
         Err(_) => warn!("metrics server did not stop within 5s"),
     }
-    info!("stopped");
-    Ok(())
 }
 
 /// First SIGTERM/SIGINT: not ready, stop watching, let in-flight reclaims

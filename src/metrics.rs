@@ -93,40 +93,35 @@ impl Registrar {
     }
 }
 
-impl Metrics {
-    pub fn new() -> Result<Self> {
-        let mut r = Registrar {
-            registry: Registry::new(),
-            names: Vec::new(),
-        };
-        // process_cpu_seconds_total, process_resident_memory_bytes, ...
-        #[cfg(target_os = "linux")]
-        r.register(Box::new(
-            prometheus::process_collector::ProcessCollector::for_self(),
-        ))?;
-        // A lock's namespace is `lock_namespace`: a scrape that does not honour
-        // the target's labels (OpenShift's user workload monitoring) would
-        // overwrite a `namespace` label with the janitor's own.
-        let lock_labels = &["kind", "lock_namespace", "lock", "reason"];
-        let takeover_labels = &["lock_namespace", "lock"];
-        let build_info = r.gauges(
-            "lock_janitor_build_info",
-            "Always 1; carries the version.",
-            &["version"],
-        )?;
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-        let m = Metrics {
+/// A lock's labels. A lock's namespace is `lock_namespace`: a scrape that
+/// does not honour the target's labels (OpenShift's user workload
+/// monitoring) would overwrite a `namespace` label with the janitor's own.
+const LOCK_LABELS: &[&str] = &["kind", "lock_namespace", "lock", "reason"];
+const TAKEOVER_LABELS: &[&str] = &["lock_namespace", "lock"];
+
+/// The locks seen and the reclaims.
+struct Reclaims {
+    reclaims: IntCounterVec,
+    reclaims_by_reason: IntCounterVec,
+    stale_locks: IntGaugeVec,
+    locks: IntGaugeVec,
+    reclaim_latency: Histogram,
+    pod_deletions: IntCounterVec,
+    last_reclaim: IntGaugeVec,
+}
+
+impl Reclaims {
+    fn register(r: &mut Registrar) -> Result<Self> {
+        Ok(Reclaims {
             reclaims: r.counters(
                 "lock_janitor_reclaims_total",
                 "Stale locks reclaimed (ConfigMaps deleted, Leases released), by lock and reason.",
-                lock_labels,
+                LOCK_LABELS,
             )?,
             stale_locks: r.gauges(
                 "lock_janitor_stale_locks",
                 "Locks that are stale now and not reclaimed (dry-run or errors).",
-                lock_labels,
+                LOCK_LABELS,
             )?,
             locks: r.gauges(
                 "lock_janitor_locks",
@@ -148,6 +143,34 @@ impl Metrics {
                 "Dead holder pods deleted (--delete-pod), by the lock's namespace and reason.",
                 &["lock_namespace", "reason"],
             )?,
+            last_reclaim: r.gauges(
+                "lock_janitor_last_reclaim_timestamp_seconds",
+                "Unix time of the lock's last reclaim (series removed an hour later).",
+                LOCK_LABELS,
+            )?,
+            reclaims_by_reason: r.counters(
+                "lock_janitor_reclaims_by_reason_total",
+                "Stale locks reclaimed, by kind and reason; every series starts at 0, so increase() counts a first reclaim.",
+                &["kind", "reason"],
+            )?,
+        })
+    }
+}
+
+/// The reconciles, the watches, readiness and the leader election.
+struct Health {
+    reconcile_errors: IntCounterVec,
+    reconcile_duration: Histogram,
+    watch_errors: IntCounterVec,
+    ready: IntGauge,
+    scope_ready: IntGaugeVec,
+    leader: IntGauge,
+    leader_renew_errors: IntCounter,
+}
+
+impl Health {
+    fn register(r: &mut Registrar) -> Result<Self> {
+        Ok(Health {
             reconcile_errors: r.counters(
                 "lock_janitor_reconcile_errors_total",
                 "Reconcile failures by error kind.",
@@ -167,34 +190,6 @@ impl Metrics {
                 "lock_janitor_leader",
                 "1 on the replica that may write (holds the leader lease, or runs without election).",
             )?,
-            takeover: r.histogram(
-                "lock_janitor_takeover_seconds",
-                "Time from a watched lock's deletion to a lock of another holder under its name.",
-                &[
-                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-                    1800.0, 3600.0,
-                ],
-            )?,
-            awaiting_takeover: r.gauges(
-                "lock_janitor_awaiting_takeover",
-                "1 while a deleted lock awaits a new holder.",
-                takeover_labels,
-            )?,
-            takeover_timeouts: r.counters(
-                "lock_janitor_takeover_timeouts_total",
-                "Deleted locks that no new holder created within --takeover-timeout.",
-                takeover_labels,
-            )?,
-            last_reclaim: r.gauges(
-                "lock_janitor_last_reclaim_timestamp_seconds",
-                "Unix time of the lock's last reclaim (series removed an hour later).",
-                lock_labels,
-            )?,
-            reclaims_by_reason: r.counters(
-                "lock_janitor_reclaims_by_reason_total",
-                "Stale locks reclaimed, by kind and reason; every series starts at 0, so increase() counts a first reclaim.",
-                &["kind", "reason"],
-            )?,
             ready: r.gauge(
                 "lock_janitor_ready",
                 "1 exactly when /readyz answers 200 (watches synced and working, not shutting down).",
@@ -207,6 +202,43 @@ impl Metrics {
             leader_renew_errors: r.counter(
                 "lock_janitor_leader_renew_errors_total",
                 "Rounds of the leader election that failed to read, acquire or renew the janitor's own Lease.",
+            )?,
+        })
+    }
+}
+
+/// The takeovers after a reclaim, the API traffic and the auto opt-in.
+struct Takeovers {
+    takeover: Histogram,
+    awaiting_takeover: IntGaugeVec,
+    takeover_timeouts: IntCounterVec,
+    restore_failures: IntCounter,
+    api_requests: IntCounterVec,
+    api_budget_wait: Histogram,
+    opt_ins: IntCounterVec,
+    unprotected: IntGaugeVec,
+}
+
+impl Takeovers {
+    fn register(r: &mut Registrar) -> Result<Self> {
+        Ok(Takeovers {
+            takeover: r.histogram(
+                "lock_janitor_takeover_seconds",
+                "Time from a watched lock's deletion to a lock of another holder under its name.",
+                &[
+                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+                    1800.0, 3600.0,
+                ],
+            )?,
+            awaiting_takeover: r.gauges(
+                "lock_janitor_awaiting_takeover",
+                "1 while a deleted lock awaits a new holder.",
+                TAKEOVER_LABELS,
+            )?,
+            takeover_timeouts: r.counters(
+                "lock_janitor_takeover_timeouts_total",
+                "Deleted locks that no new holder created within --takeover-timeout.",
+                TAKEOVER_LABELS,
             )?,
             restore_failures: r.counter(
                 "lock_janitor_restore_failures_total",
@@ -234,6 +266,59 @@ impl Metrics {
                 "Lock candidates in scope, outside --exclude-namespaces, without the opt-in label's key (--auto-opt-in), by kind.",
                 &["kind"],
             )?,
+        })
+    }
+}
+
+impl Metrics {
+    /// Every metric, registered (the registry renders the families sorted
+    /// by name, whatever the order they were registered in).
+    pub fn new() -> Result<Self> {
+        let mut r = Registrar {
+            registry: Registry::new(),
+            names: Vec::new(),
+        };
+        // process_cpu_seconds_total, process_resident_memory_bytes, ...
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        let build_info = r.gauges(
+            "lock_janitor_build_info",
+            "Always 1; carries the version.",
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        let (l, h, t) = (
+            Reclaims::register(&mut r)?,
+            Health::register(&mut r)?,
+            Takeovers::register(&mut r)?,
+        );
+        let m = Metrics {
+            reclaims: l.reclaims,
+            reclaims_by_reason: l.reclaims_by_reason,
+            stale_locks: l.stale_locks,
+            locks: l.locks,
+            reclaim_latency: l.reclaim_latency,
+            pod_deletions: l.pod_deletions,
+            last_reclaim: l.last_reclaim,
+            reconcile_errors: h.reconcile_errors,
+            reconcile_duration: h.reconcile_duration,
+            watch_errors: h.watch_errors,
+            ready: h.ready,
+            scope_ready: h.scope_ready,
+            leader: h.leader,
+            leader_renew_errors: h.leader_renew_errors,
+            takeover: t.takeover,
+            awaiting_takeover: t.awaiting_takeover,
+            takeover_timeouts: t.takeover_timeouts,
+            restore_failures: t.restore_failures,
+            api_requests: t.api_requests,
+            api_budget_wait: t.api_budget_wait,
+            opt_ins: t.opt_ins,
+            unprotected: t.unprotected,
             registry: r.registry,
             names: {
                 r.names.sort();
@@ -241,25 +326,31 @@ impl Metrics {
             },
             reclaimed: Default::default(),
         };
-        // Bounded label sets start at zero, so rate() and absence-based
-        // alerts work from the first scrape.
+        m.start_at_zero();
+        Ok(m)
+    }
+
+    /// Bounded label sets start at zero, so rate() and absence-based
+    /// alerts work from the first scrape.
+    fn start_at_zero(&self) {
         for k in LockKind::ALL {
             for s in LockState::ALL {
-                m.locks.with_label_values(&[k.as_str(), s.as_str()]).set(0);
+                self.locks
+                    .with_label_values(&[k.as_str(), s.as_str()])
+                    .set(0);
             }
-            m.opt_ins.with_label_values(&[k.as_str()]);
+            self.opt_ins.with_label_values(&[k.as_str()]);
             for r in StaleReason::ALL {
-                m.reclaims_by_reason
+                self.reclaims_by_reason
                     .with_label_values(&[k.as_str(), r.as_str()]);
             }
         }
         for k in ErrorKind::ALL {
-            m.reconcile_errors.with_label_values(&[k.as_str()]);
+            self.reconcile_errors.with_label_values(&[k.as_str()]);
         }
         for r in WATCHED_RESOURCES {
-            m.watch_errors.with_label_values(&[r]);
+            self.watch_errors.with_label_values(&[r]);
         }
-        Ok(m)
     }
 
     /// Counts a reclaim: `lock_janitor_reclaims_total` (its series is born

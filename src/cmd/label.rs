@@ -23,10 +23,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
 use super::label_report::{LabelCounts, LabelResult, LabelRow, LabelSummary};
+use super::leases::LeaseListing;
 use super::report::{kubectl_name, LockList};
 use super::table::{render_label, Style};
 use super::{
-    connect, encode, explain, list_candidates, missing_note, print_stdout, scope_text, CONCURRENCY,
+    connect, encode, explain, list_candidates, missing_note, print_stdout, scope_text, Cluster,
+    Listing, CONCURRENCY,
 };
 use crate::cli::{LabelArgs, Output};
 use crate::lock::LockKind as Kind;
@@ -66,9 +68,57 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
         "list on leases and pods",
     )
     .await?;
-    let leases_scanned = leases.scanned;
     let in_excluded_namespaces = listing.excluded + leases.excluded;
+    let (planned, excluded) = plan_selected(&args, &listing, &leases, key, value);
+    let (rows, fatal) = label_planned(&args, &cluster, &planned, key, value).await;
 
+    let summary = LabelSummary {
+        dry_run: !args.apply,
+        label: format!("{key}={value}"),
+        total: rows.len(),
+        results: LabelCounts::count(&rows),
+        excluded,
+        skipped_with_data: listing.skipped_with_data,
+        configmaps_scanned: listing.scanned,
+        leases_scanned: leases.scanned,
+        namespaces: args.admin.scope.namespaces.clone(),
+        selector: args.admin.scope.selector.to_string(),
+        duration_seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
+    };
+    let mut stderr = print_report(&args, &summary, &rows)?;
+    if !stderr.is_empty() {
+        stderr.push('\n');
+    }
+    stderr.push_str(&summary_line(
+        &summary,
+        planned.len() + excluded,
+        &args.admin.scope,
+        fatal.is_some(),
+    ));
+    stderr.push_str(&excluded_namespaces_note(
+        in_excluded_namespaces,
+        &args.admin.scope,
+    ));
+    // `-n typo` lists nothing: say so rather than only "0 scanned".
+    stderr.push_str(&missing_note(&cluster, &listing.empty_namespaces).await);
+    // The notes and summary go to stderr: stdout is the report alone.
+    eprint!("{stderr}");
+    if let Some(error) = fatal {
+        return Err(anyhow!(error));
+    }
+    exit_status(&summary)
+}
+
+/// What to do with each candidate, ConfigMaps then Leases, those that
+/// `--include`, `--exclude` and `--from-selector` select; and how many
+/// they left out.
+fn plan_selected<'a>(
+    args: &LabelArgs,
+    listing: &'a Listing,
+    leases: &'a LeaseListing,
+    key: &str,
+    value: &str,
+) -> (Vec<Planned<'a>>, usize) {
     let configmaps = listing.candidates.iter().filter_map(|c| {
         let owner = c.meta.owner_references.as_deref().and_then(|o| o.first());
         Some(Planned {
@@ -99,95 +149,114 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
                 .is_none_or(|old| old.matches(p.meta.labels.as_ref()));
             from && name_selected(name, &args.include, &args.exclude)
         });
-    let excluded = left_out.len();
+    (planned, left_out.len())
+}
 
-    // Writes run CONCURRENCY at a time; results are kept in order.
-    let mut results = futures::stream::iter(&planned)
-        .map(|p| {
-            let cluster = &cluster;
-            async move {
-                let ns = p.meta.namespace.as_deref().unwrap_or_default();
-                let written = match (&p.plan, p.kind) {
-                    (Plan::Add, Kind::ConfigMap) if args.apply => {
-                        let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), ns);
-                        Some(write_label(&api, p.meta, key, value).await)
-                    }
-                    (Plan::Add, Kind::Lease) if args.apply => {
-                        let api: Api<Lease> = Api::namespaced(cluster.client.clone(), ns);
-                        Some(write_label(&api, p.meta, key, value).await)
-                    }
-                    _ => None,
-                };
-                (p, written)
-            }
+/// Writes the label where the plan adds it (with --apply), CONCURRENCY at
+/// a time, and a row per lock in order; stops at the first forbidden write
+/// (every other write would be refused the same way) and returns its error.
+async fn label_planned(
+    args: &LabelArgs,
+    cluster: &Cluster,
+    planned: &[Planned<'_>],
+    key: &str,
+    value: &str,
+) -> (Vec<LabelRow>, Option<String>) {
+    let mut results = futures::stream::iter(planned)
+        .map(|p| async move {
+            let ns = p.meta.namespace.as_deref().unwrap_or_default();
+            let written = match (&p.plan, p.kind) {
+                (Plan::Add, Kind::ConfigMap) if args.apply => {
+                    let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), ns);
+                    Some(write_label(&api, p.meta, key, value).await)
+                }
+                (Plan::Add, Kind::Lease) if args.apply => {
+                    let api: Api<Lease> = Api::namespaced(cluster.client.clone(), ns);
+                    Some(write_label(&api, p.meta, key, value).await)
+                }
+                _ => None,
+            };
+            (p, written)
         })
         .buffered(CONCURRENCY);
 
-    let label = format!("{key}={value}");
     let mut rows: Vec<LabelRow> = Vec::new();
     let mut fatal = None;
     while let Some((p, written)) = results.next().await {
-        use LabelResult as R;
-        let (result, message) = match (&p.plan, written) {
-            (Plan::Unchanged, _) => (R::Unchanged, format!("already has {label}")),
-            (Plan::Conflicting(v), _) => (R::Skipped, format!("has {key}={v}; not overwriting it")),
-            (Plan::Add, None) => (R::WouldLabel, format!("would add {label}")),
-            (Plan::Add, Some(Written::Labeled)) => (R::Labeled, format!("added {label}")),
-            (Plan::Add, Some(Written::Gone)) => (
-                R::Gone,
-                "deleted since it was read; nothing to label".to_owned(),
-            ),
-            (Plan::Add, Some(Written::Conflict)) => (
-                R::Conflict,
-                "changed since it was read (409); not labeled, run again".to_owned(),
-            ),
-            (Plan::Add, Some(Written::Failed(e))) => {
-                let forbidden = e.kind() == ErrorKind::Forbidden;
-                let error = format!(
-                    "{:#}",
-                    explain(e, &cluster, "list and patch on configmaps and leases")
-                );
-                if forbidden {
-                    // Every other write would be refused the same way.
-                    fatal = Some(error);
-                    break;
-                }
-                (R::Failed, error)
+        match row_of(p, written, cluster, key, value) {
+            Ok(row) => rows.push(row),
+            Err(error) => {
+                fatal = Some(error);
+                break;
             }
-        };
-        let meta = p.meta;
-        rows.push(LabelRow {
-            kind: p.kind.as_str(),
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
-            created_at: meta.creation_timestamp.as_ref().map(|t| t.0.to_string()),
-            labeled: p.labeled,
-            holder: p.holder.clone(),
-            holder_uid: p.holder_uid.clone(),
-            result,
-            current_value: meta.labels.as_ref().and_then(|l| l.get(key)).cloned(),
-            message,
-        });
+        }
     }
     drop(results);
+    (rows, fatal)
+}
 
-    let summary = LabelSummary {
-        dry_run: !args.apply,
-        label,
-        total: rows.len(),
-        results: LabelCounts::count(&rows),
-        excluded,
-        skipped_with_data: listing.skipped_with_data,
-        configmaps_scanned: listing.scanned,
-        leases_scanned,
-        namespaces: args.admin.scope.namespaces.clone(),
-        selector: args.admin.scope.selector.to_string(),
-        duration_seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
+/// A lock's row: its plan and what the write did; Err for a forbidden
+/// write.
+fn row_of(
+    p: &Planned<'_>,
+    written: Option<Written>,
+    cluster: &Cluster,
+    key: &str,
+    value: &str,
+) -> Result<LabelRow, String> {
+    use LabelResult as R;
+    let label = format!("{key}={value}");
+    let (result, message) = match (&p.plan, written) {
+        (Plan::Unchanged, _) => (R::Unchanged, format!("already has {label}")),
+        (Plan::Conflicting(v), _) => (R::Skipped, format!("has {key}={v}; not overwriting it")),
+        (Plan::Add, None) => (R::WouldLabel, format!("would add {label}")),
+        (Plan::Add, Some(Written::Labeled)) => (R::Labeled, format!("added {label}")),
+        (Plan::Add, Some(Written::Gone)) => (
+            R::Gone,
+            "deleted since it was read; nothing to label".to_owned(),
+        ),
+        (Plan::Add, Some(Written::Conflict)) => (
+            R::Conflict,
+            "changed since it was read (409); not labeled, run again".to_owned(),
+        ),
+        (Plan::Add, Some(Written::Failed(e))) => {
+            let forbidden = e.kind() == ErrorKind::Forbidden;
+            let error = format!(
+                "{:#}",
+                explain(e, cluster, "list and patch on configmaps and leases")
+            );
+            if forbidden {
+                return Err(error);
+            }
+            (R::Failed, error)
+        }
     };
+    let meta = p.meta;
+    Ok(LabelRow {
+        kind: p.kind.as_str(),
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        created_at: meta.creation_timestamp.as_ref().map(|t| t.0.to_string()),
+        labeled: p.labeled,
+        holder: p.holder.clone(),
+        holder_uid: p.holder_uid.clone(),
+        result,
+        current_value: meta.labels.as_ref().and_then(|l| l.get(key)).cloned(),
+        message,
+    })
+}
+
+/// Prints the report in `-o`'s format on stdout; returns what goes to
+/// stderr with it (the table's notes).
+fn print_report(
+    args: &LabelArgs,
+    summary: &LabelSummary,
+    rows: &[LabelRow],
+) -> anyhow::Result<String> {
     let mut stderr = String::new();
     let out = match args.output {
         Output::Json | Output::Yaml => encode(
-            &LockList::new(&summary, rows.iter().map(LabelRow::item).collect()),
+            &LockList::new(summary, rows.iter().map(LabelRow::item).collect()),
             args.output == Output::Yaml,
         )?,
         Output::Name => rows
@@ -197,37 +266,31 @@ pub async fn label_command(args: LabelArgs) -> anyhow::Result<ExitCode> {
             .collect(),
         Output::Table | Output::Wide => {
             let style = Style::for_stdout(args.output == Output::Wide, args.no_headers);
-            let rendered = render_label(&rows, style);
+            let rendered = render_label(rows, style);
             stderr = rendered.stderr;
             rendered.stdout
         }
     };
     print_stdout(&out)?;
-    if !stderr.is_empty() {
-        stderr.push('\n');
+    Ok(stderr)
+}
+
+/// The note on the candidates left out in --exclude-namespaces, if any.
+fn excluded_namespaces_note(in_excluded_namespaces: usize, scope: &crate::cli::Scope) -> String {
+    if in_excluded_namespaces == 0 {
+        return String::new();
     }
-    stderr.push_str(&summary_line(
-        &summary,
-        planned.len() + excluded,
-        &args.admin.scope,
-        fatal.is_some(),
-    ));
-    if in_excluded_namespaces > 0 {
-        stderr.push_str(&format!(
-            "lock-janitor: {in_excluded_namespaces} unlabeled lock candidate{} (by owner or holder; \
-             data not read) in namespaces of --exclude-namespaces ({}) left out; name a namespace \
-             with -n to label there.\n",
-            if in_excluded_namespaces == 1 { "" } else { "s" },
-            args.admin.scope.exclude_namespaces
-        ));
-    }
-    // `-n typo` lists nothing: say so rather than only "0 scanned".
-    stderr.push_str(&missing_note(&cluster, &listing.empty_namespaces).await);
-    // The notes and summary go to stderr: stdout is the report alone.
-    eprint!("{stderr}");
-    if let Some(error) = fatal {
-        return Err(anyhow!(error));
-    }
+    format!(
+        "lock-janitor: {in_excluded_namespaces} unlabeled lock candidate{} (by owner or holder; \
+         data not read) in namespaces of --exclude-namespaces ({}) left out; name a namespace \
+         with -n to label there.\n",
+        if in_excluded_namespaces == 1 { "" } else { "s" },
+        scope.exclude_namespaces
+    )
+}
+
+/// Fails when a write was tried and did not label.
+fn exit_status(summary: &LabelSummary) -> anyhow::Result<ExitCode> {
     let c = &summary.results;
     let (unlabeled, tried) = (
         c.conflict + c.failed,

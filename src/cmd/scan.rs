@@ -46,7 +46,8 @@ use kube::Api;
 use super::report::{build_row, kubectl_name, Found, LockList, Report, Row, Summary};
 use super::table::{render_report, Style};
 use super::{
-    connect, encode, explain, list_candidates, missing_note, print_stdout, Cluster, CONCURRENCY,
+    connect, encode, explain, list_candidates, missing_note, print_stdout, Candidate, Cluster,
+    Listing, CONCURRENCY,
 };
 use crate::cli::{Output, ScanArgs};
 use crate::lock::{self, Lock, LockKey, Unmanageable};
@@ -61,7 +62,7 @@ pub const EXIT_STALE: u8 = 3;
 async fn fetch_holders(
     cluster: &Cluster,
     keys: BTreeSet<(String, String)>,
-) -> Result<HashMap<(String, String), Found>, Error> {
+) -> Result<Holders, Error> {
     futures::stream::iter(keys)
         .map(|(ns, name)| {
             let api: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns);
@@ -81,6 +82,16 @@ async fn fetch_holders(
         .buffer_unordered(CONCURRENCY)
         .try_collect()
         .await
+}
+
+/// The holder pods read, by namespace and name.
+type Holders = HashMap<(String, String), Found>;
+
+/// What was found of a parsed lock's holder (nothing for an unmanageable
+/// lock).
+fn holder_found<'a>(holders: &'a Holders, p: &Result<Lock, Unmanageable>) -> Option<&'a Found> {
+    let l = p.as_ref().ok()?;
+    holders.get(&(l.namespace.clone(), l.holder.name.clone()))
 }
 
 /// Lists, reads holders, judges (through `observe`, as the controller
@@ -104,10 +115,6 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
     let holders = fetch_holders(cluster, keys)
         .await
         .map_err(|e| explain(e, cluster, needs))?;
-    let found_for = |p: &Result<Lock, Unmanageable>| {
-        let l = p.as_ref().ok()?;
-        holders.get(&(l.namespace.clone(), l.holder.name.clone()))
-    };
 
     let observer = Observer::new(
         cluster.client.clone(),
@@ -118,11 +125,50 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
         },
     );
     let now = Timestamp::now();
-    // The holders are read; only a lock whose holder is missing past the
-    // grace makes one more read (is its uid alive in another namespace?).
-    let verdicts: Vec<Verdict> = futures::stream::iter(listing.candidates.iter().zip(&parsed))
+    let verdicts = judge_configmaps(&observer, &listing.candidates, &parsed, &holders)
+        .await
+        .map_err(|e| explain(e, cluster, needs))?;
+
+    let mut locks: Vec<Row> = listing
+        .candidates
+        .iter()
+        .zip(&parsed)
+        .zip(&verdicts)
+        .map(|((c, p), v)| build_row(c, p, holder_found(&holders, p), v, now))
+        .collect();
+    let mut verdicts = verdicts;
+    // The Lease locks, judged the same way. A janitor installed for
+    // ConfigMaps only may not list Leases: said, and left out.
+    let lease_needs = "list on leases and list on pods";
+    let found =
+        super::leases::lease_candidates_if_allowed(cluster, &args.admin.scope, lease_needs).await?;
+    let judged = super::leases::judge_all(&observer, &found)
+        .await
+        .map_err(|e| explain(e, cluster, lease_needs))?;
+    for (c, j) in found.candidates.iter().zip(judged) {
+        locks.push(super::leases::lease_row(c, &j, now));
+        verdicts.push(j.verdict);
+    }
+    let summary = summarize(args, &listing, found.scanned, &locks, &verdicts, started);
+    Ok(Report {
+        locks,
+        summary,
+        empty_namespaces: listing.empty_namespaces,
+    })
+}
+
+/// Judges each ConfigMap candidate with its holder as read, in order. The
+/// holders are read; only a lock whose holder is missing past the grace
+/// makes one more read (is its uid alive in another namespace?).
+async fn judge_configmaps(
+    observer: &Observer,
+    candidates: &[Candidate],
+    parsed: &[Result<Lock, Unmanageable>],
+    holders: &Holders,
+) -> Result<Vec<Verdict>, Error> {
+    futures::stream::iter(candidates.iter().zip(parsed))
         .map(|(c, p)| {
-            let holder = match found_for(p) {
+            let holder = match holder_found(holders, p) {
                 Some(Found::Pod(pod)) => Some(pod.as_ref().clone()),
                 _ => None,
             };
@@ -130,7 +176,6 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
                 c.meta.namespace.clone().unwrap_or_default(),
                 c.meta.name.clone().unwrap_or_default(),
             );
-            let observer = &observer;
             async move {
                 observer
                     .judge(
@@ -148,31 +193,20 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
         .buffered(CONCURRENCY)
         .try_collect()
         .await
-        .map_err(|e| explain(e, cluster, needs))?;
+}
 
-    let mut locks: Vec<Row> = listing
-        .candidates
-        .iter()
-        .zip(&parsed)
-        .zip(&verdicts)
-        .map(|((c, p), v)| build_row(c, p, found_for(p), v, now))
-        .collect();
-    let mut verdicts = verdicts;
-    // The Lease locks, judged the same way. A janitor installed for
-    // ConfigMaps only may not list Leases: said, and left out.
-    let lease_needs = "list on leases and list on pods";
-    let found =
-        super::leases::lease_candidates_if_allowed(cluster, &args.admin.scope, lease_needs).await?;
-    let judged = super::leases::judge_all(&observer, &found)
-        .await
-        .map_err(|e| explain(e, cluster, lease_needs))?;
-    for (c, j) in found.candidates.iter().zip(judged) {
-        locks.push(super::leases::lease_row(c, &j, now));
-        verdicts.push(j.verdict);
-    }
+/// The report's summary: the counts of each state and what was read.
+fn summarize(
+    args: &ScanArgs,
+    listing: &Listing,
+    leases_scanned: usize,
+    locks: &[Row],
+    verdicts: &[Verdict],
+    started: Instant,
+) -> Summary {
     let labeled = locks.iter().filter(|r| r.labeled).count();
     let count = |s: LockState| verdicts.iter().filter(|v| v.state() == s).count();
-    let summary = Summary {
+    Summary {
         total: locks.len(),
         labeled,
         unlabeled: locks.len() - labeled,
@@ -181,18 +215,13 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
         ambiguous: count(LockState::Ambiguous),
         unmanageable: count(LockState::Unmanageable),
         configmaps_scanned: listing.scanned,
-        leases_scanned: found.scanned,
+        leases_scanned,
         skipped_with_data: listing.skipped_with_data,
         namespaces: args.admin.scope.namespaces.clone(),
         selector: args.admin.scope.selector.to_string(),
         owner_gone_grace_seconds: args.owner_gone_grace.as_secs_f64(),
         duration_seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
-    };
-    Ok(Report {
-        locks,
-        summary,
-        empty_namespaces: listing.empty_namespaces,
-    })
+    }
 }
 
 /// `lock-janitor scan`: exit 0 when no lock is stale, 3 when one is.

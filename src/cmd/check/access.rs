@@ -255,117 +255,146 @@ async fn target(i: &Install) -> anyhow::Result<Option<(String, String)>> {
 
 /// Check 4: the delete guard exists where served and denies what it must.
 pub async fn delete_guard(i: &Install) -> Check {
-    const NAME: &str = "delete-guard";
-    let r = async {
-        let gv = "admissionregistration.k8s.io/v1";
-        if !served(&i.client, gv, "validatingadmissionpolicies").await? {
-            return Ok(Check::warn(
-                NAME,
-                format!(
-                    "this API server serves no ValidatingAdmissionPolicy v1 (Kubernetes before 1.30): \
-                     RBAC alone lets {} delete every ConfigMap in {}",
-                    i.user(),
-                    i.scope_text()
-                ),
-                "upgrade the cluster to Kubernetes 1.30 or later; the chart then installs the guard",
-            ));
-        }
-        let name = format!("{}-{}-guard", i.name, i.namespace);
-        let unguarded = format!(
-            "RBAC alone lets {} delete every ConfigMap in {}",
-            i.user(),
-            i.scope_text()
-        );
-        let restore = i.helm_upgrade("--set admissionPolicies.deleteGuard.enabled=true");
-        let Some((_, binding)) =
-            policy_and_binding(i, gv, "ValidatingAdmissionPolicy", &name).await?
-        else {
-            return Ok(Check::fail(
-                NAME,
-                format!("no ValidatingAdmissionPolicy {name}: {unguarded}"),
-                restore,
-            ));
-        };
-        let denies = binding.as_ref().is_some_and(|b| {
-            b.data["spec"]["policyName"] == name.as_str()
-                && b.data["spec"]["validationActions"]
-                    .as_array()
-                    .is_some_and(|a| a.iter().any(|v| v == "Deny"))
-        });
-        if !denies {
-            return Ok(Check::fail(
-                NAME,
-                format!("ValidatingAdmissionPolicy {name} has no binding {name} that denies: {unguarded}"),
-                restore,
-            ));
-        }
-        let Some((ns, cm)) = target(i).await? else {
-            return Ok(Check::warn(
-                NAME,
-                format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: no ConfigMap outside the opt-in in {}", i.scope_text()),
-                "create any ConfigMap there and run check again",
-            ));
-        };
-        let mut config = i.config.clone();
-        config.auth_info.impersonate = Some(i.user());
-        config.auth_info.impersonate_groups = Some(i.groups());
-        let as_janitor = Client::try_from(config)?;
-        let api: Api<ConfigMap> = Api::namespaced(as_janitor, &ns);
-        let dp = DeleteParams {
-            dry_run: true,
-            ..Default::default()
-        };
-        let tried = format!(
-            "a dry-run DELETE of ConfigMap {ns}/{cm} (not opted in) as {}",
-            i.user()
-        );
-        // The API server applies a new or changed policy within a moment
-        // (its policy informer): an allowed DELETE is tried again, a few
-        // times, before it counts.
-        let mut result = call("dry-run delete", api.delete(&cm, &dp)).await;
-        for _ in 0..GUARD_RETRIES {
-            if result.is_err() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            result = call("dry-run delete", api.delete(&cm, &dp)).await;
-        }
-        Ok(match result {
-            Ok(_) => Check::fail(
-                NAME,
-                format!("{tried} was allowed: ValidatingAdmissionPolicy {name} does not stop it"),
-                format!("compare the policy with the chart's (kubectl get validatingadmissionpolicy {name} -o yaml); {restore}"),
-            ),
-            Err(crate::Error::Kube {
-                source: kube::Error::Api(s),
-                ..
-            }) if s.code == 403 => if s.message.contains(&name) {
-                Check::ok(NAME, format!("ValidatingAdmissionPolicy {name} denies {tried}"))
-            } else if s.message.contains("impersonate") {
-                Check::warn(
-                    NAME,
-                    format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: you may not impersonate {} ({})", i.user(), s.message),
-                    "run check as a user who may impersonate serviceaccounts, users and groups (cluster-admin may) to see the guard deny",
-                )
-            } else {
-                Check::warn(
-                    NAME,
-                    format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: RBAC denied {tried} first ({})", s.message),
-                    "see the rbac check",
-                )
-            },
-            Err(e) => Check::warn(
-                NAME,
-                format!("ValidatingAdmissionPolicy {name} and its binding exist; {tried} failed: {e}"),
-                "run check again; if it persists, look at the API server",
-            ),
-        })
-    };
     Check::or_failed(
-        NAME,
-        r.await,
+        GUARD,
+        guard(i).await,
         "get on validatingadmissionpolicies and their bindings",
     )
+}
+
+/// The name of check 4.
+const GUARD: &str = "delete-guard";
+
+/// Check 4's steps: the policy API served, the policy and a binding that
+/// denies, then a dry-run DELETE as the janitor that it must deny.
+async fn guard(i: &Install) -> anyhow::Result<Check> {
+    const NAME: &str = GUARD;
+    let gv = "admissionregistration.k8s.io/v1";
+    if !served(&i.client, gv, "validatingadmissionpolicies").await? {
+        return Ok(Check::warn(
+            NAME,
+            format!(
+                "this API server serves no ValidatingAdmissionPolicy v1 (Kubernetes before 1.30): \
+                 RBAC alone lets {} delete every ConfigMap in {}",
+                i.user(),
+                i.scope_text()
+            ),
+            "upgrade the cluster to Kubernetes 1.30 or later; the chart then installs the guard",
+        ));
+    }
+    let name = format!("{}-{}-guard", i.name, i.namespace);
+    let unguarded = format!(
+        "RBAC alone lets {} delete every ConfigMap in {}",
+        i.user(),
+        i.scope_text()
+    );
+    let restore = i.helm_upgrade("--set admissionPolicies.deleteGuard.enabled=true");
+    let Some((_, binding)) = policy_and_binding(i, gv, "ValidatingAdmissionPolicy", &name).await?
+    else {
+        return Ok(Check::fail(
+            NAME,
+            format!("no ValidatingAdmissionPolicy {name}: {unguarded}"),
+            restore,
+        ));
+    };
+    let denies = binding.as_ref().is_some_and(|b| {
+        b.data["spec"]["policyName"] == name.as_str()
+            && b.data["spec"]["validationActions"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|v| v == "Deny"))
+    });
+    if !denies {
+        return Ok(Check::fail(
+            NAME,
+            format!(
+                "ValidatingAdmissionPolicy {name} has no binding {name} that denies: {unguarded}"
+            ),
+            restore,
+        ));
+    }
+    let Some((ns, cm)) = target(i).await? else {
+        return Ok(Check::warn(
+            NAME,
+            format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: no ConfigMap outside the opt-in in {}", i.scope_text()),
+            "create any ConfigMap there and run check again",
+        ));
+    };
+    let tried = format!(
+        "a dry-run DELETE of ConfigMap {ns}/{cm} (not opted in) as {}",
+        i.user()
+    );
+    let result = dry_run_delete_as_janitor(i, &ns, &cm).await?;
+    Ok(guard_verdict(i, result, &name, &tried, &restore))
+}
+
+/// A dry-run DELETE of ConfigMap `ns/cm` impersonating the janitor. The API
+/// server applies a new or changed policy within a moment (its policy
+/// informer): an allowed DELETE is tried again, a few times, before it
+/// counts.
+async fn dry_run_delete_as_janitor(
+    i: &Install,
+    ns: &str,
+    cm: &str,
+) -> anyhow::Result<Result<(), crate::Error>> {
+    let mut config = i.config.clone();
+    config.auth_info.impersonate = Some(i.user());
+    config.auth_info.impersonate_groups = Some(i.groups());
+    let as_janitor = Client::try_from(config)?;
+    let api: Api<ConfigMap> = Api::namespaced(as_janitor, ns);
+    let dp = DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let mut result = call("dry-run delete", api.delete(cm, &dp)).await;
+    for _ in 0..GUARD_RETRIES {
+        if result.is_err() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        result = call("dry-run delete", api.delete(cm, &dp)).await;
+    }
+    Ok(result.map(|_| ()))
+}
+
+/// What the dry-run DELETE's answer says of the guard.
+fn guard_verdict(
+    i: &Install,
+    result: Result<(), crate::Error>,
+    name: &str,
+    tried: &str,
+    restore: &str,
+) -> Check {
+    const NAME: &str = GUARD;
+    match result {
+        Ok(()) => Check::fail(
+            NAME,
+            format!("{tried} was allowed: ValidatingAdmissionPolicy {name} does not stop it"),
+            format!("compare the policy with the chart's (kubectl get validatingadmissionpolicy {name} -o yaml); {restore}"),
+        ),
+        Err(crate::Error::Kube {
+            source: kube::Error::Api(s),
+            ..
+        }) if s.code == 403 => if s.message.contains(name) {
+            Check::ok(NAME, format!("ValidatingAdmissionPolicy {name} denies {tried}"))
+        } else if s.message.contains("impersonate") {
+            Check::warn(
+                NAME,
+                format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: you may not impersonate {} ({})", i.user(), s.message),
+                "run check as a user who may impersonate serviceaccounts, users and groups (cluster-admin may) to see the guard deny",
+            )
+        } else {
+            Check::warn(
+                NAME,
+                format!("ValidatingAdmissionPolicy {name} and its binding exist; not tried: RBAC denied {tried} first ({})", s.message),
+                "see the rbac check",
+            )
+        },
+        Err(e) => Check::warn(
+            NAME,
+            format!("ValidatingAdmissionPolicy {name} and its binding exist; {tried} failed: {e}"),
+            "run check again; if it persists, look at the API server",
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -95,11 +95,6 @@ pub fn install_found(i: &Install) -> Check {
             .map(|r| format!(" (release {r})"))
             .unwrap_or_default()
     );
-    let look = format!(
-        "kubectl -n {ns} describe pods -l {sel}; kubectl -n {ns} logs -l {sel} (a pod is ready once every watch has synced)",
-        ns = i.namespace,
-        sel = i.pod_selector()
-    );
     if want == 0 {
         return Check::warn(
             NAME,
@@ -111,27 +106,12 @@ pub fn install_found(i: &Install) -> Check {
         );
     }
     if ready_replicas < want {
-        let not_ready: Vec<String> = i
-            .pods
-            .iter()
-            .filter(|p| !ready(p))
-            .map(|p| {
-                let phase = p
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.phase.clone())
-                    .unwrap_or_else(|| "no status".into());
-                format!(
-                    "{} ({phase})",
-                    p.metadata.name.as_deref().unwrap_or_default()
-                )
-            })
-            .collect();
-        let pods = if not_ready.is_empty() {
-            String::new()
-        } else {
-            format!("; not ready: {}", not_ready.join(", "))
-        };
+        let look = format!(
+            "kubectl -n {ns} describe pods -l {sel}; kubectl -n {ns} logs -l {sel} (a pod is ready once every watch has synced)",
+            ns = i.namespace,
+            sel = i.pod_selector()
+        );
+        let pods = not_ready_pods(i);
         return Check::fail(
             NAME,
             format!("{what}: {ready_replicas}/{want} pods ready{pods}"),
@@ -146,23 +126,7 @@ pub fn install_found(i: &Install) -> Check {
         );
     }
     if i.run.dry_run {
-        let (how, hint) = if i.from_env.iter().any(|e| e == DRY_RUN_ENV) {
-            (
-                format!("{DRY_RUN_ENV} in its container's env"),
-                format!(
-                    "to let it free stale locks, remove {DRY_RUN_ENV} from the container's env (the chart's extraEnv), then {}",
-                    i.helm_upgrade("")
-                ),
-            )
-        } else {
-            (
-                "--dry-run".to_owned(),
-                format!(
-                    "to let it free stale locks: {}",
-                    i.helm_upgrade("--set dryRun=false")
-                ),
-            )
-        };
+        let (how, hint) = dry_run_how(i);
         return Check::warn(
             NAME,
             format!("{what}: {ready_replicas}/{want} pods ready, in dry-run mode ({how}): it reports stale locks and frees none"),
@@ -181,6 +145,52 @@ pub fn install_found(i: &Install) -> Check {
         );
     }
     Check::ok(NAME, format!("{what}: {ready_replicas}/{want} pods ready"))
+}
+
+/// `; not ready: pod (phase), ...` for the pods not ready, or nothing.
+fn not_ready_pods(i: &Install) -> String {
+    let not_ready: Vec<String> = i
+        .pods
+        .iter()
+        .filter(|p| !ready(p))
+        .map(|p| {
+            let phase = p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_else(|| "no status".into());
+            format!(
+                "{} ({phase})",
+                p.metadata.name.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    if not_ready.is_empty() {
+        String::new()
+    } else {
+        format!("; not ready: {}", not_ready.join(", "))
+    }
+}
+
+/// How dry-run mode is on (the env or the flag), and how to turn it off.
+fn dry_run_how(i: &Install) -> (String, String) {
+    if i.from_env.iter().any(|e| e == DRY_RUN_ENV) {
+        (
+            format!("{DRY_RUN_ENV} in its container's env"),
+            format!(
+                "to let it free stale locks, remove {DRY_RUN_ENV} from the container's env (the chart's extraEnv), then {}",
+                i.helm_upgrade("")
+            ),
+        )
+    } else {
+        (
+            "--dry-run".to_owned(),
+            format!(
+                "to let it free stale locks: {}",
+                i.helm_upgrade("--set dryRun=false")
+            ),
+        )
+    }
 }
 
 /// The variable that turns on `run --dry-run`.
@@ -311,180 +321,224 @@ pub fn auto_opt_in(i: &Install) -> Check {
 /// workload monitoring has, needs none). Where the Prometheus objects
 /// cannot be read, it says so and does not warn.
 pub async fn monitoring(i: &Install) -> Check {
-    const NAME: &str = "monitoring";
+    Check::or_failed(
+        MONITORING,
+        monitoring_objects(i).await,
+        "list on servicemonitors and prometheusrules",
+    )
+}
+
+/// The name of check 8.
+const MONITORING: &str = "monitoring";
+
+/// A ServiceMonitor or PrometheusRule of the release: what a Prometheus
+/// picks it as, `Kind ns/name`, the object.
+type Monitored = (Picked, String, DynamicObject);
+
+/// A Prometheus: (namespace/name, its namespace, its spec).
+type Prometheus = (String, String, serde_json::Value);
+
+/// Check 8's steps: the release's objects, the Prometheus objects, and
+/// which of them picks each.
+async fn monitoring_objects(i: &Install) -> anyhow::Result<Check> {
+    const NAME: &str = MONITORING;
     let gv = "monitoring.coreos.com/v1";
-    let r = async {
-        if !served(&i.client, gv, "servicemonitors").await? {
+    if !served(&i.client, gv, "servicemonitors").await? {
+        return Ok(Check::ok(
+            NAME,
+            "skipped: the Prometheus Operator is not installed (monitoring.coreos.com/v1 not served)",
+        ));
+    }
+    let (found, missing) = release_monitoring(i, gv).await?;
+    if !missing.is_empty() {
+        return Ok(Check::warn(
+            NAME,
+            format!(
+                "the Prometheus Operator is installed but the release has no {}: no scrapes, no alerts",
+                missing.join(" or ")
+            ),
+            i.helm_upgrade("--set serviceMonitor.enabled=true --set prometheusRule.enabled=true"),
+        ));
+    }
+    let prometheuses = match prometheuses(&i.client).await {
+        Ok(p) if !p.is_empty() => p,
+        // Nothing to compare with: no warning on a guess.
+        other => {
+            let why = match other {
+                Ok(_) => "no Prometheus object found".to_owned(),
+                Err(e) => format!("the Prometheus objects could not be read: {e}"),
+            };
+            let names: Vec<String> = found.iter().map(named).collect();
             return Ok(Check::ok(
                 NAME,
-                "skipped: the Prometheus Operator is not installed (monitoring.coreos.com/v1 not served)",
-            ));
-        }
-        let selector = release_selector(PART_OF_LABEL, i.release.as_deref());
-        let lp = ListParams::default().labels(&selector);
-        let mut found: Vec<(Picked, String, DynamicObject)> = Vec::new();
-        let mut missing = Vec::new();
-        for (picked, kind, plural, ns) in [
-            (
-                Picked::ServiceMonitor,
-                "ServiceMonitor",
-                "servicemonitors",
-                None,
-            ),
-            (
-                Picked::PrometheusRule,
-                "PrometheusRule",
-                "prometheusrules",
-                Some(i.namespace.as_str()),
-            ),
-        ] {
-            // Each CRD on its own: one may be installed without the other.
-            if plural != "servicemonitors" && !served(&i.client, gv, plural).await? {
-                missing.push(kind);
-                continue;
-            }
-            let api = dynamic(&i.client, gv, kind, ns);
-            // A ServiceMonitor may live in another namespace
-            // (serviceMonitor.namespace): this release's scrapes its own.
-            let items: Vec<DynamicObject> = call(format!("listing {plural}"), api.list(&lp))
-                .await?
-                .items
-                .into_iter()
-                .filter(|o| {
-                    o.metadata.namespace.as_deref() == Some(i.namespace.as_str())
-                        || o.data["spec"]["namespaceSelector"]["matchNames"]
-                            .as_array()
-                            .is_some_and(|n| n.iter().any(|n| n == i.namespace.as_str()))
-                })
-                .collect();
-            if items.is_empty() {
-                missing.push(kind);
-            }
-            for o in items {
-                let id = format!(
-                    "{kind} {}/{}",
-                    o.metadata.namespace.as_deref().unwrap_or_default(),
-                    o.metadata.name.as_deref().unwrap_or_default()
-                );
-                found.push((picked, id, o));
-            }
-        }
-        if !missing.is_empty() {
-            return Ok(Check::warn(
-                NAME,
                 format!(
-                    "the Prometheus Operator is installed but the release has no {}: no scrapes, no alerts",
-                    missing.join(" or ")
+                    "{} ({why}; whether a Prometheus selects them is not checked)",
+                    names.join(", ")
                 ),
-                i.helm_upgrade("--set serviceMonitor.enabled=true --set prometheusRule.enabled=true"),
             ));
         }
-        let named = |(_, id, o): &(Picked, String, DynamicObject)| match o
+    };
+    let (picked, unpicked) = picked_by(i, &prometheuses, &found).await;
+    if !unpicked.is_empty() {
+        return Ok(unpicked_warning(i, &prometheuses, &unpicked));
+    }
+    Ok(Check::ok(NAME, picked.join("; ")))
+}
+
+/// The release's ServiceMonitors (in its namespace, or scraping it) and
+/// PrometheusRules; and the kinds it has none of.
+async fn release_monitoring(
+    i: &Install,
+    gv: &str,
+) -> anyhow::Result<(Vec<Monitored>, Vec<&'static str>)> {
+    let selector = release_selector(PART_OF_LABEL, i.release.as_deref());
+    let lp = ListParams::default().labels(&selector);
+    let mut found: Vec<Monitored> = Vec::new();
+    let mut missing = Vec::new();
+    for (picked, kind, plural, ns) in [
+        (
+            Picked::ServiceMonitor,
+            "ServiceMonitor",
+            "servicemonitors",
+            None,
+        ),
+        (
+            Picked::PrometheusRule,
+            "PrometheusRule",
+            "prometheusrules",
+            Some(i.namespace.as_str()),
+        ),
+    ] {
+        // Each CRD on its own: one may be installed without the other.
+        if plural != "servicemonitors" && !served(&i.client, gv, plural).await? {
+            missing.push(kind);
+            continue;
+        }
+        let api = dynamic(&i.client, gv, kind, ns);
+        // A ServiceMonitor may live in another namespace
+        // (serviceMonitor.namespace): this release's scrapes its own.
+        let items: Vec<DynamicObject> = call(format!("listing {plural}"), api.list(&lp))
+            .await?
+            .items
+            .into_iter()
+            .filter(|o| {
+                o.metadata.namespace.as_deref() == Some(i.namespace.as_str())
+                    || o.data["spec"]["namespaceSelector"]["matchNames"]
+                        .as_array()
+                        .is_some_and(|n| n.iter().any(|n| n == i.namespace.as_str()))
+            })
+            .collect();
+        if items.is_empty() {
+            missing.push(kind);
+        }
+        for o in items {
+            let id = format!(
+                "{kind} {}/{}",
+                o.metadata.namespace.as_deref().unwrap_or_default(),
+                o.metadata.name.as_deref().unwrap_or_default()
+            );
+            found.push((picked, id, o));
+        }
+    }
+    Ok((found, missing))
+}
+
+/// `Kind ns/name`, with its `release` label if it has one.
+fn named((_, id, o): &Monitored) -> String {
+    match o.metadata.labels.as_ref().and_then(|l| l.get("release")) {
+        Some(r) => format!("{id} (release={r})"),
+        None => id.clone(),
+    }
+}
+
+/// `... picked up by Prometheus a, b` for each object some Prometheus
+/// selects; and those none selects.
+async fn picked_by<'a>(
+    i: &Install,
+    prometheuses: &[Prometheus],
+    found: &'a [Monitored],
+) -> (Vec<String>, Vec<&'a Monitored>) {
+    let mut namespaces: BTreeMap<String, Labels> = BTreeMap::new();
+    let mut picked = Vec::new();
+    let mut unpicked = Vec::new();
+    for f in found {
+        let (kind, _, o) = f;
+        let ns = o.metadata.namespace.clone().unwrap_or_default();
+        if !namespaces.contains_key(&ns) {
+            let labels = namespace_labels(&i.client, &ns).await;
+            namespaces.insert(ns.clone(), labels);
+        }
+        let labels: Labels = o
             .metadata
             .labels
-            .as_ref()
-            .and_then(|l| l.get("release"))
-        {
-            Some(r) => format!("{id} (release={r})"),
-            None => id.clone(),
-        };
-        let prometheuses = match prometheuses(&i.client).await {
-            Ok(p) if !p.is_empty() => p,
-            // Nothing to compare with: no warning on a guess.
-            other => {
-                let why = match other {
-                    Ok(_) => "no Prometheus object found".to_owned(),
-                    Err(e) => format!("the Prometheus objects could not be read: {e}"),
-                };
-                let names: Vec<String> = found.iter().map(named).collect();
-                return Ok(Check::ok(
-                    NAME,
-                    format!(
-                        "{} ({why}; whether a Prometheus selects them is not checked)",
-                        names.join(", ")
-                    ),
-                ));
-            }
-        };
-        let mut namespaces: BTreeMap<String, Labels> = BTreeMap::new();
-        let mut picked = Vec::new();
-        let mut unpicked = Vec::new();
-        for f in &found {
-            let (kind, _, o) = f;
-            let ns = o.metadata.namespace.clone().unwrap_or_default();
-            if !namespaces.contains_key(&ns) {
-                let labels = namespace_labels(&i.client, &ns).await;
-                namespaces.insert(ns.clone(), labels);
-            }
-            let labels: Labels = o
-                .metadata
-                .labels
-                .clone()
-                .unwrap_or_default()
-                .into_iter()
-                .collect();
-            let by: Vec<&str> = prometheuses
-                .iter()
-                .filter(|(_, home, spec)| {
-                    selectors::picks(spec, home, *kind, &labels, &ns, &namespaces[&ns])
-                })
-                .map(|(id, _, _)| id.as_str())
-                .collect();
-            if by.is_empty() {
-                unpicked.push(f);
-            } else {
-                picked.push(format!(
-                    "{} picked up by Prometheus {}",
-                    named(f),
-                    by.join(", ")
-                ));
-            }
-        }
-        if let Some((kind, _, _)) = unpicked.first() {
-            let how: Vec<String> = prometheuses
-                .iter()
-                .map(|(id, _, spec)| format!("{id}: {}", selectors::describe(spec, *kind)))
-                .collect();
-            let sets: Vec<String> = unpicked
-                .iter()
-                .flat_map(|(kind, _, _)| {
-                    let value = kind.labels_value();
-                    prometheuses
-                        .iter()
-                        .map(|(_, _, spec)| selectors::wanted_labels(spec, *kind))
-                        .find(|l| !l.is_empty())
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(move |(k, v)| format!("--set {value}.{k}={v}"))
-                })
-                .collect();
-            let hint = if sets.is_empty() {
-                "label them (the chart's serviceMonitor.additionalLabels, prometheusRule.additionalLabels) so that a Prometheus' selectors pick them, or widen its selectors".to_owned()
-            } else {
-                i.helm_upgrade(&sets.join(" "))
-            };
-            return Ok(Check::warn(
-                NAME,
-                format!(
-                    "{} picked up by no Prometheus ({}): no scrapes or no alerts",
-                    unpicked
-                        .iter()
-                        .map(|f| named(f))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    how.join("; ")
-                ),
-                hint,
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let by: Vec<&str> = prometheuses
+            .iter()
+            .filter(|(_, home, spec)| {
+                selectors::picks(spec, home, *kind, &labels, &ns, &namespaces[&ns])
+            })
+            .map(|(id, _, _)| id.as_str())
+            .collect();
+        if by.is_empty() {
+            unpicked.push(f);
+        } else {
+            picked.push(format!(
+                "{} picked up by Prometheus {}",
+                named(f),
+                by.join(", ")
             ));
         }
-        Ok(Check::ok(NAME, picked.join("; ")))
+    }
+    (picked, unpicked)
+}
+
+/// The warning for objects no Prometheus picks up: each Prometheus'
+/// selectors, and the chart values that would make the first one pick them.
+fn unpicked_warning(i: &Install, prometheuses: &[Prometheus], unpicked: &[&Monitored]) -> Check {
+    let (kind, _, _) = unpicked[0];
+    let how: Vec<String> = prometheuses
+        .iter()
+        .map(|(id, _, spec)| format!("{id}: {}", selectors::describe(spec, *kind)))
+        .collect();
+    let sets: Vec<String> = unpicked
+        .iter()
+        .flat_map(|(kind, _, _)| {
+            let value = kind.labels_value();
+            prometheuses
+                .iter()
+                .map(|(_, _, spec)| selectors::wanted_labels(spec, *kind))
+                .find(|l| !l.is_empty())
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |(k, v)| format!("--set {value}.{k}={v}"))
+        })
+        .collect();
+    let hint = if sets.is_empty() {
+        "label them (the chart's serviceMonitor.additionalLabels, prometheusRule.additionalLabels) so that a Prometheus' selectors pick them, or widen its selectors".to_owned()
+    } else {
+        i.helm_upgrade(&sets.join(" "))
     };
-    Check::or_failed(NAME, r.await, "list on servicemonitors and prometheusrules")
+    Check::warn(
+        MONITORING,
+        format!(
+            "{} picked up by no Prometheus ({}): no scrapes or no alerts",
+            unpicked
+                .iter()
+                .map(|f| named(f))
+                .collect::<Vec<_>>()
+                .join(", "),
+            how.join("; ")
+        ),
+        hint,
+    )
 }
 
 /// Every Prometheus of the Prometheus Operator: (namespace/name, its
 /// namespace, its spec).
-async fn prometheuses(client: &Client) -> anyhow::Result<Vec<(String, String, serde_json::Value)>> {
+async fn prometheuses(client: &Client) -> anyhow::Result<Vec<Prometheus>> {
     let gv = "monitoring.coreos.com/v1";
     if !served(client, gv, "prometheuses").await? {
         return Ok(Vec::new());

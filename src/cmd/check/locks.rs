@@ -72,47 +72,14 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
             "give the janitor a selector like lock-janitor.io/watch=true",
         ));
     };
-    let kinds = &i.run.lock_kinds;
-    let mut metas = Vec::new();
-    if kinds.contains(&LockKind::ConfigMap) {
-        let listing = list_candidates(cluster, scope, "list and get on configmaps").await?;
-        metas.extend(
-            listing
-                .candidates
-                .into_iter()
-                .map(|c| ("", c.meta, c.labeled)),
-        );
-    }
-    if kinds.contains(&LockKind::Lease) {
-        let found = crate::cmd::leases::list_lease_candidates(cluster, scope).await?;
-        metas.extend(
-            found
-                .candidates
-                .into_iter()
-                .map(|c| ("lease ", c.lease.metadata, c.labeled)),
-        );
-    }
-    let (mut opted_in, mut opted_out, mut not_in) = (0, Vec::new(), Vec::new());
-    let mut excluded = 0;
-    let mut label_namespaces = BTreeSet::new();
-    for (kind, meta, labeled) in &metas {
-        let ns = meta.namespace.clone().unwrap_or_default();
-        let id = format!("{kind}{ns}/{}", meta.name.as_deref().unwrap_or_default());
-        if *labeled {
-            opted_in += 1;
-            continue;
-        }
-        match plan_for(meta, key, value) {
-            Plan::Unchanged => opted_in += 1,
-            Plan::Conflicting(v) => opted_out.push(format!("{id} ({key}={v})")),
-            // Never auto-opted in, not counted as unprotected.
-            Plan::Add if scope.exclude_namespaces.excludes(&ns) => excluded += 1,
-            Plan::Add => {
-                not_in.push(id);
-                label_namespaces.insert(ns);
-            }
-        }
-    }
+    let metas = lock_metas(cluster, i).await?;
+    let Tally {
+        opted_in,
+        opted_out,
+        not_in,
+        excluded,
+        label_namespaces,
+    } = tally(&metas, key, value, scope);
     let mut detail = format!(
         "{} lock{} in {}: {opted_in} opted in, {} opted out on purpose",
         metas.len(),
@@ -136,23 +103,7 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
             not_in.len(),
             names(&not_in)
         ));
-        let sel = selector_flag(i);
-        let commands: Vec<String> = label_namespaces
-            .iter()
-            .map(|ns| format!("lock-janitor label -n {ns}{sel} --apply"))
-            .collect();
-        let auto = if i.run.auto_opt_in {
-            "the janitor runs with --auto-opt-in: its leader labels these within seconds, and when \
-             they stay unlabeled its log says why (a 403 names the missing permission; docs/runbooks.md, \
-             LockJanitorUnprotectedLocks); to label them now: "
-        } else {
-            "the janitor frees only opted-in locks: "
-        };
-        hints.push(format!(
-            "{auto}{} (without --apply it shows what it would label); \
-             to keep one out on purpose, label it {key}=false",
-            names(&commands)
-        ));
+        hints.push(label_hint(i, &label_namespaces, key));
     }
     match outside(cluster, i).await {
         Outside::Unknown(why) => detail.push_str(&format!(
@@ -169,22 +120,127 @@ async fn opt_ins(cluster: &Cluster, i: &Install) -> anyhow::Result<Check> {
                 found.len(),
                 names(&ids)
             ));
-            let mut watched: BTreeSet<&str> =
-                i.run.scope.namespaces.iter().map(String::as_str).collect();
-            watched.extend(found.iter().map(|(_, ns, _)| ns.as_str()));
-            let list: Vec<&str> = watched.into_iter().collect();
-            hints.push(format!(
-                "the janitor watches only {}: add the namespaces of those locks to watchNamespaces ({}), \
-                 or take the label off them (kubectl label -n <namespace> configmap/<name> {key}-; lease/<name> for a Lease)",
-                i.scope_text(),
-                i.helm_upgrade(&format!("--set watchNamespaces={{{}}}", list.join(",")))
-            ));
+            hints.push(outside_hint(i, &found, key));
         }
     }
     if hints.is_empty() {
         return Ok(Check::ok(NAME, detail));
     }
     Ok(Check::warn(NAME, detail, hints.join("; ")))
+}
+
+/// The lock candidates of the install's kinds in its scope: (kind prefix as
+/// in the details, metadata, labeled).
+async fn lock_metas(
+    cluster: &Cluster,
+    i: &Install,
+) -> anyhow::Result<Vec<(&'static str, ObjectMeta, bool)>> {
+    let scope = &i.run.scope;
+    let kinds = &i.run.lock_kinds;
+    let mut metas = Vec::new();
+    if kinds.contains(&LockKind::ConfigMap) {
+        let listing = list_candidates(cluster, scope, "list and get on configmaps").await?;
+        metas.extend(
+            listing
+                .candidates
+                .into_iter()
+                .map(|c| ("", c.meta, c.labeled)),
+        );
+    }
+    if kinds.contains(&LockKind::Lease) {
+        let found = crate::cmd::leases::list_lease_candidates(cluster, scope).await?;
+        metas.extend(
+            found
+                .candidates
+                .into_iter()
+                .map(|c| ("lease ", c.lease.metadata, c.labeled)),
+        );
+    }
+    Ok(metas)
+}
+
+/// The locks counted by their opt-in.
+struct Tally {
+    opted_in: usize,
+    /// `kind ns/name (key=value)`.
+    opted_out: Vec<String>,
+    /// Not opted in, in a namespace not excluded: `kind ns/name`.
+    not_in: Vec<String>,
+    /// Not opted in, in a namespace of --exclude-namespaces.
+    excluded: usize,
+    /// The namespaces of `not_in`.
+    label_namespaces: BTreeSet<String>,
+}
+
+fn tally(
+    metas: &[(&'static str, ObjectMeta, bool)],
+    key: &str,
+    value: &str,
+    scope: &crate::cli::Scope,
+) -> Tally {
+    let (mut opted_in, mut opted_out, mut not_in) = (0, Vec::new(), Vec::new());
+    let mut excluded = 0;
+    let mut label_namespaces = BTreeSet::new();
+    for (kind, meta, labeled) in metas {
+        let ns = meta.namespace.clone().unwrap_or_default();
+        let id = format!("{kind}{ns}/{}", meta.name.as_deref().unwrap_or_default());
+        if *labeled {
+            opted_in += 1;
+            continue;
+        }
+        match plan_for(meta, key, value) {
+            Plan::Unchanged => opted_in += 1,
+            Plan::Conflicting(v) => opted_out.push(format!("{id} ({key}={v})")),
+            // Never auto-opted in, not counted as unprotected.
+            Plan::Add if scope.exclude_namespaces.excludes(&ns) => excluded += 1,
+            Plan::Add => {
+                not_in.push(id);
+                label_namespaces.insert(ns);
+            }
+        }
+    }
+    Tally {
+        opted_in,
+        opted_out,
+        not_in,
+        excluded,
+        label_namespaces,
+    }
+}
+
+/// How to opt in the locks not opted in: the `label` command per namespace.
+fn label_hint(i: &Install, label_namespaces: &BTreeSet<String>, key: &str) -> String {
+    let sel = selector_flag(i);
+    let commands: Vec<String> = label_namespaces
+        .iter()
+        .map(|ns| format!("lock-janitor label -n {ns}{sel} --apply"))
+        .collect();
+    let auto = if i.run.auto_opt_in {
+        "the janitor runs with --auto-opt-in: its leader labels these within seconds, and when \
+         they stay unlabeled its log says why (a 403 names the missing permission; docs/runbooks.md, \
+         LockJanitorUnprotectedLocks); to label them now: "
+    } else {
+        "the janitor frees only opted-in locks: "
+    };
+    format!(
+        "{auto}{} (without --apply it shows what it would label); \
+         to keep one out on purpose, label it {key}=false",
+        names(&commands)
+    )
+}
+
+/// What to do about opted-in locks outside the watched namespaces: watch
+/// their namespaces too, or take the label off.
+fn outside_hint(i: &Install, found: &[(&'static str, String, String)], key: &str) -> String {
+    let mut watched: BTreeSet<&str> = i.run.scope.namespaces.iter().map(String::as_str).collect();
+    watched.extend(found.iter().map(|(_, ns, _)| ns.as_str()));
+    let list: Vec<&str> = watched.into_iter().collect();
+    format!(
+        "the janitor watches only {}: add the namespaces of those locks to watchNamespaces ({}), \
+         or take the label off them (kubectl label -n <namespace> configmap/<name> {key}-; lease/<name> for a Lease)",
+        i.scope_text(),
+        i.helm_upgrade(&format!("--set watchNamespaces={{{}}}", list.join(",")))
+    )
 }
 
 /// Opted-in locks outside a namespaced install's watched namespaces.
