@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all setup build testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker test-compat lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle bench-optin soak release release-check push
+.PHONY: all setup build python-peer testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker test-compat lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle bench-optin soak release release-check push
 
 all: build
 
@@ -19,6 +19,11 @@ setup:
 ## Build etcd, kube-apiserver, kube-controller-manager and helm into the cache (once per version).
 testenv-build:
 	testenv/build.sh >/dev/null
+
+## The Python peer's venv (the official kubernetes client, pinned in
+## testenv/peers/python/requirements.txt) in the cache; test-rust makes it too.
+python-peer:
+	hack/python-peer.sh
 
 ## Start a control plane that outlives the command; prints `export KUBECONFIG=...`.
 testenv-up: testenv-build

@@ -3,7 +3,8 @@
 # the README's two commands are the whole set-up on a fresh machine:
 #   - Debian packages: prometheus (promtool and a server for tests/e2e/prometheus.rs),
 #     musl-tools (the image's static build), file (checks that it is static),
-#     jq (the README's one-liner, run by tests/e2e/docs.rs);
+#     jq (the README's one-liner, run by tests/e2e/docs.rs), python3 and
+#     python3-venv when missing (the Python peer's venv, hack/python-peer.sh);
 #   - rustup: rustfmt, clippy and the x86_64-unknown-linux-musl target.
 # apt-get runs as root (or through sudo when available); otherwise it names the
 # command to run. Idempotent: nothing is installed twice.
@@ -19,6 +20,10 @@ command -v musl-gcc >/dev/null 2>&1 || need_apt+=(musl-tools)
 command -v file >/dev/null 2>&1 || need_apt+=(file)
 # The README's kubectl + jq one-liner is run by tests/e2e/docs.rs.
 command -v jq >/dev/null 2>&1 || need_apt+=(jq)
+# The Python peer's venv (hack/python-peer.sh, tests/e2e/python.rs): python3
+# with venv and ensurepip (Debian splits them into python3-venv).
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1 && need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt_get() { apt-get "$@"; }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # make test-rust: every Rust test, built once, then run:
+#   0. the Python peer's venv (hack/python-peer.sh: made once, then cached);
 #   1. the unit tests (the library's, the binaries', the testenv crate's);
 #   2. three lanes side by side: tests/e2e/ (one shared control plane,
 #      TEST_THREADS threads), tests/isolated/ (suites that start a control
@@ -48,6 +49,12 @@ control_plane="$(exe_of control_plane)"
 for x in "$e2e" "$isolated" "$control_plane"; do
   [ -x "$x" ] || { say "FAIL: a test binary (e2e, isolated, control_plane) is missing from $built"; exit 1; }
 done
+
+# --- the Python peer's venv (tests/e2e/python.rs) ---------------------------
+# Made once per testenv/peers/python/requirements.txt (cold: a pip install
+# from PyPI; warm: a file test), before the lanes, so that its cost is a phase
+# of its own and no test waits for it.
+hack/phases.sh run "test-rust: python-peer" hack/python-peer.sh >/dev/null
 
 # --- 1. unit tests ------------------------------------------------------------
 hack/phases.sh run "test-rust: unit" \

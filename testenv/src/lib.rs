@@ -42,6 +42,7 @@ pub mod node;
 mod paths;
 pub mod peers;
 mod process;
+pub mod python_peer;
 
 pub use certs::{ADMIN_GROUP, ADMIN_USER, CONTROLLER_MANAGER_USER, KUBERNETES_SERVICE_IP};
 pub use paths::{bin_dir, binary, cache_root, Versions};

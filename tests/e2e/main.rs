@@ -31,6 +31,7 @@ mod leases;
 mod operator_lib;
 mod plugin;
 mod prometheus;
+mod python;
 mod restore;
 mod scan;
 mod scopes;

@@ -1,0 +1,447 @@
+//! End-to-end with a real peer nobody here wrote: the official Kubernetes
+//! Python client's `kubernetes.leaderelection` (PyPI `kubernetes` 37.0.2,
+//! `testenv/peers/python/elector.py`, its venv made by `hack/python-peer.sh`),
+//! with its `LeaseLock` and its `ConfigMapLock` (the leader record is the
+//! ConfigMap's annotation `control-plane.alpha.kubernetes.io/leader`, JSON
+//! written by Python: `leaseDurationSeconds` a string, times in Python's
+//! `str(datetime)` form, local and without a zone). Candidates' identities
+//! are their pods' names; the electors run a 60 s lease, a 50 s renew
+//! deadline and a 2 s retry period. Tests play the kubelet: a pod's death is
+//! its status write, and its elector is killed with it. Every write of the
+//! janitor is checked in the API server's audit log.
+//!
+//! The Python client's follower waits out its own 60 s from the moment it
+//! last saw the record change; it takes a record at once only if the record
+//! names no holder (holderIdentity "", as a release writes) or is missing.
+
+use std::time::{Duration, Instant};
+
+use crate::support::cli::run;
+use crate::support::lease::*;
+use crate::support::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::Api;
+use lock_janitor_testenv::audit::AuditEvent;
+use lock_janitor_testenv::kubelet;
+use lock_janitor_testenv::python_peer::{PyLock, PythonPeer};
+use serde_json::Value;
+
+/// The annotation the Python client's ConfigMapLock keeps its record in.
+const LEADER: &str = "control-plane.alpha.kubernetes.io/leader";
+/// A leader elected with the Python client waits this long, alone.
+const LEASE: Duration = Duration::from_secs(60);
+/// The takeover the janitor must make possible (issue 47): well inside it.
+const TAKEOVER: Duration = Duration::from_secs(15);
+
+/// Starts a Python elector in `s`'s namespace as pod `pod`'s candidate.
+fn elector(s: &Scenario, kind: PyLock, lock: &str, pod: &str) -> PythonPeer {
+    PythonPeer::start(s.cp.kubeconfig_path(), s.cp.dir(), kind, &s.ns, lock, pod)
+        .unwrap_or_else(|e| panic!("start the Python elector {pod}: {e}"))
+}
+
+/// Waits until `p` leads.
+async fn leads(p: &mut PythonPeer, who: &str) {
+    p.wait_leading(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{who}: {e}"));
+}
+
+/// Waits until the follower `p` has found the lock held and waits (the
+/// library's own log line), and checks it does not lead.
+async fn waits(p: &PythonPeer, holder: &str) {
+    let line = format!("yet to finish lease_duration, lease held by {holder}");
+    wait_for(
+        "the Python follower waiting",
+        Duration::from_secs(30),
+        || async { p.logs().contains(&line).then_some(()) },
+    )
+    .await;
+    assert!(!p.is_leading(), "a second leader: {}", p.logs());
+}
+
+/// A janitor for every lock kind of this namespace (so also the kind of a
+/// ConfigMap whose record is the leader annotation), sweeping every 2 s.
+async fn janitor_for_all_kinds(s: &Scenario) -> Janitor {
+    let kc = kubeconfig_as(s.cp, JANITOR_USER);
+    Janitor::start(&kc, &["--namespace", &s.ns, "--resync", "2s"]).await
+}
+
+fn configmaps(s: &Scenario) -> Api<ConfigMap> {
+    Api::namespaced(s.client.clone(), &s.ns)
+}
+
+/// The ConfigMap's leader annotation, verbatim.
+async fn annotation(s: &Scenario, cm: &str) -> Option<String> {
+    configmaps(s)
+        .get_opt(cm)
+        .await
+        .expect("get the ConfigMap")?
+        .metadata
+        .annotations?
+        .remove(LEADER)
+}
+
+/// The ConfigMap's leader record, as JSON.
+async fn record(s: &Scenario, cm: &str) -> Option<Value> {
+    serde_json::from_str(&annotation(s, cm).await?).ok()
+}
+
+async fn cm_holder(s: &Scenario, cm: &str) -> Option<String> {
+    Some(record(s, cm).await?["holderIdentity"].as_str()?.to_owned())
+}
+
+async fn label_cm(s: &Scenario, cm: &str) {
+    let patch = serde_json::json!({"metadata": {"labels": {WATCH_LABEL.0: WATCH_LABEL.1}}});
+    configmaps(s)
+        .patch(cm, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("opt the ConfigMap in");
+}
+
+/// Waits until the record's renewTime has changed `n` more times (polled
+/// every 200 ms, within 30 s).
+async fn cm_renewed(s: &Scenario, cm: &str, n: usize) {
+    let renew = || async { record(s, cm).await.map(|r| r["renewTime"].to_string()) };
+    let mut seen = renew().await;
+    let mut count = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count < n {
+        let now = renew().await;
+        if now != seen {
+            seen = now;
+            count += 1;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{cm} renewed {count} of {n} times within 30s: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The janitor's writes of anything in this namespace but Events (its
+/// locks, pods, labels), from the audit log.
+fn janitor_writes(s: &Scenario) -> Vec<AuditEvent> {
+    lock_janitor_testenv::audit::read(s.cp.audit_log_path())
+        .into_iter()
+        .filter(|e| {
+            e.effective_user() == JANITOR_USER
+                && e.namespace.as_deref() == Some(s.ns.as_str())
+                && !matches!(e.verb.as_str(), "get" | "list" | "watch")
+                && !matches!(e.resource.as_deref(), Some("events"))
+        })
+        .collect()
+}
+
+fn received(e: &AuditEvent) -> Timestamp {
+    e.received
+        .as_deref()
+        .expect("requestReceivedTimestamp")
+        .parse()
+        .expect("an RFC 3339 time")
+}
+
+/// Python's `LeaseLock`: the leader's elector is killed and its pod marked
+/// Failed (Evicted); the other candidate, which alone would wait out its
+/// 60 s from the last renewal it saw, leads within 15 s because the janitor
+/// released the Lease. While the leader renewed, the janitor never wrote
+/// the Lease; after the death it wrote it once, a release.
+#[tokio::test]
+async fn python_lease_candidate_leads_within_15s_after_its_leaders_death() {
+    let s = scenario("py-lease").await;
+    s.pod("py-a").await;
+    s.pod("py-b").await;
+    let mut a = elector(&s, PyLock::Lease, "py-lease", "py-a");
+    leads(&mut a, "py-a").await;
+    assert_eq!(s.identity("py-lease").await, "py-a");
+    s.label("py-lease").await;
+    let j = s.janitor().await;
+    let mut b = elector(&s, PyLock::Lease, "py-lease", "py-b");
+    waits(&b, "py-a").await;
+    // The leader renews (every 2 s): the janitor sees it, and judges it a
+    // few times more.
+    s.renewed_times("py-lease", 3, Duration::from_secs(30))
+        .await;
+    j.wait_sweeps(2).await;
+    s.renewed_times("py-lease", 1, Duration::from_secs(30))
+        .await;
+    assert!(
+        s.lease_writes().is_empty(),
+        "the janitor wrote the Lease of a leader that renews: {:#?}\n{}",
+        s.lease_writes(),
+        j.logs()
+    );
+    assert!(!b.is_leading(), "{}", b.logs());
+
+    // The kubelet evicts py-a: its process is gone, its status Failed.
+    a.kill();
+    let last_renewal = s.renew_time("py-lease").await.expect("renewed");
+    kubelet::set_failed(
+        &s.client,
+        &s.ns,
+        "py-a",
+        "Evicted",
+        "The node was low on resource: memory.",
+    )
+    .await
+    .expect("failed");
+    let died = Instant::now();
+    let died_at = Timestamp::now();
+    b.wait_leading(TAKEOVER)
+        .await
+        .unwrap_or_else(|e| panic!("py-b after py-a's eviction: {e}\njanitor:\n{}", j.logs()));
+    eprintln!(
+        "py-b (Python LeaseLock) leads {:.1}s after py-a's eviction (lease {}s)",
+        died.elapsed().as_secs_f64(),
+        LEASE.as_secs()
+    );
+    assert!(
+        Timestamp::now() < last_renewal + SignedDuration::try_from(LEASE).unwrap(),
+        "py-b led only once the lease had run out"
+    );
+    wait_for("py-b's record", Duration::from_secs(10), || async {
+        (s.identity("py-lease").await == "py-b").then_some(())
+    })
+    .await;
+
+    // One write of the janitor in all, after the death: the release.
+    let writes = s.lease_writes();
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    assert_eq!(
+        (writes[0].verb.as_str(), writes[0].code),
+        ("update", Some(200)),
+        "{writes:#?}"
+    );
+    assert!(received(&writes[0]) >= died_at, "{writes:#?}");
+    let body = writes[0].request_object.as_ref().expect("request body");
+    assert_eq!(body["spec"]["holderIdentity"], "", "{body}");
+    assert_eq!(body["spec"]["leaseDurationSeconds"], 1, "{body}");
+    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("lock", "py-lease")], 1.0).await;
+    assert_eq!(
+        sample(
+            &m,
+            "lock_janitor_reclaims_total",
+            &[
+                ("kind", "lease"),
+                ("lock", "py-lease"),
+                ("reason", "Evicted")
+            ]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    let taken = wait_event(&s.client, &s.ns, "LockTakenOver", "py-lease").await;
+    assert!(
+        taken.note.as_deref().unwrap_or_default().contains("py-b"),
+        "{taken:?}"
+    );
+    assert!(janitor_writes(&s)
+        .iter()
+        .all(|e| e.resource.as_deref() == Some("leases")));
+}
+
+/// Python's `ConfigMapLock`: the same takeover. The lock is the ConfigMap
+/// the library creates (no owner, no data, the leader annotation only),
+/// opted in with the label. While the leader renews, the janitor never
+/// writes it; once the leader is dead it frees it (a write of the
+/// annotation, as the fourth lock kind does: holderIdentity "" and
+/// leaseDurationSeconds 1), and the follower, which takes a record naming
+/// no holder at once, leads within 15 s.
+#[tokio::test]
+async fn python_configmap_candidate_leads_within_15s_after_its_leaders_death() {
+    let s = scenario("py-cm").await;
+    s.pod("py-a").await;
+    s.pod("py-b").await;
+    let mut a = elector(&s, PyLock::ConfigMap, "py-cm-lock", "py-a");
+    leads(&mut a, "py-a").await;
+    // The record as the Python client writes it.
+    let rec = record(&s, "py-cm-lock")
+        .await
+        .expect("a JSON leader record");
+    assert_eq!(rec["holderIdentity"], "py-a", "{rec}");
+    assert_eq!(rec["leaseDurationSeconds"], "60", "{rec}");
+    let cm = configmaps(&s).get("py-cm-lock").await.unwrap();
+    assert!(cm.metadata.owner_references.is_none(), "{cm:?}");
+    label_cm(&s, "py-cm-lock").await;
+    let j = janitor_for_all_kinds(&s).await;
+    let mut b = elector(&s, PyLock::ConfigMap, "py-cm-lock", "py-b");
+    waits(&b, "py-a").await;
+    cm_renewed(&s, "py-cm-lock", 3).await;
+    j.wait_sweeps(2).await;
+    cm_renewed(&s, "py-cm-lock", 1).await;
+    // The label stayed through the library's renewals (each a PUT of the
+    // object it read).
+    let cm = configmaps(&s).get("py-cm-lock").await.unwrap();
+    assert_eq!(
+        cm.metadata
+            .labels
+            .unwrap_or_default()
+            .get(WATCH_LABEL.0)
+            .map(String::as_str),
+        Some(WATCH_LABEL.1)
+    );
+    assert!(
+        janitor_writes(&s).is_empty(),
+        "the janitor wrote while the leader renews: {:#?}\n{}",
+        janitor_writes(&s),
+        j.logs()
+    );
+    assert!(!b.is_leading(), "{}", b.logs());
+
+    // The kubelet evicts py-a.
+    a.kill();
+    let at_kill = annotation(&s, "py-cm-lock").await.expect("a record");
+    kubelet::set_failed(
+        &s.client,
+        &s.ns,
+        "py-a",
+        "Evicted",
+        "The node was low on resource: memory.",
+    )
+    .await
+    .expect("failed");
+    let died = Instant::now();
+    let died_at = Timestamp::now();
+    if let Err(e) = b.wait_leading(TAKEOVER).await {
+        panic!(
+            "py-b after py-a's eviction: {e}\nthe record at the kill: {at_kill}\nthe record now: {:?}\njanitor's writes: {:#?}\njanitor:\n{}",
+            annotation(&s, "py-cm-lock").await,
+            janitor_writes(&s),
+            j.logs()
+        );
+    }
+    eprintln!(
+        "py-b (Python ConfigMapLock) leads {:.1}s after py-a's eviction (lease {}s)",
+        died.elapsed().as_secs_f64(),
+        LEASE.as_secs()
+    );
+    wait_for("py-b's record", Duration::from_secs(10), || async {
+        (cm_holder(&s, "py-cm-lock").await.as_deref() == Some("py-b")).then_some(())
+    })
+    .await;
+
+    // One write of the janitor in all, after the death, of the lock: it
+    // frees it in place (the follower's own record lands in the same
+    // ConfigMap, the label kept).
+    let writes = janitor_writes(&s);
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    let w = &writes[0];
+    assert_eq!(w.resource.as_deref(), Some("configmaps"), "{w:?}");
+    assert_eq!(w.name.as_deref(), Some("py-cm-lock"), "{w:?}");
+    assert!(matches!(w.verb.as_str(), "update" | "patch"), "{w:?}");
+    assert_eq!(w.code, Some(200), "{w:?}");
+    assert!(received(w) >= died_at, "{w:?}");
+    let cm = configmaps(&s).get("py-cm-lock").await.unwrap();
+    assert_eq!(
+        cm.metadata
+            .labels
+            .unwrap_or_default()
+            .get(WATCH_LABEL.0)
+            .map(String::as_str),
+        Some(WATCH_LABEL.1)
+    );
+    let ev = wait_event(&s.client, &s.ns, "StaleLockReclaimed", "py-cm-lock").await;
+    assert_eq!(
+        ev.regarding.as_ref().and_then(|r| r.kind.as_deref()),
+        Some("ConfigMap")
+    );
+}
+
+/// A labeled ConfigMap whose leader annotation is no JSON record (a
+/// Python record cut short), its holder's pod dead: reported as a lock the
+/// janitor cannot judge (an UnmanageableLock Event naming the annotation),
+/// never written. (The Python client itself treats it as unheld and
+/// overwrites it; no elector runs on it here.)
+#[tokio::test]
+async fn python_configmap_with_an_unparsable_record_is_reported_and_never_written() {
+    let s = scenario("py-cm-garbled").await;
+    s.pod("py-a").await;
+    kubelet::set_failed(&s.client, &s.ns, "py-a", "Evicted", "test")
+        .await
+        .expect("failed");
+    let garbled = r#"{"holderIdentity": "py-a", "leaseDurationSeconds": "60", "acquireTime": "2026-12-06 23:06:26.782255", "renewTime": "2026-12-06 23:0"#;
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("py-garbled".into()),
+            labels: Some([(WATCH_LABEL.0.into(), WATCH_LABEL.1.into())].into()),
+            annotations: Some([(LEADER.into(), garbled.into())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    configmaps(&s)
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create the ConfigMap");
+    let j = janitor_for_all_kinds(&s).await;
+    let ev = wait_event(&s.client, &s.ns, "UnmanageableLock", "py-garbled").await;
+    let note = ev.note.unwrap_or_default();
+    assert!(
+        note.contains(LEADER),
+        "the report names the annotation it cannot read: {note}"
+    );
+    j.wait_sweeps(3).await;
+    assert!(
+        janitor_writes(&s).is_empty(),
+        "{:#?}\n{}",
+        janitor_writes(&s),
+        j.logs()
+    );
+    assert_eq!(annotation(&s, "py-garbled").await.as_deref(), Some(garbled));
+}
+
+/// Records the Python client wrote whose holder names no pod: one whose
+/// identity is a pod name no pod has (`nobody-here`), one whose identity
+/// cannot be a pod name (`10.0.0.7:8443`), their electors gone. The first
+/// is reported by `scan` with that holder and is not stale (a pod that is
+/// not there proves nothing dead: it expires by itself); the second is
+/// reported as unmanageable with its identity. Neither is ever written.
+#[tokio::test]
+async fn python_configmap_records_naming_no_pod_are_reported_and_never_written() {
+    let s = scenario("py-cm-nopod").await;
+    for (lock, identity) in [("py-nobody", "nobody-here"), ("py-addr", "10.0.0.7:8443")] {
+        let mut p = elector(&s, PyLock::ConfigMap, lock, identity);
+        leads(&mut p, identity).await;
+        p.kill();
+        assert_eq!(cm_holder(&s, lock).await.as_deref(), Some(identity));
+        label_cm(&s, lock).await;
+    }
+    let before = (
+        annotation(&s, "py-nobody").await,
+        annotation(&s, "py-addr").await,
+    );
+    let j = janitor_for_all_kinds(&s).await;
+
+    let ev = wait_event(&s.client, &s.ns, "UnmanageableLock", "py-addr").await;
+    let note = ev.note.unwrap_or_default();
+    assert!(note.contains("10.0.0.7:8443"), "{note}");
+    let kc = kubeconfig_as(s.cp, JANITOR_USER);
+    let scan = run(&kc, &["scan", "-n", &s.ns, "-o", "json"]).await;
+    let report = scan.json();
+    let row = report["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .find(|r| r["metadata"]["name"] == "py-nobody")
+        .unwrap_or_else(|| panic!("scan lists py-nobody: {scan}"))
+        .clone();
+    assert_eq!(row["spec"]["holder"]["name"], "nobody-here", "{row:#}");
+    let verdict = row["status"]["verdict"].as_str().unwrap_or_default();
+    assert!(verdict.starts_with("held"), "{row:#}");
+
+    j.wait_sweeps(3).await;
+    assert!(
+        janitor_writes(&s).is_empty(),
+        "{:#?}\n{}",
+        janitor_writes(&s),
+        j.logs()
+    );
+    let after = (
+        annotation(&s, "py-nobody").await,
+        annotation(&s, "py-addr").await,
+    );
+    assert_eq!(after, before);
+}
