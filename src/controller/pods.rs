@@ -207,39 +207,9 @@ async fn sweeper(
             match swept {
                 Ok(()) => {
                     failures = 0;
-                    if ctx.shared.readiness.watch_ok(&health) {
-                        info!(sweep = %health, "resync sweep recovered");
-                    }
-                    debug!(
-                        scope,
-                        pods = found.pods,
-                        requests = found.requests,
-                        namespaces = found.namespaces,
-                        suspects = found.configmaps.len() + found.leases.len(),
-                        remembered = ctx.memory.remembered(),
-                        awaited = ctx.takeovers.awaiting().len(),
-                        "resync sweep done"
-                    );
-                    // Suspects first, so that seeding leaves them alone.
-                    for key in found.configmaps.iter().chain(&found.leases) {
-                        ctx.memory.suspect(key);
-                    }
+                    swept_whole(&ctx, scope, &health, &found);
                     if first {
-                        if let Some(c) = &sides.configmaps {
-                            c.settle(&ctx, &before);
-                        }
-                        // What was awaited before a restart or a failover.
-                        match ctx.takeovers.restore(ns.as_deref()).await {
-                            Ok(n) if n > 0 => {
-                                info!(awaited = n, "takeovers awaited again after a restart")
-                            }
-                            Ok(_) => {}
-                            Err(e) => warn!(error = %e,
-                                "could not read the janitor's reclaim Events; takeovers awaited before a restart are not followed"),
-                        }
-                        ctx.shared
-                            .readiness
-                            .synced_in(ns.as_deref().unwrap_or_default());
+                        first_sweep_done(&ctx, ns.as_deref(), &sides, &before).await;
                         first = false;
                         // Leading already counts as taken: no second sweep.
                         if let Some(rx) = lead.as_mut() {
@@ -250,17 +220,7 @@ async fn sweeper(
                 }
                 Err(e) => {
                     failures += 1;
-                    // Counted as a pod watch error, and in readiness as a
-                    // watch of its own (not ready after a minute of this).
-                    let within = ns.as_deref().unwrap_or_default();
-                    if let Report::Warn {
-                        errors,
-                        failing_for,
-                    } = ctx.shared.watch_failed("pods", within, &health)
-                    {
-                        warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
-                              "resync sweep failed; retrying (not ready after a minute of this)");
-                    }
+                    sweep_failed(&ctx, ns.as_deref(), &health, &e);
                     // What it found before the error is judged (never
                     // settled: the first sweep settles only when whole).
                     if !first {
@@ -270,20 +230,7 @@ async fn sweeper(
             }
         }
         if !first {
-            // Local, on every replica: ghosts of locks deleted while their
-            // reconcile was in flight, and reclaim series past their time.
-            // Not while a re-list is under way: the store still holds the
-            // copy from before it, and a lock listed again would be
-            // forgotten (its clocks and renewal history with it).
-            if let Some(c) = sides.configmaps.as_ref().filter(|c| !c.index.relisting()) {
-                ctx.forget_missing(ns.as_deref(), &c.reader);
-            }
-            if let Some(l) = sides.leases.as_ref().filter(|l| !l.index.relisting()) {
-                ctx.forget_missing(ns.as_deref(), &l.reader);
-            }
-            ctx.shared
-                .metrics
-                .prune_reclaims(crate::metrics::RECLAIM_SERIES_TTL);
+            tidy(&ctx, ns.as_deref(), &sides);
         }
         // A failing sweep retries at least every 30 s, so readiness sees it
         // failing rather than recovered.
@@ -300,4 +247,77 @@ async fn sweeper(
             }
         }
     }
+}
+
+/// A whole sweep: its health recovers, and its suspects are marked (first,
+/// so that seeding leaves them alone).
+fn swept_whole(ctx: &Context, scope: &str, health: &str, found: &Sweep) {
+    if ctx.shared.readiness.watch_ok(health) {
+        info!(sweep = %health, "resync sweep recovered");
+    }
+    debug!(
+        scope,
+        pods = found.pods,
+        requests = found.requests,
+        namespaces = found.namespaces,
+        suspects = found.configmaps.len() + found.leases.len(),
+        remembered = ctx.memory.remembered(),
+        awaited = ctx.takeovers.awaiting().len(),
+        "resync sweep done"
+    );
+    for key in found.configmaps.iter().chain(&found.leases) {
+        ctx.memory.suspect(key);
+    }
+}
+
+/// After the first whole sweep: the locks it found nothing against are
+/// settled, the takeovers awaited before a restart are followed again, and
+/// the scope is synced.
+async fn first_sweep_done(
+    ctx: &Context,
+    ns: Option<&str>,
+    sides: &Sides,
+    before: &HashMap<LockKey, String>,
+) {
+    if let Some(c) = &sides.configmaps {
+        c.settle(ctx, before);
+    }
+    // What was awaited before a restart or a failover.
+    match ctx.takeovers.restore(ns).await {
+        Ok(n) if n > 0 => info!(awaited = n, "takeovers awaited again after a restart"),
+        Ok(_) => {}
+        Err(e) => warn!(error = %e,
+            "could not read the janitor's reclaim Events; takeovers awaited before a restart are not followed"),
+    }
+    ctx.shared.readiness.synced_in(ns.unwrap_or_default());
+}
+
+/// A failed sweep: counted as a pod watch error, and in readiness as a
+/// watch of its own (not ready after a minute of this).
+fn sweep_failed(ctx: &Context, ns: Option<&str>, health: &str, e: &crate::Error) {
+    let within = ns.unwrap_or_default();
+    if let Report::Warn {
+        errors,
+        failing_for,
+    } = ctx.shared.watch_failed("pods", within, health)
+    {
+        warn!(sweep = %health, error = %e, errors, failing_seconds = failing_for.as_secs(),
+              "resync sweep failed; retrying (not ready after a minute of this)");
+    }
+}
+
+/// Local, on every replica: ghosts of locks deleted while their reconcile
+/// was in flight, and reclaim series past their time. Not while a re-list
+/// is under way: the store still holds the copy from before it, and a lock
+/// listed again would be forgotten (its clocks and renewal history with it).
+fn tidy(ctx: &Context, ns: Option<&str>, sides: &Sides) {
+    if let Some(c) = sides.configmaps.as_ref().filter(|c| !c.index.relisting()) {
+        ctx.forget_missing(ns, &c.reader);
+    }
+    if let Some(l) = sides.leases.as_ref().filter(|l| !l.index.relisting()) {
+        ctx.forget_missing(ns, &l.reader);
+    }
+    ctx.shared
+        .metrics
+        .prune_reclaims(crate::metrics::RECLAIM_SERIES_TTL);
 }
