@@ -16,6 +16,7 @@ pub mod events;
 mod fixtures;
 pub mod http;
 pub mod index;
+pub mod kinds;
 pub mod lock;
 pub mod metrics;
 pub mod observe;
