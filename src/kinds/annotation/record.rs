@@ -371,7 +371,8 @@ pub fn released(value: &str) -> Result<String, RecordError> {
 /// ASCII letter or of `ſ`. So a record that names a holder after the
 /// prefix (`..."leaseDurationSeconds":1,"holderIdentity":"pod-b"}`, where
 /// the last key wins) is not released. Whether the rest is valid JSON is
-/// not checked.
+/// not checked (CEL parses none). The guard counts the 64 KiB in
+/// characters, this in bytes: it admits at least what this accepts.
 pub fn is_released(value: &str) -> bool {
     value.len() <= MAX_LEN
         && value.strip_prefix(RELEASED_PREFIX).is_some_and(|rest| {
