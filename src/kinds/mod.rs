@@ -16,6 +16,7 @@
 //!
 //! Adding a kind is a folder here and one line in [`KINDS`].
 
+pub mod annotation;
 pub mod configmap;
 pub mod lease;
 pub mod lease_for_life;

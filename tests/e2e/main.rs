@@ -20,6 +20,7 @@
 mod support;
 
 mod admission;
+mod admission_record;
 mod auto_opt_in;
 mod chart;
 mod check;

@@ -1,0 +1,1047 @@
+//! The leader record of the fourth lock kind: a ConfigMap whose annotation
+//! `control-plane.alpha.kubernetes.io/leader` holds a JSON object, as
+//! client-go's ConfigMapLock (up to v0.23), fabric8, the Java and the
+//! official Python clients write it:
+//!
+//! ```text
+//! client-go: {"holderIdentity":"pod-a","leaseDurationSeconds":15,"acquireTime":"2026-12-06T23:30:00Z","renewTime":"2026-12-06T23:30:02Z","leaderTransitions":3}
+//! Python:    {"holderIdentity": "pod-a", "leaseDurationSeconds": "60", "acquireTime": "2026-12-06 23:30:00.123456", "renewTime": "2026-12-06 23:30:02.345678"}
+//! ```
+//!
+//! This module is pure: it reads a record ([`parse`]) and writes the
+//! released one ([`released`], [`is_released`]); no API calls.
+//!
+//! What [`parse`] settles, so that a lock the janitor cannot read for sure
+//! is left alone (an error) rather than guessed at:
+//!
+//! - The value is read only up to [`MAX_LEN`] bytes: a longer one is an
+//!   error, and is not parsed.
+//! - `""` (and whitespace only) is a free record: the Python client writes
+//!   it before its first record. `null`, an array, a string or a number is
+//!   an error (no client writes them).
+//! - `holderIdentity`: a string; `""`, `null` or absent is free (`None`),
+//!   as every client takes it. Any other type is an error.
+//! - `leaseDurationSeconds`: a JSON number, or a string of decimal digits
+//!   (`"60"`, the Python client's `str()` of its setting), with an optional
+//!   fraction (`60.0`, `"15.5"`): the Python client accepts a float
+//!   `lease_duration` and writes `str()` of it, so a fraction is real input;
+//!   it is rounded UP to whole seconds, which only makes the janitor wait
+//!   longer than the holder's own lease. Zero, negative, more than one year
+//!   ([`MAX_DURATION`]), an exponent (`"6e1"`), a sign, spaces, `NaN` or any
+//!   other type is an error. `null` or absent is `None`.
+//! - `renewTime`: a string. RFC 3339 with a zone (client-go, fabric8) gives
+//!   [`Record::renewed`]; a date and time without a zone (the Python
+//!   client's `str(datetime)`, local time on the holder's machine) gives
+//!   `renewed: None`, as it is never trusted. Either way the string is kept
+//!   as [`Record::renew_mark`]: the janitor judges a lock by seeing that
+//!   mark change between its own reads, not by the holder's clock. A string
+//!   that is not a date and time at all, or another type, is an error;
+//!   `""`, `null` or absent is `None`.
+//! - `acquireTime`, `leaderTransitions` (a number or a string) and any
+//!   unknown field are not read here: they are ignored and [`released`]
+//!   keeps them as they are.
+//! - A key that spells `holderIdentity`, `leaseDurationSeconds` or
+//!   `renewTime` in another case (`HolderIdentity`) is an error: Go's
+//!   `encoding/json` matches field names ignoring case, so a client-go
+//!   holder would read it as the field while a strict reader would not.
+//!   One of these three written twice is an error as well.
+
+use k8s_openapi::jiff::{civil, SignedDuration, Timestamp};
+use serde_json::Value;
+
+/// The annotation that holds the leader record.
+pub const ANNOTATION: &str = "control-plane.alpha.kubernetes.io/leader";
+
+/// The longest value read, in bytes: a record is a few hundred; a longer
+/// value is an error before any parsing (an annotation may hold 256 KiB).
+pub const MAX_LEN: usize = 64 * 1024;
+
+/// The longest lease accepted: one year. Electors lease for seconds to
+/// minutes; more is a typo or garbage, and a lock judged by it would never
+/// be freed anyway.
+pub const MAX_DURATION: SignedDuration = SignedDuration::from_secs(365 * 24 * 60 * 60);
+
+/// How much of a bad value an error quotes, in characters.
+const QUOTE_MAX: usize = 80;
+
+/// What every released record starts with; `,` or `}` follows.
+const RELEASED_PREFIX: &str = r#"{"holderIdentity":"","leaseDurationSeconds":1"#;
+
+const HOLDER: &str = "holderIdentity";
+const DURATION: &str = "leaseDurationSeconds";
+const RENEW: &str = "renewTime";
+
+/// A leader record as it was read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// holderIdentity; None when empty, null or absent (the lock is free).
+    pub holder: Option<String>,
+    /// leaseDurationSeconds: a JSON integer or a string of decimal digits
+    /// ("60"); a fraction is rounded up to whole seconds. None when absent
+    /// or null.
+    pub duration: Option<SignedDuration>,
+    /// renewTime when it is RFC 3339 with a zone (client-go, fabric8); None
+    /// when absent, or written without a zone (Python's str(datetime):
+    /// local time, never trusted).
+    pub renewed: Option<Timestamp>,
+    /// renewTime exactly as written (any format): what the janitor compares
+    /// between reads to see a renewal.
+    pub renew_mark: Option<String>,
+}
+
+impl Record {
+    /// A free record: no holder, nothing else known.
+    const FREE: Record = Record {
+        holder: None,
+        duration: None,
+        renewed: None,
+        renew_mark: None,
+    };
+}
+
+/// Why a leader record was not read (or not released). Each message names
+/// the annotation's part at fault and quotes at most 80 characters of the
+/// bad value.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("the leader record (annotation {ANNOTATION}) is {len} bytes long; lock-janitor reads at most {MAX_LEN}")]
+    TooLarge { len: usize },
+    #[error("the leader record (annotation {ANNOTATION}) is not JSON ({why}): {value}")]
+    NotJson { why: String, value: String },
+    #[error("the leader record (annotation {ANNOTATION}) is {found}, not a JSON object: {value}")]
+    NotAnObject { found: &'static str, value: String },
+    #[error("the leader record (annotation {ANNOTATION}) has a bad {field}: {why}")]
+    BadField { field: String, why: String },
+    /// The record's other fields mention what the delete guard refuses in
+    /// a released record (see [`is_released`]): releasing it would be
+    /// refused, so it is not written.
+    #[error("the leader record (annotation {ANNOTATION}) cannot be released: {why}")]
+    Unreleasable { why: String },
+}
+
+/// At most [`QUOTE_MAX`] characters of `s` in double quotes, control
+/// characters escaped (they never reach a terminal), saying how long the
+/// rest was. Quotes inside are left as they are, so JSON reads as JSON.
+fn quote(s: &str) -> String {
+    let (shown, cut) = match s.char_indices().nth(QUOTE_MAX) {
+        None => (s, false),
+        Some((at, _)) => (&s[..at], true),
+    };
+    let mut out = String::with_capacity(shown.len() + 2);
+    out.push('"');
+    for c in shown.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('"');
+    if cut {
+        out.push_str(&format!("... ({} bytes in all)", s.len()));
+    }
+    out
+}
+
+fn bad(field: &str, why: impl Into<String>) -> RecordError {
+    RecordError::BadField {
+        field: quote_key(field),
+        why: why.into(),
+    }
+}
+
+/// A field name as an error shows it: bare when it is a plain word, else
+/// quoted and cut.
+fn quote_key(key: &str) -> String {
+    if !key.is_empty() && key.len() <= QUOTE_MAX && key.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        key.to_owned()
+    } else {
+        quote(key)
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Parses the annotation's value. "" (and whitespace only) is Ok(a free
+/// record: all None). See the module's documentation for every rule.
+pub fn parse(value: &str) -> Result<Record, RecordError> {
+    let members = object(value)?;
+    let Some(members) = members else {
+        return Ok(Record::FREE);
+    };
+    let mut record = Record::FREE;
+    let mut seen = [false; 3];
+    for m in &members {
+        let slot = match [HOLDER, DURATION, RENEW].iter().position(|f| *f == m.key) {
+            Some(i) => i,
+            None => {
+                if let Some(f) = [HOLDER, DURATION, RENEW]
+                    .iter()
+                    .find(|f| folds_to(&m.key, f))
+                {
+                    return Err(bad(
+                        &m.key,
+                        format!("it differs from {f} only in case, and client-go reads it as {f}; write {f}"),
+                    ));
+                }
+                continue;
+            }
+        };
+        if std::mem::replace(&mut seen[slot], true) {
+            return Err(bad(&m.key, "it is written twice"));
+        }
+        let v: Value = serde_json::from_str(m.value).map_err(|e| bad(&m.key, e.to_string()))?;
+        match slot {
+            0 => record.holder = holder(&v)?,
+            1 => record.duration = duration(&v)?,
+            _ => (record.renewed, record.renew_mark) = renew(&v)?,
+        }
+    }
+    Ok(record)
+}
+
+fn holder(v: &Value) -> Result<Option<String>, RecordError> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) if s.is_empty() => Ok(None),
+        Value::String(s) => Ok(Some(s.clone())),
+        other => Err(bad(
+            HOLDER,
+            format!(
+                "{} ({other}), not a string naming the holder",
+                type_name(other)
+            ),
+        )),
+    }
+}
+
+fn duration(v: &Value) -> Result<Option<SignedDuration>, RecordError> {
+    let why_range = |shown: &str| {
+        bad(
+            DURATION,
+            format!("{shown} seconds; a lease lasts more than 0 seconds and at most one year ({} seconds)", MAX_DURATION.as_secs()),
+        )
+    };
+    let secs: f64 = match v {
+        Value::Null => return Ok(None),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                u as f64
+            } else if let Some(i) = n.as_i64() {
+                i as f64
+            } else {
+                n.as_f64().unwrap_or(f64::NAN)
+            }
+        }
+        Value::String(s) => decimal(s).ok_or_else(|| {
+            bad(
+                DURATION,
+                format!("{} is not a number of seconds (digits, and an optional fraction such as \"15.5\")", quote(s)),
+            )
+        })?,
+        other => {
+            return Err(bad(
+                DURATION,
+                format!("{} ({}), not a number of seconds", type_name(other), quote(&other.to_string())),
+            ))
+        }
+    };
+    let shown = match v {
+        Value::String(s) => quote(s),
+        other => other.to_string(),
+    };
+    // Not finite, not positive, or longer than a year (also what keeps the
+    // cast below in range).
+    if !(secs > 0.0 && secs <= MAX_DURATION.as_secs() as f64) {
+        return Err(why_range(&shown));
+    }
+    Ok(Some(SignedDuration::from_secs(secs.ceil() as i64)))
+}
+
+/// `s` as a decimal number: digits, optionally `.` and more digits; no
+/// sign, exponent or spaces.
+fn decimal(s: &str) -> Option<f64> {
+    let (whole, frac) = match s.split_once('.') {
+        Some((w, f)) => (w, Some(f)),
+        None => (s, None),
+    };
+    let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || frac.is_some_and(|f| !digits(f)) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn renew(v: &Value) -> Result<(Option<Timestamp>, Option<String>), RecordError> {
+    let s = match v {
+        Value::Null => return Ok((None, None)),
+        Value::String(s) if s.is_empty() => return Ok((None, None)),
+        Value::String(s) => s,
+        other => {
+            return Err(bad(
+                RENEW,
+                format!(
+                    "{} ({}), not a date and time",
+                    type_name(other),
+                    quote(&other.to_string())
+                ),
+            ))
+        }
+    };
+    if let Ok(t) = s.parse::<Timestamp>() {
+        return Ok((Some(t), Some(s.clone())));
+    }
+    if s.parse::<civil::DateTime>().is_ok() {
+        // A zone-less time: local to the holder's machine. Kept only as a
+        // mark to compare.
+        return Ok((None, Some(s.clone())));
+    }
+    Err(bad(
+        RENEW,
+        format!(
+            "{} is not a date and time (RFC 3339, or \"YYYY-MM-DD HH:MM:SS\")",
+            quote(s)
+        ),
+    ))
+}
+
+/// The released record: compact JSON that starts exactly with
+/// `{"holderIdentity":"","leaseDurationSeconds":1` followed by `,` or `}`,
+/// then every other top-level field of the original object kept with its
+/// value unchanged (any order after the first two). Err when `value` does
+/// not parse as a JSON object.
+///
+/// The other fields are copied as written, in their order (whitespace
+/// outside strings dropped): numbers keep their digits and strings their
+/// escapes, and a key written twice stays twice (what every reader made of
+/// it before, it makes of it after). Every key that a reader could take
+/// for `holderIdentity` or `leaseDurationSeconds` (Go matches them ignoring
+/// case) is dropped. Err as well ([`RecordError::Unreleasable`]) when a
+/// kept field mentions what [`is_released`] refuses: the delete guard
+/// would refuse that write.
+pub fn released(value: &str) -> Result<String, RecordError> {
+    let members = object(value)?.ok_or_else(|| RecordError::NotAnObject {
+        found: "empty",
+        value: quote(value),
+    })?;
+    let mut out = String::with_capacity(value.len() + RELEASED_PREFIX.len());
+    out.push_str(RELEASED_PREFIX);
+    for m in members
+        .iter()
+        .filter(|m| !folds_to(&m.key, HOLDER) && !folds_to(&m.key, DURATION))
+    {
+        out.push(',');
+        out.push_str(m.raw_key);
+        out.push(':');
+        compact_into(m.value, &mut out);
+    }
+    out.push('}');
+    if out.len() > MAX_LEN {
+        return Err(RecordError::Unreleasable {
+            why: format!(
+                "it would be {} bytes long; the delete guard admits at most {MAX_LEN}",
+                out.len()
+            ),
+        });
+    }
+    if let Some(why) = refused_rest(&out[RELEASED_PREFIX.len()..]) {
+        return Err(RecordError::Unreleasable { why });
+    }
+    Ok(out)
+}
+
+/// Whether a value is a released record as `released` writes it (the
+/// prefix rule) — used by tests and by the delete guard's mirror.
+///
+/// The rule, as the delete guard's CEL checks it (it parses no JSON): at
+/// most [`MAX_LEN`] bytes; the prefix
+/// `{"holderIdentity":"","leaseDurationSeconds":1` then `,` or `}`; and the
+/// rest never names either field again in any spelling a JSON reader takes
+/// for it: neither `holderidentity` nor `leasedurationseconds` in any case
+/// (also with `ſ` for `s`, which Go folds to `s`), and no `\u` escape of an
+/// ASCII letter or of `ſ`. So a record that names a holder after the
+/// prefix (`..."leaseDurationSeconds":1,"holderIdentity":"pod-b"}`, where
+/// the last key wins) is not released. Whether the rest is valid JSON is
+/// not checked (CEL parses none). The guard counts the 64 KiB in
+/// characters, this in bytes: it admits at least what this accepts.
+pub fn is_released(value: &str) -> bool {
+    value.len() <= MAX_LEN
+        && value.strip_prefix(RELEASED_PREFIX).is_some_and(|rest| {
+            (rest.starts_with(',') || rest.starts_with('}')) && refused_rest(rest).is_none()
+        })
+}
+
+/// What in the part of a released record after its prefix the delete guard
+/// refuses, if anything.
+fn refused_rest(rest: &str) -> Option<String> {
+    let folded = fold(rest);
+    for word in ["holderidentity", "leasedurationseconds"] {
+        if folded.contains(word) {
+            return Some(format!("its other fields mention {word:?}"));
+        }
+    }
+    // `\u` then 4 hex digits: 0040-007F (ASCII letters among them) or
+    // 017F (`ſ`).
+    let b = folded.as_bytes();
+    for i in 0..b.len() {
+        if b[i] == b'\\' && b.get(i + 1) == Some(&b'u') {
+            let hex = b.get(i + 2..i + 6).unwrap_or_default();
+            let letter = hex.len() == 4
+                && ((hex[0] == b'0' && hex[1] == b'0' && (b'4'..=b'7').contains(&hex[2]))
+                    || hex == b"017f");
+            if letter {
+                return Some(format!(
+                    "its other fields write a letter as a \\u escape ({})",
+                    String::from_utf8_lossy(&b[i..(i + 6).min(b.len())])
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// `s` with ASCII letters in lower case, and the two non-ASCII letters Go's
+/// (and RE2's) case folding takes for ASCII ones replaced by them:
+/// `ſ` (U+017F) by `s`, the Kelvin sign (U+212A) by `k`.
+fn fold(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '\u{017F}' => 's',
+            '\u{212A}' => 'k',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect()
+}
+
+/// Whether a reader that matches field names ignoring case (Go's
+/// `encoding/json`) takes `key` for `field`.
+fn folds_to(key: &str, field: &str) -> bool {
+    fold(key) == fold(field)
+}
+
+/// One top-level member of a JSON object, as written.
+struct Member<'a> {
+    /// The key, decoded.
+    key: String,
+    /// The key as written, quotes and escapes included.
+    raw_key: &'a str,
+    /// The value as written.
+    value: &'a str,
+}
+
+/// The members of the JSON object `value`, in order, duplicates kept; `None`
+/// for an empty (or whitespace only) value.
+fn object(value: &str) -> Result<Option<Vec<Member<'_>>>, RecordError> {
+    if value.len() > MAX_LEN {
+        return Err(RecordError::TooLarge { len: value.len() });
+    }
+    if value.trim().is_empty() {
+        return Ok(None);
+    }
+    // serde_json says whether it is JSON at all (its depth limit keeps a
+    // deeply nested value from overflowing the stack); the scan below then
+    // only walks a valid document.
+    let whole: Value = serde_json::from_str(value).map_err(|e| RecordError::NotJson {
+        why: e.to_string(),
+        value: quote(value),
+    })?;
+    if !whole.is_object() {
+        return Err(RecordError::NotAnObject {
+            found: type_name(&whole),
+            value: quote(value),
+        });
+    }
+    members(value)
+        .map(Some)
+        .ok_or_else(|| RecordError::NotJson {
+            why: "its object could not be walked".into(),
+            value: quote(value),
+        })
+}
+
+/// The members of a valid JSON object, by scanning its text; `None` only if
+/// the text is not one after all.
+fn members(s: &str) -> Option<Vec<Member<'_>>> {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return Some(out);
+    }
+    loop {
+        let key_end = string_end(b, i)?;
+        let raw_key = s.get(i..key_end)?;
+        let key: String = serde_json::from_str(raw_key).ok()?;
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let value_end = value_end(b, i)?;
+        out.push(Member {
+            key,
+            raw_key,
+            value: s.get(i..value_end)?,
+        });
+        i = skip_ws(b, value_end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return Some(out),
+            _ => return None,
+        }
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+/// The index just past the string that starts (with `"`) at `i`.
+fn string_end(b: &[u8], i: usize) -> Option<usize> {
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    let mut j = i + 1;
+    loop {
+        match b.get(j)? {
+            b'"' => return Some(j + 1),
+            b'\\' => j += 2,
+            _ => j += 1,
+        }
+    }
+}
+
+/// The index just past the value that starts at `i`.
+fn value_end(b: &[u8], i: usize) -> Option<usize> {
+    match b.get(i)? {
+        b'"' => string_end(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            loop {
+                match b.get(j)? {
+                    b'"' => {
+                        j = string_end(b, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth = depth.checked_sub(1)?;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+        }
+        _ => {
+            let mut j = i;
+            while !matches!(
+                b.get(j),
+                None | Some(b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+            ) {
+                j += 1;
+            }
+            (j > i).then_some(j)
+        }
+    }
+}
+
+/// Appends the valid JSON `v` to `out` without whitespace outside strings.
+fn compact_into(v: &str, out: &mut String) {
+    let mut in_string = false;
+    let mut escaped = false;
+    for c in v.chars() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else if matches!(c, ' ' | '\t' | '\n' | '\r') {
+            continue;
+        }
+        out.push(c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngSeed};
+
+    /// The Python client's record, byte for byte as `json.dumps` writes it.
+    const PYTHON: &str = r#"{"holderIdentity": "pod-a", "leaseDurationSeconds": "60", "acquireTime": "2026-12-06 23:30:00.123456", "renewTime": "2026-12-06 23:30:02.345678"}"#;
+    /// client-go's ConfigMapLock record.
+    const CLIENT_GO: &str = r#"{"holderIdentity":"pod-a_4f0c","leaseDurationSeconds":15,"acquireTime":"2026-12-06T23:30:00Z","renewTime":"2026-12-06T23:30:02.5+01:00","leaderTransitions":3}"#;
+
+    fn secs(s: i64) -> Option<SignedDuration> {
+        Some(SignedDuration::from_secs(s))
+    }
+
+    fn field_err(value: &str) -> String {
+        match parse(value) {
+            Err(RecordError::BadField { field, why }) => format!("{field}: {why}"),
+            other => panic!("{value}: expected a bad field, got {other:?}"),
+        }
+    }
+
+    fn obj(value: &str) -> serde_json::Map<String, Value> {
+        match serde_json::from_str(value) {
+            Ok(Value::Object(m)) => m,
+            other => panic!("{value}: not an object: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn python_record_verbatim_is_read_and_its_zoneless_time_is_only_a_mark() {
+        let r = parse(PYTHON).unwrap();
+        assert_eq!(
+            r,
+            Record {
+                holder: Some("pod-a".into()),
+                duration: secs(60),
+                renewed: None,
+                renew_mark: Some("2026-12-06 23:30:02.345678".into()),
+            }
+        );
+        // str(datetime) of a whole second has no fraction.
+        let r = parse(r#"{"holderIdentity": "pod-a", "leaseDurationSeconds": "60", "renewTime": "2026-12-06 23:30:02"}"#).unwrap();
+        assert_eq!(
+            (r.renewed, r.renew_mark.as_deref()),
+            (None, Some("2026-12-06 23:30:02"))
+        );
+    }
+
+    #[test]
+    fn client_go_record_is_read_with_its_zoned_time() {
+        let r = parse(CLIENT_GO).unwrap();
+        assert_eq!(r.holder.as_deref(), Some("pod-a_4f0c"));
+        assert_eq!(r.duration, secs(15));
+        assert_eq!(r.renewed, Some("2026-12-06T22:30:02.5Z".parse().unwrap()));
+        assert_eq!(r.renew_mark.as_deref(), Some("2026-12-06T23:30:02.5+01:00"));
+    }
+
+    #[test]
+    fn empty_whitespace_and_empty_object_are_free() {
+        let free = Record {
+            holder: None,
+            duration: None,
+            renewed: None,
+            renew_mark: None,
+        };
+        for v in ["", "  \n\t", "{}", " { } "] {
+            assert_eq!(parse(v), Ok(free.clone()), "{v:?}");
+        }
+    }
+
+    #[test]
+    fn null_and_empty_fields_are_none() {
+        let r = parse(r#"{"holderIdentity":null,"leaseDurationSeconds":null,"acquireTime":null,"renewTime":null}"#).unwrap();
+        assert_eq!(
+            r,
+            Record {
+                holder: None,
+                duration: None,
+                renewed: None,
+                renew_mark: None
+            }
+        );
+        let r = parse(r#"{"holderIdentity":"","leaseDurationSeconds":1,"renewTime":""}"#).unwrap();
+        assert_eq!((r.holder, r.duration, r.renew_mark), (None, secs(1), None));
+    }
+
+    #[test]
+    fn bad_json_is_an_error_that_quotes_at_most_80_characters() {
+        match parse(r#"{"holderIdentity": "pod-a""#) {
+            Err(e @ RecordError::NotJson { .. }) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains(ANNOTATION) && msg.contains("not JSON"),
+                    "{msg}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let long = format!("{{\"holderIdentity\": \"{}", "x".repeat(1000));
+        let msg = parse(&long).unwrap_err().to_string();
+        assert!(msg.len() < 300, "{msg}");
+        assert!(msg.contains("bytes in all"), "{msg}");
+        let msg = parse("{\"a\":\"\u{1b}[2J\"").unwrap_err().to_string();
+        assert!(!msg.contains('\u{1b}') && msg.contains("\\u{1b}"), "{msg}");
+        // Python's own non-JSON constants are not JSON.
+        assert!(matches!(
+            parse(r#"{"leaseDurationSeconds": NaN}"#),
+            Err(RecordError::NotJson { .. })
+        ));
+    }
+
+    #[test]
+    fn a_value_that_is_not_an_object_is_an_error() {
+        for (v, found) in [
+            ("[1,2]", "an array"),
+            ("null", "null"),
+            ("\"pod-a\"", "a string"),
+            ("60", "a number"),
+            ("true", "a boolean"),
+        ] {
+            match parse(v) {
+                Err(RecordError::NotAnObject { found: f, .. }) => assert_eq!(f, found, "{v}"),
+                other => panic!("{v}: {other:?}"),
+            }
+            assert!(released(v).is_err(), "{v}");
+        }
+    }
+
+    #[test]
+    fn a_huge_value_is_an_error_without_parsing() {
+        let huge = format!(
+            "{{\"holderIdentity\":\"pod-a\",\"x\":\"{}\"}}",
+            "y".repeat(MAX_LEN)
+        );
+        assert_eq!(parse(&huge), Err(RecordError::TooLarge { len: huge.len() }));
+        assert_eq!(
+            released(&huge),
+            Err(RecordError::TooLarge { len: huge.len() })
+        );
+        // Not even JSON: still TooLarge, so it was never parsed.
+        let junk = "[".repeat(MAX_LEN + 1);
+        assert!(matches!(parse(&junk), Err(RecordError::TooLarge { .. })));
+        // Deep nesting under the limit is a plain error (serde_json's depth limit).
+        let deep = format!("{{\"x\":{}{}}}", "[".repeat(5000), "]".repeat(5000));
+        assert!(matches!(parse(&deep), Err(RecordError::NotJson { .. })));
+    }
+
+    #[test]
+    fn durations_as_numbers_or_strings_fractions_rounded_up() {
+        let d = |v: &str| parse(&format!(r#"{{"leaseDurationSeconds":{v}}}"#)).map(|r| r.duration);
+        assert_eq!(d("15"), Ok(secs(15)));
+        assert_eq!(d(r#""60""#), Ok(secs(60)));
+        assert_eq!(d("60.0"), Ok(secs(60)));
+        assert_eq!(d(r#""15.5""#), Ok(secs(16)));
+        assert_eq!(d("0.25"), Ok(secs(1)));
+        assert_eq!(d("31536000"), Ok(secs(31_536_000)));
+    }
+
+    #[test]
+    fn bad_durations_are_errors() {
+        for v in [
+            "0",
+            "-5",
+            r#""-5""#,
+            r#""0""#,
+            "31536001",
+            r#""31536001""#,
+            "18446744073709551616",
+            r#""6e1""#,
+            r#""""#,
+            "1e308",
+            r#"" 60""#,
+            r#""60s""#,
+            r#""+60""#,
+            r#""60.""#,
+            r#"".5""#,
+            r#""NaN""#,
+            "true",
+            "[60]",
+            r#"{"s":60}"#,
+        ] {
+            let why = field_err(&format!(
+                r#"{{"holderIdentity":"a","leaseDurationSeconds":{v}}}"#
+            ));
+            assert!(why.starts_with("leaseDurationSeconds: "), "{v}: {why}");
+        }
+        let why = field_err(r#"{"leaseDurationSeconds":-5}"#);
+        assert!(
+            why.contains("-5 seconds") && why.contains("at most one year"),
+            "{why}"
+        );
+        // Beyond f64: serde_json calls it no JSON at all.
+        assert!(matches!(
+            parse(r#"{"leaseDurationSeconds":1e400}"#),
+            Err(RecordError::NotJson { .. })
+        ));
+    }
+
+    #[test]
+    fn holder_that_is_not_a_string_is_an_error() {
+        for v in ["5", "true", "[\"pod-a\"]", "{\"name\":\"pod-a\"}"] {
+            let why = field_err(&format!(r#"{{"holderIdentity":{v}}}"#));
+            assert!(
+                why.starts_with("holderIdentity: ") && why.contains("not a string"),
+                "{v}: {why}"
+            );
+        }
+        assert_eq!(
+            parse(r#"{"holderIdentity":" "}"#)
+                .unwrap()
+                .holder
+                .as_deref(),
+            Some(" ")
+        );
+    }
+
+    #[test]
+    fn times_with_and_without_zone() {
+        let t =
+            |v: &str| parse(&format!(r#"{{"renewTime":{v}}}"#)).map(|r| (r.renewed, r.renew_mark));
+        let zoned: Timestamp = "2026-12-06T23:30:02Z".parse().unwrap();
+        assert_eq!(
+            t(r#""2026-12-06T23:30:02Z""#),
+            Ok((Some(zoned), Some("2026-12-06T23:30:02Z".into())))
+        );
+        assert_eq!(t(r#""2026-12-07T00:30:02+01:00""#).unwrap().0, Some(zoned));
+        assert_eq!(
+            t(r#""2026-12-06T23:30:02.000000Z""#).unwrap().0,
+            Some(zoned)
+        );
+        // Without a zone: never trusted, still a mark.
+        for v in [
+            "2026-12-06 23:30:02.345678",
+            "2026-12-06T23:30:02",
+            "2026-12-06 23:30:02",
+        ] {
+            assert_eq!(t(&format!("{v:?}")), Ok((None, Some(v.to_owned()))), "{v}");
+        }
+        for v in [
+            r#""yesterday""#,
+            r#""2026-13-06 23:30:02""#,
+            "1765063802",
+            "true",
+        ] {
+            let why = field_err(&format!(r#"{{"renewTime":{v}}}"#));
+            assert!(
+                why.starts_with("renewTime: ") && why.contains("not a date and time"),
+                "{v}: {why}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_leader_transitions_are_ignored() {
+        for v in [
+            r#"{"holderIdentity":"a","leaderTransitions":3}"#,
+            r#"{"holderIdentity":"a","leaderTransitions":"3"}"#,
+            r#"{"holderIdentity":"a","extra":{"nested":[1,2,{"x":null}]},"acquireTime":42}"#,
+        ] {
+            assert_eq!(parse(v).unwrap().holder.as_deref(), Some("a"), "{v}");
+        }
+    }
+
+    #[test]
+    fn a_field_in_another_case_or_written_twice_is_an_error() {
+        let why = field_err(r#"{"holderIdentity":"","HolderIdentity":"pod-b"}"#);
+        assert!(
+            why.starts_with("HolderIdentity: ") && why.contains("only in case"),
+            "{why}"
+        );
+        let why = field_err(r#"{"leaseDurationSecondſ":60}"#);
+        assert!(why.contains("only in case"), "{why}");
+        let why = field_err(r#"{"holderIdentity":"pod-a","holderIdentity":"pod-b"}"#);
+        assert!(why.contains("written twice"), "{why}");
+        // An escaped spelling is the same key.
+        let why = field_err(r#"{"holderIdentity":"pod-a","holder\u0049dentity":"pod-b"}"#);
+        assert!(why.contains("written twice"), "{why}");
+    }
+
+    #[test]
+    fn released_starts_with_the_prefix_and_keeps_every_other_field() {
+        let out = released(CLIENT_GO).unwrap();
+        assert_eq!(
+            out,
+            r#"{"holderIdentity":"","leaseDurationSeconds":1,"acquireTime":"2026-12-06T23:30:00Z","renewTime":"2026-12-06T23:30:02.5+01:00","leaderTransitions":3}"#
+        );
+        // Values unchanged to the byte, also what a float would change.
+        let odd = r#"{ "a" : 1.50e2 , "holderIdentity" : "x", "n": 123456789012345678901234567890, "s": "\u00e9 \"q\"", "o": { "k" : [ 1 , 2 ] } }"#;
+        assert_eq!(
+            released(odd).unwrap(),
+            r#"{"holderIdentity":"","leaseDurationSeconds":1,"a":1.50e2,"n":123456789012345678901234567890,"s":"\u00e9 \"q\"","o":{"k":[1,2]}}"#
+        );
+        assert_eq!(
+            released("{}").unwrap(),
+            r#"{"holderIdentity":"","leaseDurationSeconds":1}"#
+        );
+        assert!(released("").is_err());
+        assert!(released("{").is_err());
+    }
+
+    #[test]
+    fn released_python_record_reads_back_free_with_one_second() {
+        let out = released(PYTHON).unwrap();
+        assert!(
+            out.starts_with(r#"{"holderIdentity":"","leaseDurationSeconds":1,"#),
+            "{out}"
+        );
+        let r = parse(&out).unwrap();
+        assert_eq!((r.holder, r.duration), (None, secs(1)));
+        assert_eq!(r.renew_mark.as_deref(), Some("2026-12-06 23:30:02.345678"));
+        let (mut before, after) = (obj(PYTHON), obj(&out));
+        before.insert(HOLDER.into(), Value::from(""));
+        before.insert(DURATION.into(), Value::from(1));
+        assert_eq!(before, after);
+        assert!(is_released(&out));
+    }
+
+    #[test]
+    fn released_drops_every_spelling_of_the_two_fields() {
+        let out = released(
+            r#"{"HOLDERIDENTITY":"pod-b","leaseDurationSecondſ":9,"holderIdentity":"a","x":1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            r#"{"holderIdentity":"","leaseDurationSeconds":1,"x":1}"#
+        );
+        // What the guard would refuse is not written.
+        for v in [
+            r#"{"note":"holderIdentity was pod-a"}"#,
+            r#"{"x":"\u0041"}"#,
+        ] {
+            assert!(
+                matches!(released(v), Err(RecordError::Unreleasable { .. })),
+                "{v}"
+            );
+        }
+    }
+
+    #[test]
+    fn is_released_is_the_prefix_rule() {
+        for v in [
+            r#"{"holderIdentity":"","leaseDurationSeconds":1}"#,
+            r#"{"holderIdentity":"","leaseDurationSeconds":1,"renewTime":"2026-12-06 23:30:02"}"#,
+        ] {
+            assert!(is_released(v), "{v}");
+        }
+        for v in [
+            "",
+            PYTHON,
+            CLIENT_GO,
+            r#"{"holderIdentity":"pod-b","leaseDurationSeconds":1}"#,
+            r#"{"holderIdentity":"","leaseDurationSeconds":10}"#,
+            r#"{"holderIdentity":"","leaseDurationSeconds":1.5}"#,
+            r#"{"holderIdentity": "", "leaseDurationSeconds": 1}"#,
+            r#"{"leaseDurationSeconds":1,"holderIdentity":""}"#,
+            r#"{"holderIdentity":"","leaseDurationSeconds":1"#,
+            r#"{"holderIdentity":"","leaseDurationSeconds":1,"holderIdentity":"pod-b"}"#,
+            r#"{"holderIdentity":"","leaseDurationSeconds":1,"HolderIdentity":"pod-b"}"#,
+            r#"{"holderIdentity":"","leaseDurationSeconds":1,"h\u006flderIdentity":"pod-b"}"#,
+            r#"{"holderIdentity":"","leaseDurationSeconds":1,"leaseDurationSecondſ":60}"#,
+            r#"{"holderIdentity":"","leaseDurationSeconds":1,"leaseDurationSecond\u017F":60}"#,
+        ] {
+            assert!(!is_released(v), "{v}");
+        }
+        let huge = format!(
+            r#"{{"holderIdentity":"","leaseDurationSeconds":1,"x":"{}"}}"#,
+            "y".repeat(MAX_LEN)
+        );
+        assert!(!is_released(&huge));
+    }
+
+    fn config() -> Config {
+        Config {
+            rng_seed: RngSeed::Fixed(20261206),
+            ..Config::default()
+        }
+    }
+
+    /// JSON values of a few levels, with the record's own keys likely.
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (-1e6f64..1e6).prop_map(Value::from),
+            "\\PC{0,12}".prop_map(Value::from),
+            Just(Value::from("2026-12-06 23:30:02.345678")),
+            Just(Value::from("2026-12-06T23:30:02Z")),
+            Just(Value::from("60")),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map(key(), inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(HOLDER.to_owned()),
+            Just(DURATION.to_owned()),
+            Just(RENEW.to_owned()),
+            Just("acquireTime".to_owned()),
+            Just("leaderTransitions".to_owned()),
+            Just("HolderIdentity".to_owned()),
+            "[a-zA-Z]{1,8}",
+            "\\PC{0,6}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn parse_and_released_never_panic_on_any_string(s in "\\PC{0,64}|[{}\\[\\]\",: a-z0-9\\\\]{0,64}") {
+            let _ = parse(&s);
+            if let Ok(out) = released(&s) {
+                prop_assert!(is_released(&out), "{}", out);
+            }
+            let _ = is_released(&s);
+        }
+
+        #[test]
+        fn released_of_any_object_keeps_its_other_fields(
+            fields in proptest::collection::btree_map(key(), json(), 0..6),
+            pretty in any::<bool>(),
+        ) {
+            let original = Value::Object(fields.into_iter().collect());
+            let text = if pretty {
+                serde_json::to_string_pretty(&original).unwrap()
+            } else {
+                serde_json::to_string(&original).unwrap()
+            };
+            match released(&text) {
+                Ok(out) => {
+                    prop_assert!(is_released(&out), "{}", out);
+                    let mut want = obj(&text);
+                    want.retain(|k, _| !folds_to(k, HOLDER) && !folds_to(k, DURATION));
+                    let mut got = obj(&out);
+                    prop_assert_eq!(got.remove(HOLDER), Some(Value::from("")));
+                    prop_assert_eq!(got.remove(DURATION), Some(Value::from(1)));
+                    prop_assert_eq!(got, want);
+                    let r = parse(&out);
+                    if let Ok(r) = r {
+                        prop_assert_eq!((r.holder, r.duration), (None, secs(1)));
+                    }
+                }
+                Err(RecordError::Unreleasable { .. }) => {}
+                Err(e) => prop_assert!(false, "{}: {}", text, e),
+            }
+        }
+    }
+}
