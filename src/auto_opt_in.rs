@@ -235,20 +235,27 @@ impl AutoOptIn {
             };
             let key = key_of(LockKind::ConfigMap, &meta);
             relist.seen(&key);
-            if !self.in_reach(&key.namespace)
-                || self.has_key(&meta)
-                || !candidate::one_pod_owner(&meta)
-            {
+            let o = Object::ConfigMapMeta(&meta);
+            let shape = kinds::candidate(o);
+            if !self.in_reach(&key.namespace) || self.has_key(&meta) || shape.is_none() {
                 self.drop_key(&key);
                 continue;
             }
             let uid = meta.uid.clone().unwrap_or_default();
+            let identity = record_host(o);
             let known = {
                 let s = crate::locked(&self.state);
-                s.unprotected.get(&key).is_some_and(|(u, _)| *u == uid)
+                s.unprotected.get(&key).is_some_and(|(u, i)| *u == uid && *i == identity)
                     || s.holds_data.get(&key) == meta.resource_version.as_ref()
             };
-            if !known {
+            // A leader record changes at each renewal: judged once per
+            // holder within `RECENT` (its times may carry no zone, so not
+            // by when it changed, as a Lease is).
+            let due = || match shape {
+                Some(Shape::NamesAPod(..)) => self.look_once(&key, &identity),
+                _ => true,
+            };
+            if !known && due() {
                 self.clone().judge_soon(key, None);
             }
         }
@@ -337,7 +344,14 @@ impl AutoOptIn {
     /// within `RECENT`. When it is, that is remembered (and what was known
     /// of it as a candidate forgotten: it is judged again).
     fn look_again(&self, key: &LockKey, l: &Lease, identity: &str, now: Timestamp) -> bool {
-        if !changed_lately(l, now) || !self.first_look(key, identity) {
+        changed_lately(l, now) && self.look_once(key, identity)
+    }
+
+    /// Whether a renewed lock was not judged with this holder within
+    /// `RECENT`; when so, that it is judged now is remembered (and what was
+    /// known of it as a candidate forgotten: it is judged again).
+    fn look_once(&self, key: &LockKey, identity: &str) -> bool {
+        if !self.first_look(key, identity) {
             return false;
         }
         self.drop_key(key);
@@ -475,7 +489,9 @@ impl AutoOptIn {
                 let Some(cm) = call(what, api.get_opt(&key.name)).await? else {
                     return Ok(None);
                 };
-                if candidate::one_pod_owner(&cm.metadata) && candidate::holds_data(&cm) {
+                let o = Object::ConfigMap(&cm);
+                let shape = kinds::candidate(o);
+                if shape.is_none() && candidate::one_pod_owner(&cm.metadata) && candidate::holds_data(&cm) {
                     // Not read again until it changes.
                     let rv = cm.metadata.resource_version.clone().unwrap_or_default();
                     crate::locked(&self.state)
@@ -483,8 +499,12 @@ impl AutoOptIn {
                         .insert(key.clone(), rv);
                     return Ok(None);
                 }
-                let yes = kinds::configmap_candidate(&cm).is_some() && !self.has_key(&cm.metadata);
-                Ok(yes.then(|| (cm.metadata, String::new())))
+                if self.has_key(&cm.metadata) {
+                    return Ok(None);
+                }
+                let identity = record_host(o);
+                self.confirmed(key, cm.metadata, identity, shape, pods_checked)
+                    .await
             }
             LockKind::Lease => {
                 let api: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
@@ -495,21 +515,37 @@ impl AutoOptIn {
                     return Ok(None);
                 }
                 let identity = identity_of(&l);
-                match kinds::candidate(Object::Lease(&l)) {
-                    None => Ok(None),
-                    Some(Shape::HeldForLife(_)) => Ok(Some((l.metadata, identity))),
-                    Some(Shape::NamesAPod(_, host)) => {
-                        if pods_checked.as_deref() != Some(identity.as_str()) {
-                            let hosts = BTreeSet::from([host.clone()]);
-                            let counts = pods_naming(&self.client, &key.namespace, &hosts).await?;
-                            if counts.get(&host) != Some(&1) {
-                                return Ok(None);
-                            }
-                            *pods_checked = Some(identity.clone());
-                        }
-                        Ok(Some((l.metadata, identity)))
+                let shape = kinds::candidate(Object::Lease(&l));
+                self.confirmed(key, l.metadata, identity, shape, pods_checked)
+                    .await
+            }
+        }
+    }
+
+    /// A candidate read live, confirmed: one held for life as it is; one
+    /// whose holder names a host only when exactly one pod of its namespace
+    /// is that host (listed once per holder identity).
+    async fn confirmed(
+        &self,
+        key: &LockKey,
+        meta: ObjectMeta,
+        identity: String,
+        shape: Option<Shape>,
+        pods_checked: &mut Option<String>,
+    ) -> Result<Option<(ObjectMeta, String)>, Error> {
+        match shape {
+            None => Ok(None),
+            Some(Shape::HeldForLife(_)) => Ok(Some((meta, identity))),
+            Some(Shape::NamesAPod(_, host)) => {
+                if pods_checked.as_deref() != Some(identity.as_str()) {
+                    let hosts = BTreeSet::from([host.clone()]);
+                    let counts = pods_naming(&self.client, &key.namespace, &hosts).await?;
+                    if counts.get(&host) != Some(&1) {
+                        return Ok(None);
                     }
+                    *pods_checked = Some(identity.clone());
                 }
+                Ok(Some((meta, identity)))
             }
         }
     }
@@ -671,6 +707,16 @@ fn key_of(kind: LockKind, meta: &ObjectMeta) -> LockKey {
         name: meta.name.clone().unwrap_or_default(),
         kind,
     }
+}
+
+/// The host a ConfigMap's leader record names (empty for a ConfigMap held
+/// for life): what a ConfigMap candidate is known by, beside its uid.
+fn record_host(o: Object<'_>) -> String {
+    kinds::of(o)
+        .holder(o)
+        .filter(|h| h.uid.is_empty())
+        .map(|h| h.name)
+        .unwrap_or_default()
 }
 
 fn identity_of(l: &Lease) -> String {

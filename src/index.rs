@@ -86,10 +86,13 @@ impl Inner {
     }
 }
 
-/// The holder index of one scope.
+/// The holder index of one scope's ConfigMaps: the pods a lock held for
+/// life names by ownerReference, and the hosts a leader record names.
 #[derive(Default)]
 pub struct HolderIndex {
     inner: Mutex<Inner>,
+    /// ConfigMaps judged by a renewed record: the host its holder names.
+    hosts: LeaseIndex,
 }
 
 impl HolderIndex {
@@ -98,7 +101,7 @@ impl HolderIndex {
     }
 
     /// Indexes every Pod a lock names.
-    pub fn apply<K: kube::Resource>(&self, lock: &K) {
+    pub fn apply_owners<K: kube::Resource>(&self, lock: &K) {
         let key = LockKey::configmap(lock.namespace().unwrap_or_default(), lock.name_any());
         let holders: Holders = lock
             .owner_references()
@@ -166,6 +169,17 @@ impl HolderIndex {
         })
     }
 
+    /// Per namespace, every host some leader record names.
+    pub fn hosts(&self) -> BTreeMap<String, BTreeSet<String>> {
+        self.hosts.hosts()
+    }
+
+    /// The ConfigMaps whose leader record a pod of this name may hold (by
+    /// its name, or its hostname when the name is longer than one).
+    pub fn locks_named(&self, namespace: &str, pod: &str) -> Vec<LockKey> {
+        self.hosts.leases_of(namespace, pod)
+    }
+
     /// Per namespace, the name of every pod some lock names (what a sweep
     /// asks about).
     pub fn holder_names(&self) -> BTreeMap<String, BTreeSet<String>> {
@@ -186,16 +200,30 @@ impl HolderIndex {
 }
 
 impl Index<ConfigMapMeta> for HolderIndex {
+    /// By what its kind judges it by: the owner pods, or the host its
+    /// leader record names (and never both: a lock that changed kind
+    /// leaves the other).
     fn apply(&self, lock: &ConfigMapMeta) {
-        HolderIndex::apply(self, lock)
+        let o = Object::ConfigMapMeta(&lock.metadata);
+        let kind = kinds::of(o);
+        let key = LockKey::configmap(lock.namespace().unwrap_or_default(), lock.name_any());
+        if kind.judged() == Judged::ByRenewals {
+            self.with(|i| unindex(i, &key));
+            self.hosts.apply_host(key, kind.holder(o).map(|h| h.name));
+        } else {
+            self.hosts.delete(&key);
+            self.apply_owners(lock)
+        }
     }
 
     fn delete(&self, key: &LockKey) {
         self.with(|i| unindex(i, key));
+        self.hosts.delete(key);
     }
 
     fn relist_started(&self) {
         self.with(|i| i.relisting.start());
+        self.hosts.relist_started();
     }
 
     fn relist_done(&self) {
@@ -204,10 +232,11 @@ impl Index<ConfigMapMeta> for HolderIndex {
                 unindex(i, &k);
             }
         });
+        self.hosts.relist_done();
     }
 
     fn relisting(&self) -> bool {
-        self.with(|i| i.relisting.0.is_some())
+        self.with(|i| i.relisting.0.is_some()) || self.hosts.relisting()
     }
 }
 
@@ -402,9 +431,9 @@ mod tests {
     #[test]
     fn follows_the_lock_watch() {
         let idx = HolderIndex::default();
-        idx.apply(&cm("a", &[("p1", "u1")]));
-        idx.apply(&cm("b", &[("p1", "u1")]));
-        idx.apply(&cm("c", &[("p2", "u2"), ("p3", "u3")]));
+        idx.apply_owners(&cm("a", &[("p1", "u1")]));
+        idx.apply_owners(&cm("b", &[("p1", "u1")]));
+        idx.apply_owners(&cm("c", &[("p2", "u2"), ("p3", "u3")]));
         let mut of_u1 = idx.locks_of("ops", "u1");
         of_u1.sort();
         assert_eq!(of_u1, vec![key("a"), key("b")]);
@@ -412,7 +441,7 @@ mod tests {
         assert!(idx.locks_of("other", "u1").is_empty());
 
         // A takeover: the lock now names another pod.
-        idx.apply(&cm("a", &[("p9", "u9")]));
+        idx.apply_owners(&cm("a", &[("p9", "u9")]));
         assert_eq!(idx.locks_of("ops", "u1"), vec![key("b")]);
         assert_eq!(idx.locks_of("ops", "u9"), vec![key("a")]);
 
@@ -424,7 +453,7 @@ mod tests {
 
         // A re-list that no longer lists "c" forgets it.
         idx.relist_started();
-        idx.apply(&cm("a", &[("p9", "u9")]));
+        idx.apply_owners(&cm("a", &[("p9", "u9")]));
         idx.relist_done();
         assert!(idx.locks_of("ops", "u2").is_empty());
         assert_eq!(idx.len(), 1);

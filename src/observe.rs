@@ -16,7 +16,7 @@ use tracing::debug;
 
 use crate::kinds::{self, Judged, Kind, Object};
 use crate::lock::lease::LeaseLock;
-use crate::lock::{self, Holder, Lock, LockKey, LockKind};
+use crate::lock::{self, Lock, LockKey, LockKind, Renewal};
 use crate::selector::Selector;
 use crate::verdict::Renewals;
 use crate::verdict::{self, HolderSeen, Policy, StaleReason, Verdict};
@@ -58,11 +58,14 @@ impl Judgement {
         }
     }
 
-    /// The lock object as judged.
+    /// The lock object as judged: a Lease as read, or a ConfigMap's
+    /// metadata as read. A Lease judged without its object (no path makes
+    /// one) is a Lease's metadata still, and its kind's write refuses it.
     pub fn object(&self) -> Object<'_> {
-        match &self.lease {
-            Some(l) => Object::Lease(l),
-            None => Object::ConfigMap(&self.meta),
+        match (&self.lease, self.key.kind) {
+            (Some(l), _) => Object::Lease(l),
+            (None, LockKind::ConfigMap) => Object::ConfigMapMeta(&self.meta),
+            (None, LockKind::Lease) => Object::LeaseMeta(&self.meta),
         }
     }
 
@@ -76,21 +79,14 @@ impl Judgement {
         self.kind().version(self.object())
     }
 
-    /// Whether the lock is judged by its owner pod (held for life).
-    pub fn held_for_life(&self) -> bool {
-        self.kind().judged() == Judged::ByOwner
-    }
-
-    /// A Lease whose one matching pod matched by its hostname, not its
+    /// A renewed lock whose one matching pod matched by its hostname, not its
     /// name (a `spec.hostname` of its own, or a name over 63 characters).
     pub fn matched_by_hostname_only(&self) -> bool {
-        let (Some(lease), Some(pod)) = (&self.lease, &self.holder) else {
+        let Some(pod) = &self.holder else {
             return false;
         };
-        if self.held_for_life() {
-            return false;
-        }
-        let host = lock::lease::parse(lease).ok().and_then(|l| l.host);
+        let o = self.object();
+        let host = self.kind().record(o).and_then(|r| r.ok()?.host);
         host.is_some_and(|h| pod.metadata.name.as_deref() != Some(h.as_str()))
     }
 }
@@ -105,9 +101,9 @@ pub trait HolderClock {
     fn holder_missing(&mut self, lock: &Lock, now: Timestamp) -> (Timestamp, Duration);
     /// First time this holder was seen dead without a container finish time.
     fn stale_since(&mut self, lock: &Lock, now: Timestamp) -> Timestamp;
-    /// Takes in a Lease as read live; what was seen of its renewals (none
-    /// for a clock that does not watch).
-    fn lease_renewals(&mut self, _lease: &Lease) -> Renewals {
+    /// Takes in a renewed lock's renewal as read live; what was seen of its
+    /// renewals (none for a clock that does not watch).
+    fn renewals(&mut self, _renewal: Renewal) -> Renewals {
         Renewals::default()
     }
 }
@@ -128,6 +124,11 @@ impl HolderClock for LockAge {
     fn stale_since(&mut self, _lock: &Lock, now: Timestamp) -> Timestamp {
         now
     }
+}
+
+/// The kind of a lock that is judged by renewals, if it is one.
+fn renewed(o: Object<'_>) -> Option<&'static dyn Kind> {
+    Some(kinds::of(o)).filter(|k| k.judged() == Judged::ByRenewals)
 }
 
 /// Why a judgement is made.
@@ -193,6 +194,16 @@ impl Observer {
         // The cache said this lock is opted in; the live copy must say so too.
         if !self.selector.matches(live.metadata.labels.as_ref()) {
             return Ok(None);
+        }
+        let o = Object::ConfigMap(&live);
+        if let Some(kind) = renewed(o) {
+            let renewal = kind.renewal(o);
+            return self
+                .judge_record(key.clone(), live.metadata.clone(), None, kind.record(o), None, || {
+                    renewal.map(|r| clock.renewals(r)).unwrap_or_default()
+                })
+                .await
+                .map(Some);
         }
         let holds_data = lock::holds_data(&live);
         self.judge(
@@ -359,8 +370,11 @@ impl Observer {
         // What was seen of its renewals is taken once the pods are listed:
         // the time the list took counts as watched, and a renewal seen
         // meanwhile counts too.
-        self.judge_lease_reading(key.clone(), lease.clone(), None, || {
-            clock.lease_renewals(lease)
+        let o = Object::Lease(lease);
+        let kind = kinds::of(o);
+        let renewal = kind.renewal(o);
+        self.judge_record(key.clone(), lease.metadata.clone(), Some(lease.clone()), kind.record(o), None, || {
+            renewal.map(|r| clock.renewals(r)).unwrap_or_default()
         })
         .await
         .map(Some)
@@ -385,7 +399,9 @@ impl Observer {
             });
             return self.judge_for_life(key, live, holder, &mut LockAge).await;
         }
-        self.judge_lease_reading(key, live, pods, || *renewals)
+        let record = kinds::of(Object::Lease(&live)).record(Object::Lease(&live));
+        let meta = live.metadata.clone();
+        self.judge_record(key, meta, Some(live), record, pods, || *renewals)
             .await
     }
 
@@ -407,18 +423,25 @@ impl Observer {
         Ok(j)
     }
 
-    /// As `judge_lease`; `renewals` is asked after the pods are listed.
-    async fn judge_lease_reading(
+    /// Judges a lock whose kind judges it by renewals, from its leader
+    /// record as read (`record`; a lock held for life has none, and is
+    /// unmanageable here), with what was seen of its renewals, asked after
+    /// the pods are listed. The pods of its namespace are listed live
+    /// unless the caller already did (`pods`); nothing is read for a record
+    /// that is released, expired or not a lock. `lease`: the Lease as read,
+    /// whose release replaces it.
+    async fn judge_record(
         &self,
         key: LockKey,
-        live: Lease,
+        meta: ObjectMeta,
+        lease: Option<Lease>,
+        record: Option<Result<LeaseLock, lock::Unmanageable>>,
         pods: Option<&[Pod]>,
         renewals: impl FnOnce() -> Renewals,
     ) -> Result<Judgement, Error> {
-        let meta = live.metadata.clone();
-        let parsed = match lock::lease::parse(&live) {
+        let parsed = match record.unwrap_or(Err(lock::Unmanageable::NoRenewTime)) {
             Ok(l) => l,
-            Err(why) => return Ok(Judgement::unmanageable(key, meta, why, Some(live))),
+            Err(why) => return Ok(Judgement::unmanageable(key, meta, why, lease)),
         };
         let now = Timestamp::now();
         let listed;
@@ -450,13 +473,13 @@ impl Observer {
             _ => None,
         };
         Ok(Judgement {
-            lock: Some(lease_lock(&parsed, holder.as_ref())),
+            lock: Some(parsed.as_lock(holder.as_ref())),
             key,
             meta,
             holder,
             verdict,
             died_at,
-            lease: Some(live),
+            lease,
         })
     }
 
@@ -488,25 +511,5 @@ impl Observer {
         )
         .await?;
         Ok(named)
-    }
-}
-
-/// A Lease as the generic `Lock` that Events and `reclaim` use: the holder
-/// is the matching pod when there is exactly one, else the identity's host.
-pub fn lease_lock(l: &LeaseLock, pod: Option<&Pod>) -> Lock {
-    Lock {
-        namespace: l.namespace.clone(),
-        name: l.name.clone(),
-        uid: l.uid.clone(),
-        resource_version: l.resource_version.clone(),
-        created: l.created,
-        holder: Holder {
-            name: pod
-                .and_then(|p| p.metadata.name.clone())
-                .or_else(|| l.host.clone())
-                .unwrap_or_default(),
-            uid: pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default(),
-        },
-        deleting: None,
     }
 }

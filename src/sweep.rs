@@ -86,6 +86,13 @@ pub async fn sweep(
     for (ns, hosts) in watched.leases.map(LeaseIndex::hosts).unwrap_or_default() {
         named.entry(ns).or_default().hosts = hosts;
     }
+    for (ns, hosts) in watched
+        .configmaps
+        .map(HolderIndex::hosts)
+        .unwrap_or_default()
+    {
+        named.entry(ns).or_default().hosts.extend(hosts);
+    }
     for (ns, owners) in watched
         .leases
         .map(LeaseIndex::owner_names)
@@ -247,6 +254,7 @@ impl Pass<'_> {
                     let (ns, name, uid) = id(p);
                     if let Some(index) = watched.configmaps {
                         out.configmaps.extend(index.locks_of(ns, uid));
+                        out.configmaps.extend(index.locks_named(ns, name));
                     }
                     if let Some(index) = watched.leases {
                         out.leases.extend(index.leases_of(ns, name));

@@ -1,16 +1,16 @@
-//! How often each watched Lease's holder renews it, as the janitor sees it:
-//! the gaps between the renew times its watch (and its live reads) deliver
-//! under one holder identity, and how long, on the janitor's own clock, no
+//! How often each watched renewed lock's holder renews it, as the janitor
+//! sees it: the gaps between the renew times its watch (and its live reads)
+//! deliver under one holder identity (or, when those times cannot be
+//! trusted, between the changes it saw, on its own clock), and how long, on the janitor's own clock, no
 //! new renewal has come. A Lease is released only once its holder has
 //! missed its own renewals (`verdict::lease`); this is where "its own" is
 //! learnt. Pure bookkeeping: the caller passes the instant.
 
-use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::lock::Renewal;
 use crate::verdict::Renewals;
 
 /// How many recent gaps are kept: the longest of them is the period, so one
@@ -25,86 +25,79 @@ const SHORTEST_GAP: Duration = Duration::from_secs(1);
 /// Gaps seen before the longest of them counts as the period.
 const GAPS_NEEDED: usize = 2;
 
-/// The renew history of one Lease.
+/// The renew history of one renewed lock.
 #[derive(Clone, Debug)]
 pub struct Cadence {
-    /// A hash of the holder identity and the Lease's uid: a new holder, or
-    /// a new Lease of the same name, starts a new history.
+    /// A hash of the holder identity and the lock's uid: a new holder, or
+    /// a new lock of the same name, starts a new history.
     identity: u64,
-    /// The newest renew time seen (gaps are learnt from it).
+    /// The renew time as last written, hashed: any change is a renewal (a
+    /// renewer whose clock runs behind writes older times).
+    mark: u64,
+    /// The newest trusted renew time seen (gaps are learnt from it).
     renewed: Option<Timestamp>,
-    /// The renew time last seen, newer or not: any change is a renewal
-    /// (a renewer whose clock runs behind writes older times).
-    last: Option<Timestamp>,
     /// When the janitor last saw the renew time change.
     since: Instant,
+    /// Whether `since` is a change seen (not the first sighting): a gap on
+    /// the janitor's own clock is learnt only between two changes.
+    changed: bool,
     /// Recent gaps in milliseconds, newest last; 0 is none.
     gaps: [u32; GAPS],
 }
 
-/// The holder identity and the Lease's uid, hashed (a Lease deleted and
-/// made again under the same identity starts a new history too: no gap is
-/// learnt across the two objects), and the renew time.
-fn identity_and_renewed(lease: &Lease) -> (u64, Option<Timestamp>) {
-    let spec = lease.spec.as_ref();
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (
-        lease.metadata.uid.as_deref().unwrap_or_default(),
-        spec.and_then(|s| s.holder_identity.as_deref())
-            .unwrap_or_default(),
-    )
-        .hash(&mut h);
-    (
-        h.finish(),
-        spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
-    )
-}
-
 impl Cadence {
-    /// The history of a Lease first seen `at`.
-    pub fn new(lease: &Lease, at: Instant) -> Cadence {
-        let (identity, renewed) = identity_and_renewed(lease);
+    /// The history of a lock first seen `at`.
+    pub fn new(r: Renewal, at: Instant) -> Cadence {
         Cadence {
-            identity,
-            renewed,
-            last: renewed,
+            identity: r.identity,
+            mark: r.mark,
+            renewed: r.renewed,
             since: at,
+            changed: false,
             gaps: [0; GAPS],
         }
     }
 
-    /// Takes in the Lease as read or watched `at`. Any change of the renew
+    /// Takes in the lock as read or watched `at`. Any change of the renew
     /// time restarts the silence, even to an older time (a renewer elsewhere
     /// with a clock behind, or a watch event behind a live read: that only
-    /// delays a release); only a newer one teaches a gap.
-    pub fn observe(&mut self, lease: &Lease, at: Instant) {
-        let (identity, renewed) = identity_and_renewed(lease);
-        if identity != self.identity {
-            *self = Cadence::new(lease, at);
+    /// delays a release). A gap is learnt from two trusted renew times, the
+    /// newer after the older; from a record whose times carry no zone
+    /// (never trusted), from the janitor's own clock between two changes it
+    /// saw.
+    pub fn observe(&mut self, r: Renewal, at: Instant) {
+        if r.identity != self.identity {
+            *self = Cadence::new(r, at);
             return;
         }
-        if renewed == self.last {
+        if r.mark == self.mark {
             return;
         }
-        self.last = renewed;
-        self.since = at;
-        let (Some(new), Some(old)) = (renewed, self.renewed) else {
-            if self.renewed.is_none() {
-                self.renewed = renewed;
+        self.mark = r.mark;
+        let previous = std::mem::replace(&mut self.since, at);
+        let seen_changing = std::mem::replace(&mut self.changed, true);
+        match (r.renewed, self.renewed) {
+            (Some(new), Some(old)) => {
+                if new <= old {
+                    return;
+                }
+                if let Ok(gap) = Duration::try_from(new.duration_since(old)) {
+                    self.learn(gap);
+                }
+                self.renewed = Some(new);
             }
-            return;
-        };
-        if new <= old {
-            return;
+            (Some(new), None) => self.renewed = Some(new),
+            (None, _) if seen_changing => self.learn(at.saturating_duration_since(previous)),
+            (None, _) => {}
         }
-        if let Ok(gap) = Duration::try_from(new.duration_since(old)) {
-            if (SHORTEST_GAP..=LONGEST_GAP).contains(&gap) {
-                let ms = u32::try_from(gap.as_millis()).unwrap_or(u32::MAX).max(1);
-                self.gaps.rotate_left(1);
-                self.gaps[GAPS - 1] = ms;
-            }
+    }
+
+    fn learn(&mut self, gap: Duration) {
+        if (SHORTEST_GAP..=LONGEST_GAP).contains(&gap) {
+            let ms = u32::try_from(gap.as_millis()).unwrap_or(u32::MAX).max(1);
+            self.gaps.rotate_left(1);
+            self.gaps[GAPS - 1] = ms;
         }
-        self.renewed = Some(new);
     }
 
     /// What was seen, as of `now`.
@@ -121,11 +114,22 @@ impl Cadence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use crate::kinds::{Kind, Object};
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
     use k8s_openapi::jiff::SignedDuration;
 
-    fn lease(identity: &str, renewed: Timestamp) -> Lease {
+    fn seen(l: &Lease) -> Renewal {
+        crate::kinds::lease::RenewedLease
+            .renewal(Object::Lease(l))
+            .expect("a Lease shows its renewals")
+    }
+
+    fn lease(identity: &str, renewed: Timestamp) -> Renewal {
+        seen(&lease_object(identity, renewed))
+    }
+
+    fn lease_object(identity: &str, renewed: Timestamp) -> Lease {
         Lease {
             spec: Some(LeaseSpec {
                 holder_identity: Some(identity.into()),
@@ -142,7 +146,7 @@ mod tests {
         let at = Instant::now();
         let s = |n: i64| t0 + SignedDuration::from_secs(n);
         let i = |n: u64| at + Duration::from_secs(n);
-        let mut c = Cadence::new(&lease("a", s(0)), i(0));
+        let mut c = Cadence::new(lease("a", s(0)), i(0));
         assert_eq!(
             c.renewals(i(3)),
             Renewals {
@@ -151,43 +155,43 @@ mod tests {
             }
         );
         // client-go renews right after it acquires: not a period.
-        c.observe(&lease("a", s(0) + SignedDuration::from_millis(20)), i(0));
-        c.observe(&lease("a", s(26)), i(26));
+        c.observe(lease("a", s(0) + SignedDuration::from_millis(20)), i(0));
+        c.observe(lease("a", s(26)), i(26));
         assert_eq!(c.renewals(i(26)).period, None, "one gap is not enough");
-        c.observe(&lease("a", s(52)), i(53));
+        c.observe(lease("a", s(52)), i(53));
         // The same renewal again (a watch event after a live read): nothing.
-        c.observe(&lease("a", s(52)), i(60));
+        c.observe(lease("a", s(52)), i(60));
         let r = c.renewals(i(60));
         assert_eq!(r.period, Some(Duration::from_secs(26)));
         assert_eq!(r.quiet_for, Some(Duration::from_secs(7)));
         // An older renew time (a renewer whose clock is behind) teaches no
         // gap, but it is a renewal: the silence starts again.
-        c.observe(&lease("a", s(40)), i(61));
+        c.observe(lease("a", s(40)), i(61));
         assert_eq!(c.renewals(i(61)).quiet_for, Some(Duration::ZERO));
         assert_eq!(c.renewals(i(61)).period, Some(Duration::from_secs(26)));
-        c.observe(&lease("a", s(52)), i(62));
+        c.observe(lease("a", s(52)), i(62));
         assert_eq!(c.renewals(i(62)).quiet_for, Some(Duration::ZERO));
         // One slow renewal widens the period; it stays the longest of four.
-        c.observe(&lease("a", s(92)), i(92));
+        c.observe(lease("a", s(92)), i(92));
         assert_eq!(c.renewals(i(92)).period, Some(Duration::from_secs(40)));
         for n in 1..=3 {
-            c.observe(&lease("a", s(92 + 26 * n)), i(92 + 26 * n as u64));
+            c.observe(lease("a", s(92 + 26 * n)), i(92 + 26 * n as u64));
         }
         assert_eq!(c.renewals(i(200)).period, Some(Duration::from_secs(40)));
-        c.observe(&lease("a", s(92 + 26 * 4)), i(200));
+        c.observe(lease("a", s(92 + 26 * 4)), i(200));
         assert_eq!(c.renewals(i(200)).period, Some(Duration::from_secs(26)));
         // A new holder: nothing known of its period yet.
-        c.observe(&lease("b", s(300)), i(300));
-        c.observe(&lease("b", s(326)), i(326));
+        c.observe(lease("b", s(300)), i(300));
+        c.observe(lease("b", s(326)), i(326));
         assert_eq!(c.renewals(i(326)).period, None);
         assert_eq!(c.renewals(i(327)).quiet_for, Some(Duration::from_secs(1)));
-        c.observe(&lease("b", s(352)), i(352));
+        c.observe(lease("b", s(352)), i(352));
         assert_eq!(c.renewals(i(352)).period, Some(Duration::from_secs(26)));
         // The same holder on a Lease made again (another uid): nothing
         // known of it either.
-        let mut again = lease("b", s(378));
+        let mut again = lease_object("b", s(378));
         again.metadata.uid = Some("uid-2".into());
-        c.observe(&again, i(378));
+        c.observe(seen(&again), i(378));
         assert_eq!(c.renewals(i(378)).period, None);
     }
 
@@ -195,12 +199,12 @@ mod tests {
     fn gaps_of_hours_are_not_periods() {
         let t0: Timestamp = "2026-12-01T10:00:00Z".parse().unwrap();
         let at = Instant::now();
-        let mut c = Cadence::new(&lease("a", t0), at);
-        c.observe(&lease("a", t0 + SignedDuration::from_hours(2)), at);
+        let mut c = Cadence::new(lease("a", t0), at);
+        c.observe(lease("a", t0 + SignedDuration::from_hours(2)), at);
         assert_eq!(c.renewals(at).period, None);
         // Without a renew time at first: the first one starts the clock.
-        let mut c = Cadence::new(&Lease::default(), at);
-        c.observe(&lease("", t0), at + Duration::from_secs(5));
+        let mut c = Cadence::new(seen(&Lease::default()), at);
+        c.observe(lease("", t0), at + Duration::from_secs(5));
         assert_eq!(c.renewals(at + Duration::from_secs(5)).period, None);
     }
 }

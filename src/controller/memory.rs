@@ -9,12 +9,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 
 use super::cadence::Cadence;
 use crate::decide::{Phase, State};
-use crate::lock::{Holder, Lock, LockKey, LockKind};
+use crate::lock::{Holder, Lock, LockKey, LockKind, Renewal};
 use crate::metrics::Metrics;
 use crate::observe::HolderClock;
 use crate::verdict::{LockState, Renewals};
@@ -161,15 +160,15 @@ impl Memory {
         });
     }
 
-    /// Takes in a Lease as watched or read live now; what was seen of its
-    /// renewals so far.
-    pub fn saw_lease(&self, key: &LockKey, lease: &Lease) -> Renewals {
+    /// Takes in a renewed lock's renewal as watched or read live now; what
+    /// was seen of its renewals so far.
+    pub fn saw_renewal(&self, key: &LockKey, renewal: Renewal) -> Renewals {
         let now = Instant::now();
         self.with(|i| {
             let e = i.locks.entry(key.clone()).or_default();
             match &mut e.cadence {
-                Some(c) => c.observe(lease, now),
-                None => e.cadence = Some(Box::new(Cadence::new(lease, now))),
+                Some(c) => c.observe(renewal, now),
+                None => e.cadence = Some(Box::new(Cadence::new(renewal, now))),
             }
             e.cadence
                 .as_ref()
@@ -253,8 +252,8 @@ impl HolderClock for Clock<'_> {
             .holder_missing(&lock.holder.uid, Instant::now(), now)
     }
 
-    fn lease_renewals(&mut self, lease: &Lease) -> Renewals {
-        self.memory.saw_lease(self.key, lease)
+    fn renewals(&mut self, renewal: Renewal) -> Renewals {
+        self.memory.saw_renewal(self.key, renewal)
     }
 
     fn stale_since(&mut self, lock: &Lock, now: Timestamp) -> Timestamp {

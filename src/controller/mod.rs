@@ -179,11 +179,14 @@ impl Context {
     ) -> Result<Option<Judgement>, Error> {
         let mut clock = self.memory.clock(key, state);
         let now = k8s_openapi::jiff::Timestamp::now();
-        if let Some(lease) = watched
-            .filter(|l| !crate::lock::lease::held_for_life(l))
-            .filter(|l| {
-                crate::lock::lease::parse(l).is_ok_and(|p| p.host.is_none() || p.expired(now))
-            })
+        // A renewed record that is released or expired, as watched.
+        let free = |l: &&Lease| {
+            let o = Object::Lease(l);
+            kinds::of(o)
+                .record(o)
+                .is_some_and(|r| r.is_ok_and(|p| p.host.is_none() || p.expired(now)))
+        };
+        if let Some(lease) = watched.filter(free)
         {
             let j = self
                 .observer
@@ -284,7 +287,7 @@ pub trait Watched:
 impl Watched for LockMeta {
     const KIND: LockKind = LockKind::ConfigMap;
     fn object(&self) -> Object<'_> {
-        Object::ConfigMap(&self.metadata)
+        Object::ConfigMapMeta(&self.metadata)
     }
 }
 

@@ -45,6 +45,8 @@ impl Sides {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         if let Some(c) = &self.configmaps {
             c.suspect(ctx, c.index.locks_of(&ns, uid));
+            // The leader records whose identity names the pod.
+            c.suspect(ctx, c.index.locks_named(&ns, &pod.name_any()));
         }
         if let Some(l) = &self.leases {
             // The Leases whose identity names the pod.

@@ -39,8 +39,15 @@ pub(super) trait Kind:
     const ACCEPTING_FROM_START: bool;
     /// Keeps of a watched lock only what the cache is used for.
     fn trim(&mut self);
-    /// What memory learns from a listed, created or changed lock.
-    fn seen(_ctx: &Context, _key: &LockKey, _lock: &Self) {}
+    /// What memory learns from a listed, created or changed lock: every
+    /// renewal the watch delivers of a renewed lock teaches its holder's
+    /// renew period (a release waits for it to be missed).
+    fn seen(ctx: &Context, key: &LockKey, lock: &Self) {
+        let o = lock.object();
+        if let Some(r) = kinds::of(o).renewal(o) {
+            ctx.memory.saw_renewal(key, r);
+        }
+    }
     /// What memory learns from a deleted one, before it is forgotten: the
     /// owner of a lock held for life, as it was last seen.
     fn gone(ctx: &Context, key: &LockKey, last: &Self) {
@@ -72,19 +79,18 @@ impl Kind for Lease {
     fn trim(&mut self) {
         lock::lease::trim_for_watch(self)
     }
-    /// Every renewal the watch delivers teaches the holder's renew period
-    /// (a release waits for it to be missed).
-    fn seen(ctx: &Context, key: &LockKey, lease: &Self) {
-        ctx.memory.saw_lease(key, lease);
-    }
 }
 
 /// Keeps of a watched ConfigMap lock only what the cache is used for
-/// (identity, version, owner references): a judgement reads the lock whole.
+/// (identity, version, owner references, the annotation a kind is read
+/// from): a judgement reads the lock whole.
 pub fn strip_cached(m: &mut LockMeta) {
     let meta = &mut m.metadata;
     meta.managed_fields = None;
-    meta.annotations = None;
+    meta.annotations = meta.annotations.take().and_then(|mut all| {
+        all.retain(|k, _| kinds::watched_annotations().any(|w| w == k));
+        (!all.is_empty()).then_some(all)
+    });
     meta.labels = None;
     meta.finalizers = None;
     meta.creation_timestamp = None;

@@ -30,13 +30,15 @@ use kube::api::{DeleteParams, Preconditions};
 use kube::Client;
 
 use crate::lock::candidate::{holds_data, Shape};
-use crate::lock::{Holder, LockKind};
+use crate::lock::lease::LeaseLock;
+use crate::lock::{Holder, Lock, LockKind, Renewal, Unmanageable};
 use crate::Error;
 
 /// The registration: every kind, in the order they claim an object (the
 /// first that claims it is its kind; the last of each resource claims
 /// every object of it, so that every watched object has a kind).
-pub static KINDS: [&dyn Kind; 3] = [
+pub static KINDS: [&dyn Kind; 4] = [
+    &annotation::LeaderAnnotation,
     &lease_for_life::LeaseHeldForLife,
     &lease::RenewedLease,
     &configmap::ConfigMapHeldForLife,
@@ -48,9 +50,9 @@ pub fn of(o: Object<'_>) -> &'static dyn Kind {
         .iter()
         .copied()
         .find(|k| k.resource() == o.resource() && k.claims(o))
-        .unwrap_or(match o {
-            Object::ConfigMap(_) => &configmap::ConfigMapHeldForLife,
-            Object::Lease(_) => &lease::RenewedLease,
+        .unwrap_or(match o.resource() {
+            LockKind::ConfigMap => &configmap::ConfigMapHeldForLife,
+            LockKind::Lease => &lease::RenewedLease,
         })
 }
 
@@ -59,13 +61,9 @@ pub fn candidate(o: Object<'_>) -> Option<Shape> {
     of(o).candidate(o)
 }
 
-/// A ConfigMap read whole: its kind's shape, and no data (operator-lib's
-/// locks are empty; Spark drivers, for one, own ConfigMaps with data).
+/// A ConfigMap read whole: its kind's shape.
 pub fn configmap_candidate(cm: &ConfigMap) -> Option<Shape> {
-    if holds_data(cm) {
-        return None;
-    }
-    candidate(Object::ConfigMap(&cm.metadata))
+    candidate(Object::ConfigMap(cm))
 }
 
 /// A lock object as watched or read: the metadata of a ConfigMap (all a
@@ -73,22 +71,38 @@ pub fn configmap_candidate(cm: &ConfigMap) -> Option<Shape> {
 /// on its own) or a whole Lease.
 #[derive(Clone, Copy, Debug)]
 pub enum Object<'a> {
-    ConfigMap(&'a ObjectMeta),
+    /// A ConfigMap as its metadata-only watch or list shows it.
+    ConfigMapMeta(&'a ObjectMeta),
+    /// A ConfigMap read whole.
+    ConfigMap(&'a ConfigMap),
     Lease(&'a Lease),
+    /// A Lease's metadata alone: no kind writes to it.
+    LeaseMeta(&'a ObjectMeta),
 }
 
 impl<'a> Object<'a> {
     pub fn meta(&self) -> &'a ObjectMeta {
         match self {
-            Object::ConfigMap(m) => m,
+            Object::ConfigMapMeta(m) => m,
+            Object::ConfigMap(cm) => &cm.metadata,
             Object::Lease(l) => &l.metadata,
+            Object::LeaseMeta(m) => m,
         }
     }
 
     pub fn resource(&self) -> LockKind {
         match self {
-            Object::ConfigMap(_) => LockKind::ConfigMap,
-            Object::Lease(_) => LockKind::Lease,
+            Object::ConfigMapMeta(_) | Object::ConfigMap(_) => LockKind::ConfigMap,
+            Object::Lease(_) | Object::LeaseMeta(_) => LockKind::Lease,
+        }
+    }
+
+    /// Whether a ConfigMap holds data; `None` when not known (its
+    /// metadata only, or not a ConfigMap).
+    pub fn holds_data(&self) -> Option<bool> {
+        match self {
+            Object::ConfigMap(cm) => Some(holds_data(cm)),
+            _ => None,
         }
     }
 }
@@ -118,6 +132,23 @@ pub struct Words {
     pub untouched: &'static str,
     /// The freed lock, as a takeover's log says it: "deleted".
     pub freed: &'static str,
+}
+
+/// What a look at a freed lock's name found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Took {
+    /// Not there, or nobody holds it: still awaited.
+    Waiting,
+    /// Nothing more to await, and why.
+    Done(&'static str),
+    /// A new holder leads: since when, the lock as it now reads; `carry`:
+    /// the lock is a new object, to carry the opt-in label over to (a lock
+    /// released in place keeps its labels).
+    Taken {
+        at: Option<Timestamp>,
+        holder: Lock,
+        carry: bool,
+    },
 }
 
 /// What a freeing write did, when the API server did not refuse it (404
@@ -158,8 +189,6 @@ impl Target<'_> {
 
 /// One lock kind: what differs between kinds, and only that.
 pub trait Kind: Send + Sync + 'static {
-    /// Its name in docs and debug logs.
-    fn name(&self) -> &'static str;
     /// The resource it lives in.
     fn resource(&self) -> LockKind;
     /// Whether an object of its resource is of this kind (asked in
@@ -176,6 +205,25 @@ pub trait Kind: Send + Sync + 'static {
     /// the janitor could manage, from what a list shows.
     fn candidate(&self, o: Object<'_>) -> Option<Shape>;
     fn words(&self) -> &'static Words;
+    /// A lock judged by renewals: its leader record as read (the holder
+    /// identity and the host it names, the trusted renew time, the
+    /// duration), or why it is not one the janitor can judge. `None` for a
+    /// lock held for life.
+    fn record(&self, _o: Object<'_>) -> Option<Result<LeaseLock, Unmanageable>> {
+        None
+    }
+    /// A lock judged by renewals: what this read shows of them.
+    fn renewal(&self, _o: Object<'_>) -> Option<Renewal> {
+        None
+    }
+    /// The annotation a watched copy must keep for this kind (the watch of
+    /// ConfigMaps keeps no other).
+    fn watched_annotation(&self) -> Option<&'static str> {
+        None
+    }
+    /// What a takeover looks like: the lock read by name after it was freed
+    /// (`None`: not there), against the holder it was freed from.
+    fn look(&self, o: Option<Object<'_>>, old: &Holder) -> Took;
     /// The one write that frees a stale lock, guarded by exactly what was
     /// judged (preconditions or the resourceVersion read). 404 and 409 come
     /// back as errors: the caller reads them.
@@ -184,6 +232,11 @@ pub trait Kind: Send + Sync + 'static {
         client: &'a Client,
         t: Target<'a>,
     ) -> BoxFuture<'a, Result<Answer, Error>>;
+}
+
+/// The names of every annotation some kind's watched copy keeps.
+pub fn watched_annotations() -> impl Iterator<Item = &'static str> {
+    KINDS.iter().filter_map(|k| k.watched_annotation())
 }
 
 /// The owner a lock held for life names (`Judged::ByOwner`).

@@ -37,6 +37,26 @@ pub struct LeaseLock {
 }
 
 impl LeaseLock {
+    /// The generic `Lock` that Events and `reclaim` use: the holder is the
+    /// matching pod when there is exactly one, else the identity's host.
+    pub fn as_lock(&self, pod: Option<&Pod>) -> super::Lock {
+        super::Lock {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            resource_version: self.resource_version.clone(),
+            created: self.created,
+            holder: super::Holder {
+                name: pod
+                    .and_then(|p| p.metadata.name.clone())
+                    .or_else(|| self.host.clone())
+                    .unwrap_or_default(),
+                uid: pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default(),
+            },
+            deleting: None,
+        }
+    }
+
     /// Whether the Lease has run out: its holder did not renew within
     /// `leaseDurationSeconds`, so any candidate may take it now.
     pub fn expired(&self, now: Timestamp) -> bool {
@@ -219,30 +239,6 @@ pub fn parse(lease: &Lease) -> Result<LeaseLock, Unmanageable> {
         renewed,
         duration,
     })
-}
-
-/// What a judgement of a Lease depends on, besides its holder pods: its uid
-/// and holder identity, not its resourceVersion (a holder renews every few
-/// seconds, and a renewal changes neither).
-pub fn version(l: &Lease) -> String {
-    if held_for_life(l) {
-        // Never renewed: its resourceVersion moves only when it changes
-        // (an owner, a label), and a judgement depends on its owner.
-        return format!(
-            "{}/{}",
-            l.metadata.uid.as_deref().unwrap_or_default(),
-            l.metadata.resource_version.as_deref().unwrap_or_default()
-        );
-    }
-    let identity = l
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref())
-        .unwrap_or_default();
-    format!(
-        "{}/{identity}",
-        l.metadata.uid.as_deref().unwrap_or_default()
-    )
 }
 
 /// How much of a Lease's annotations (keys and values, in bytes) its watch

@@ -82,7 +82,7 @@ impl LockKey {
 
 /// The namespace, name, uid and resourceVersion every stored object has,
 /// or `IncompleteMetadata` (only a broken or fake read lacks one).
-fn object_id(meta: &ObjectMeta) -> Result<(String, String, String, String), Unmanageable> {
+pub(crate) fn object_id(meta: &ObjectMeta) -> Result<(String, String, String, String), Unmanageable> {
     let get = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
     match (
         get(&meta.namespace),
@@ -98,6 +98,35 @@ fn object_id(meta: &ObjectMeta) -> Result<(String, String, String, String), Unma
 impl fmt::Display for LockKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What one read of a renewed lock shows of its renewals: whose record it
+/// is (a new identity or object starts a new history), a mark of its renew
+/// time as written (any change is a renewal seen), and that time when it
+/// can be trusted (it carries a zone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewal {
+    /// The object's uid and holder identity, hashed.
+    pub identity: u64,
+    /// The renew time as written, hashed.
+    pub mark: u64,
+    pub renewed: Option<Timestamp>,
+}
+
+impl Renewal {
+    pub fn new(uid: &str, identity: &str, mark: impl std::hash::Hash, renewed: Option<Timestamp>) -> Self {
+        use std::hash::{Hash, Hasher};
+        let hash = |f: &dyn Fn(&mut std::collections::hash_map::DefaultHasher)| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            f(&mut h);
+            h.finish()
+        };
+        Renewal {
+            identity: hash(&|h| (uid, identity).hash(h)),
+            mark: hash(&|h| mark.hash(h)),
+            renewed,
+        }
     }
 }
 
@@ -161,6 +190,9 @@ pub enum Unmanageable {
     /// A held Lease without `renewTime` or `leaseDurationSeconds`: when it
     /// runs out, and whether it was renewed after a death, cannot be told.
     NoRenewTime,
+    /// A leader record (the `control-plane.alpha.kubernetes.io/leader`
+    /// annotation) that does not read as one: what is wrong with it.
+    BadLeaderRecord(String),
 }
 
 impl Unmanageable {
@@ -181,6 +213,7 @@ impl Unmanageable {
             Unmanageable::NodeHeartbeat => "NodeHeartbeat",
             Unmanageable::ApiServerIdentity => "ApiServerIdentity",
             Unmanageable::NoRenewTime => "NoRenewTime",
+            Unmanageable::BadLeaderRecord(_) => "BadLeaderRecord",
         }
     }
 }
@@ -224,6 +257,7 @@ impl fmt::Display for Unmanageable {
             Unmanageable::ApiServerIdentity => {
                 write!(f, "it is an API server's identity Lease, not a leader lock")
             }
+            Unmanageable::BadLeaderRecord(why) => write!(f, "{why}"),
             Unmanageable::NoRenewTime => write!(
                 f,
                 "it is held but has no renewTime or leaseDurationSeconds, so whether its holder \

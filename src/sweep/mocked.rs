@@ -26,7 +26,7 @@ fn lock(ns: &str, name: &str, holder: &str) -> ConfigMap {
 fn holders(locks: &[ConfigMap]) -> HolderIndex {
     let index = HolderIndex::default();
     for l in locks {
-        index.apply(l);
+        index.apply_owners(l);
     }
     index
 }

@@ -10,6 +10,7 @@ use kube::Api;
 use tracing::{debug, info, warn};
 
 use super::{Shared, FIRST_LOOK, FOLLOW_FOR};
+use crate::kinds::{self, Object};
 use crate::call;
 use crate::lock::{self, LockKey};
 use crate::optin::{self, Plan, Written};
@@ -32,14 +33,19 @@ pub(super) trait Lockish:
 
 impl Lockish for ConfigMap {
     fn shaped(&self) -> bool {
-        lock::lock_shaped(self)
+        held_for_life(Object::ConfigMap(self))
     }
 }
 
 impl Lockish for k8s_openapi::api::coordination::v1::Lease {
     fn shaped(&self) -> bool {
-        lock::lease::held_for_life(self)
+        held_for_life(Object::Lease(self))
     }
+}
+
+/// A lock held for life, by its kind's shape: what a new holder makes again.
+fn held_for_life(o: Object<'_>) -> bool {
+    matches!(kinds::candidate(o), Some(crate::lock::candidate::Shape::HeldForLife(_)))
 }
 
 /// Adds the opt-in label to the new lock, when there is one to carry and the

@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::election::Gate;
 use crate::events::{self, Events, Say};
+use crate::kinds::{self, Object, Took};
 use crate::lock::{self, Holder, LockKey, LockKind};
 use crate::metrics::Metrics;
 
@@ -217,12 +218,6 @@ fn lock_by_name(key: &LockKey) -> ObjectReference {
     events::ref_of(key.kind, &meta)
 }
 
-/// When a Lease's holder took it: every elector sets acquireTime as it
-/// takes a Lease.
-fn acquired(lease: &Lease) -> Option<Timestamp> {
-    lease.spec.as_ref()?.acquire_time.as_ref().map(|t| t.0)
-}
-
 fn seconds_since(t: Timestamp) -> f64 {
     Duration::try_from(Timestamp::now().duration_since(t))
         .unwrap_or_default()
@@ -255,91 +250,41 @@ enum New {
     Lease(Lease),
 }
 
-/// One look at a gone lock's name, as its kind is read.
+/// One look at a freed lock's name: the object read by name (whole), and
+/// its kind's reading of it (`Kind::look`).
 async fn look(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, crate::Error> {
-    match key.kind {
-        LockKind::ConfigMap => look_configmap(s, key, old).await,
-        LockKind::Lease => look_lease(s, key, old).await,
-    }
-}
-
-/// One look at a gone ConfigMap lock's name.
-async fn look_configmap(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, crate::Error> {
-    let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
-    // The whole object: only a lock-shaped (empty) ConfigMap is a lock.
-    let read = call(
-        "reading the lock after it was deleted",
-        cms.get_opt(&key.name),
-    );
-    let Some(cm) = read.await? else {
-        return Ok(Look::Waiting);
-    };
-    let new = match lock::parse(&cm.metadata) {
-        // Same holder: the lock was not deleted but left the selector
-        // (someone removed the label). Nothing is awaited.
-        Ok(l) if l.holder.uid == old.uid => return Ok(Look::Done("opted out")),
-        Ok(l) if lock::lock_shaped(&cm) => l,
-        Ok(_) => return Ok(Look::Done("re-created with data: not a lock")),
-        Err(why) => {
-            info!(namespace = %key.namespace, lock = %key.name, why = %why,
-                  "the lock was re-created but is not a leader-for-life lock; not following it");
-            return Ok(Look::Done("not a lock"));
+    let took = match key.kind {
+        LockKind::ConfigMap => {
+            let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
+            let read = call("reading the lock after it was freed", cms.get_opt(&key.name));
+            match read.await? {
+                Some(cm) => taken(key, Object::ConfigMap(&cm), old, || New::ConfigMap(cm.clone())),
+                None => return Ok(Look::Waiting),
+            }
+        }
+        LockKind::Lease => {
+            let leases: Api<Lease> = Api::namespaced(s.client.clone(), &key.namespace);
+            let read = call("reading the lease after it was freed", leases.get_opt(&key.name));
+            match read.await? {
+                Some(l) => taken(key, Object::Lease(&l), old, || New::Lease(l.clone())),
+                None => return Ok(Look::Waiting),
+            }
         }
     };
-    Ok(Look::Taken(Box::new(TakenBy {
-        // When the new lock was created, not when this follower looked.
-        at: cm.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        lock: events::ref_of(LockKind::ConfigMap, &cm.metadata),
-        holder: new,
-        new: Some(New::ConfigMap(cm)),
-    })))
+    Ok(took)
 }
 
-/// One look at a released (or deleted) Lease: a new holder identity is a
-/// takeover.
-async fn look_lease(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, crate::Error> {
-    let leases: Api<Lease> = Api::namespaced(s.client.clone(), &key.namespace);
-    let read = call(
-        "reading the lease after it was released",
-        leases.get_opt(&key.name),
-    );
-    let Some(lease) = read.await? else {
-        return Ok(Look::Waiting);
-    };
-    if lock::lease::held_for_life(&lease) {
-        // Made again by a candidate (a Lease held for life is deleted, not
-        // released): its owner is the new holder.
-        return Ok(match lock::parse(&lease.metadata) {
-            Ok(l) if l.holder.uid == old.uid => Look::Done("held again by the same pod"),
-            Ok(l) => Look::Taken(Box::new(TakenBy {
-                at: acquired(&lease).or(lease.metadata.creation_timestamp.as_ref().map(|t| t.0)),
-                lock: events::ref_of(LockKind::Lease, &lease.metadata),
-                holder: l,
-                new: Some(New::Lease(lease)),
-            })),
-            Err(_) => Look::Done("not a lock"),
-        });
-    }
-    let parsed = match lock::lease::parse(&lease) {
-        Ok(l) => l,
-        Err(_) => return Ok(Look::Done("not a lock")),
-    };
-    match parsed.host.as_deref() {
-        None => Ok(Look::Waiting),
-        // The same host as the released holder's (its pod name, or the
-        // hostname it was matched by): not a new holder.
-        Some(h) if h == old.name || lock::lease::host_of_name(&old.name) == h => {
-            Ok(Look::Done("held again under the same identity"))
-        }
-        Some(_) => Ok(Look::Taken(Box::new(TakenBy {
-            // When the new holder took it; its latest renewal only when it
-            // does not say: that is when the follower looked, not the
-            // takeover.
-            at: acquired(&lease).or(parsed.renewed),
-            lock: events::ref_of(LockKind::Lease, &lease.metadata),
-            holder: crate::observe::lease_lock(&parsed, None),
-            new: None,
-        }))),
+/// The look at a lock read by name, by its kind.
+fn taken(key: &LockKey, o: Object<'_>, old: &Holder, new: impl FnOnce() -> New) -> Look {
+    match kinds::of(o).look(Some(o), old) {
+        Took::Waiting => Look::Waiting,
+        Took::Done(why) => Look::Done(why),
+        Took::Taken { at, holder, carry } => Look::Taken(Box::new(TakenBy {
+            at,
+            lock: events::ref_of(key.kind, o.meta()),
+            holder,
+            new: carry.then(new),
+        })),
     }
 }
 
@@ -451,10 +396,12 @@ async fn follow(
         let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
         info!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, holder = %new.holder.name,
               after_seconds = after, "takeover: a new holder leads");
-        let freed = match (key.kind, &made) {
-            // A Lease held for life was deleted, not released.
-            (LockKind::ConfigMap, _) | (LockKind::Lease, Some(New::Lease(_))) => "deleted",
-            (LockKind::Lease, _) => "released",
+        // The words of the kind the lock was freed as: a lock made again
+        // was deleted; one taken in place was released.
+        let freed = match &made {
+            Some(New::ConfigMap(cm)) => kinds::of(Object::ConfigMap(cm)).words().freed,
+            Some(New::Lease(l)) => kinds::of(Object::Lease(l)).words().freed,
+            None => "released",
         };
         let say = Say {
             type_: EventType::Normal,

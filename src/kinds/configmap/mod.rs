@@ -7,9 +7,9 @@ use futures::future::{BoxFuture, FutureExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 
-use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Target, Words};
+use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Target, Took, Words};
 use crate::lock::candidate::{one_pod_owner, Shape};
-use crate::lock::{Holder, LockKind};
+use crate::lock::{self, Holder, LockKind};
 use crate::{call, Error};
 
 pub struct ConfigMapHeldForLife;
@@ -23,10 +23,6 @@ const WORDS: Words = Words {
 };
 
 impl Kind for ConfigMapHeldForLife {
-    fn name(&self) -> &'static str {
-        "ConfigMap held for life"
-    }
-
     fn resource(&self) -> LockKind {
         LockKind::ConfigMap
     }
@@ -51,14 +47,41 @@ impl Kind for ConfigMapHeldForLife {
         o.meta().resource_version.clone().unwrap_or_default()
     }
 
-    /// One v1 Pod owner (the caller that reads the whole object also asks
-    /// that it hold no data: `lock::lock_shaped`).
+    /// One v1 Pod owner, and, read whole, no data (operator-lib's locks
+    /// are empty; Spark drivers, for one, own ConfigMaps with data). A
+    /// metadata-only read cannot tell data: its caller reads it whole
+    /// before it writes.
     fn candidate(&self, o: Object<'_>) -> Option<Shape> {
-        one_pod_owner(o.meta()).then_some(Shape::HeldForLife(LockKind::ConfigMap))
+        (one_pod_owner(o.meta()) && o.holds_data() != Some(true))
+            .then_some(Shape::HeldForLife(LockKind::ConfigMap))
     }
 
     fn words(&self) -> &'static Words {
         &WORDS
+    }
+
+    /// Made again by a new holder (the old one was deleted): its owner.
+    fn look(&self, o: Option<Object<'_>>, old: &Holder) -> Took {
+        let Some(o) = o else {
+            return Took::Waiting;
+        };
+        match lock::parse(o.meta()) {
+            // Same holder: the lock was not deleted but left the selector
+            // (someone removed the label). Nothing is awaited.
+            Ok(l) if l.holder.uid == old.uid => Took::Done("opted out"),
+            Ok(_) if o.holds_data() == Some(true) => Took::Done("re-created with data: not a lock"),
+            Ok(l) => Took::Taken {
+                // When the new lock was created, not when this follower looked.
+                at: o.meta().creation_timestamp.as_ref().map(|t| t.0),
+                holder: l,
+                carry: true,
+            },
+            Err(why) => {
+                tracing::info!(namespace = ?o.meta().namespace, lock = ?o.meta().name, why = %why,
+                      "the lock was re-created but is not a leader-for-life lock; not following it");
+                Took::Done("not a lock")
+            }
+        }
     }
 
     fn free<'a>(

@@ -10,9 +10,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::{Api, Client};
 
-use super::{Answer, Judged, Kind, Object, Target, Words};
+use super::{Answer, Judged, Kind, Object, Target, Took, Words};
 use crate::lock::candidate::Shape;
-use crate::lock::{lease, Holder, LockKind};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::lock::lease::LeaseLock;
+use crate::lock::{lease, Holder, LockKind, Renewal, Unmanageable};
 use crate::{call, Error};
 
 pub struct RenewedLease;
@@ -26,10 +29,6 @@ const WORDS: Words = Words {
 };
 
 impl Kind for RenewedLease {
-    fn name(&self) -> &'static str {
-        "renewed Lease"
-    }
-
     fn resource(&self) -> LockKind {
         LockKind::Lease
     }
@@ -89,6 +88,55 @@ impl Kind for RenewedLease {
         &WORDS
     }
 
+    fn record(&self, o: Object<'_>) -> Option<Result<LeaseLock, Unmanageable>> {
+        let Object::Lease(l) = o else {
+            return None;
+        };
+        Some(lease::parse(l))
+    }
+
+    /// Its renew time, a MicroTime with a zone: trusted.
+    fn renewal(&self, o: Object<'_>) -> Option<Renewal> {
+        let Object::Lease(l) = o else {
+            return None;
+        };
+        let spec = l.spec.as_ref();
+        let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
+        Some(Renewal::new(
+            l.metadata.uid.as_deref().unwrap_or_default(),
+            spec.and_then(|s| s.holder_identity.as_deref()).unwrap_or_default(),
+            renewed,
+            renewed,
+        ))
+    }
+
+    /// Released in place: a new holder identity is a takeover; a Lease made
+    /// again held for life is another kind's to look at.
+    fn look(&self, o: Option<Object<'_>>, old: &Holder) -> Took {
+        let Some(Object::Lease(l)) = o else {
+            return Took::Waiting;
+        };
+        let Ok(parsed) = lease::parse(l) else {
+            return Took::Done("not a lock");
+        };
+        match parsed.host.as_deref() {
+            None => Took::Waiting,
+            // The same host as the released holder's (its pod name, or the
+            // hostname it was matched by): not a new holder.
+            Some(h) if h == old.name || lease::host_of_name(&old.name) == h => {
+                Took::Done("held again under the same identity")
+            }
+            Some(_) => Took::Taken {
+                // When the new holder took it; its latest renewal only when
+                // it does not say: that is when the follower looked, not
+                // the takeover.
+                at: acquired(l).or(parsed.renewed),
+                holder: parsed.as_lock(None),
+                carry: false,
+            },
+        }
+    }
+
     fn free<'a>(
         &'a self,
         client: &'a Client,
@@ -116,4 +164,10 @@ impl Kind for RenewedLease {
         }
         .boxed()
     }
+}
+
+/// When a Lease's holder took it: every elector sets acquireTime as it
+/// takes a Lease.
+pub fn acquired(lease: &Lease) -> Option<Timestamp> {
+    lease.spec.as_ref()?.acquire_time.as_ref().map(|t| t.0)
 }

@@ -9,7 +9,7 @@ use futures::future::{BoxFuture, FutureExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 
-use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Target, Words};
+use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Target, Took, Words};
 use crate::lock::candidate::Shape;
 use crate::lock::{lease, Holder, LockKind};
 use crate::{call, Error};
@@ -25,10 +25,6 @@ const WORDS: Words = Words {
 };
 
 impl Kind for LeaseHeldForLife {
-    fn name(&self) -> &'static str {
-        "Lease held for life"
-    }
-
     fn resource(&self) -> LockKind {
         LockKind::Lease
     }
@@ -63,6 +59,23 @@ impl Kind for LeaseHeldForLife {
 
     fn words(&self) -> &'static Words {
         &WORDS
+    }
+
+    /// Made again by a candidate (a Lease held for life is deleted, not
+    /// released): its owner is the new holder.
+    fn look(&self, o: Option<Object<'_>>, old: &Holder) -> Took {
+        let Some(Object::Lease(l)) = o else {
+            return Took::Waiting;
+        };
+        match crate::lock::parse(&l.metadata) {
+            Ok(p) if p.holder.uid == old.uid => Took::Done("held again by the same pod"),
+            Ok(p) => Took::Taken {
+                at: super::lease::acquired(l).or(l.metadata.creation_timestamp.as_ref().map(|t| t.0)),
+                holder: p,
+                carry: true,
+            },
+            Err(_) => Took::Done("not a lock"),
+        }
     }
 
     fn free<'a>(
