@@ -16,7 +16,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
 use lock_janitor::controller::memory::Memory;
-use lock_janitor::index::HolderIndex;
+use lock_janitor::index::{HolderIndex, Index};
 use lock_janitor::lock::{self, LockKey};
 
 /// The system allocator, counting live bytes and allocations.

@@ -245,7 +245,9 @@ impl AutoOptIn {
             let identity = record_host(o);
             let known = {
                 let s = crate::locked(&self.state);
-                s.unprotected.get(&key).is_some_and(|(u, i)| *u == uid && *i == identity)
+                s.unprotected
+                    .get(&key)
+                    .is_some_and(|(u, i)| *u == uid && *i == identity)
                     || s.holds_data.get(&key) == meta.resource_version.as_ref()
             };
             // A leader record changes at each renewal: judged once per
@@ -491,7 +493,10 @@ impl AutoOptIn {
                 };
                 let o = Object::ConfigMap(&cm);
                 let shape = kinds::candidate(o);
-                if shape.is_none() && candidate::one_pod_owner(&cm.metadata) && candidate::holds_data(&cm) {
+                if shape.is_none()
+                    && candidate::one_pod_owner(&cm.metadata)
+                    && candidate::holds_data(&cm)
+                {
                     // Not read again until it changes.
                     let rv = cm.metadata.resource_version.clone().unwrap_or_default();
                     crate::locked(&self.state)

@@ -199,9 +199,14 @@ impl Observer {
         if let Some(kind) = renewed(o) {
             let renewal = kind.renewal(o);
             return self
-                .judge_record(key.clone(), live.metadata.clone(), None, kind.record(o), None, || {
-                    renewal.map(|r| clock.renewals(r)).unwrap_or_default()
-                })
+                .judge_record(
+                    key.clone(),
+                    live.metadata.clone(),
+                    None,
+                    kind.record(o),
+                    None,
+                    || renewal.map(|r| clock.renewals(r)).unwrap_or_default(),
+                )
                 .await
                 .map(Some);
         }
@@ -373,9 +378,14 @@ impl Observer {
         let o = Object::Lease(lease);
         let kind = kinds::of(o);
         let renewal = kind.renewal(o);
-        self.judge_record(key.clone(), lease.metadata.clone(), Some(lease.clone()), kind.record(o), None, || {
-            renewal.map(|r| clock.renewals(r)).unwrap_or_default()
-        })
+        self.judge_record(
+            key.clone(),
+            lease.metadata.clone(),
+            Some(lease.clone()),
+            kind.record(o),
+            None,
+            || renewal.map(|r| clock.renewals(r)).unwrap_or_default(),
+        )
         .await
         .map(Some)
     }

@@ -207,4 +207,28 @@ mod tests {
         c.observe(lease("", t0), at + Duration::from_secs(5));
         assert_eq!(c.renewals(at + Duration::from_secs(5)).period, None);
     }
+
+    /// A record whose times carry no zone (the Python client's): its gaps
+    /// are learnt on the janitor's own clock, between changes it saw (never
+    /// from the first sighting, which is no renewal).
+    #[test]
+    fn untrusted_times_are_learnt_on_the_janitors_clock() {
+        let at = Instant::now();
+        let i = |n: u64| at + Duration::from_secs(n);
+        let seen = |mark: u64| Renewal::new("uid", "py-a", mark, None);
+        let mut c = Cadence::new(seen(0), i(0));
+        c.observe(seen(1), i(5));
+        assert_eq!(
+            c.renewals(i(5)).period,
+            None,
+            "from the first sighting: no gap"
+        );
+        c.observe(seen(2), i(7));
+        c.observe(seen(2), i(8));
+        assert_eq!(c.renewals(i(8)).period, None, "one gap is not enough");
+        c.observe(seen(3), i(9));
+        let r = c.renewals(i(10));
+        assert_eq!(r.period, Some(Duration::from_secs(2)));
+        assert_eq!(r.quiet_for, Some(Duration::from_secs(1)));
+    }
 }

@@ -186,8 +186,7 @@ impl Context {
                 .record(o)
                 .is_some_and(|r| r.is_ok_and(|p| p.host.is_none() || p.expired(now)))
         };
-        if let Some(lease) = watched.filter(free)
-        {
+        if let Some(lease) = watched.filter(free) {
             let j = self
                 .observer
                 .judge_watched_lease(key, lease, &mut clock)

@@ -144,11 +144,15 @@ pub enum Took {
     /// A new holder leads: since when, the lock as it now reads; `carry`:
     /// the lock is a new object, to carry the opt-in label over to (a lock
     /// released in place keeps its labels).
-    Taken {
-        at: Option<Timestamp>,
-        holder: Lock,
-        carry: bool,
-    },
+    Taken(Box<Taken>),
+}
+
+/// Who took a freed lock over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taken {
+    pub at: Option<Timestamp>,
+    pub holder: Lock,
+    pub carry: bool,
 }
 
 /// What a freeing write did, when the API server did not refuse it (404

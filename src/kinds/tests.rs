@@ -119,3 +119,180 @@ fn leases_renewed_or_held_for_life() {
     };
     assert_eq!(lease(&lease_with(vec![], "ops", bare)), None);
 }
+
+fn lease_object(owners: Vec<OwnerReference>, spec: LeaseSpec) -> Lease {
+    let mut meta = lock_meta(owners, &[]);
+    meta.name = Some("op-lease".into());
+    Lease {
+        metadata: meta,
+        spec: Some(spec),
+    }
+}
+
+/// Every object has exactly the kind the registry's order gives it; the
+/// odd shapes fall to the kind that writes nothing unsafe for them.
+#[test]
+fn every_object_has_one_kind() {
+    let kind = |o: Object<'_>| {
+        let k = of(o);
+        (k.resource(), k.judged())
+    };
+    let renewed = LeaseSpec {
+        holder_identity: Some("op-a".into()),
+        lease_duration_seconds: Some(15),
+        renew_time: Some(MicroTime(Timestamp::now())),
+        ..Default::default()
+    };
+    let nais = LeaseSpec {
+        holder_identity: Some("op-a".into()),
+        ..Default::default()
+    };
+    let other = LeaseSpec {
+        holder_identity: Some("op-b".into()),
+        ..Default::default()
+    };
+    let owner = || vec![pod_owner("op-a", "u")];
+    let l = lease_object(owner(), nais);
+    assert_eq!(kind(Object::Lease(&l)), (LockKind::Lease, Judged::ByOwner));
+    let l = lease_object(owner(), renewed.clone());
+    assert_eq!(
+        kind(Object::Lease(&l)),
+        (LockKind::Lease, Judged::ByRenewals),
+        "owner and renewTime"
+    );
+    let l = lease_object(owner(), other);
+    assert_eq!(
+        kind(Object::Lease(&l)),
+        (LockKind::Lease, Judged::ByRenewals),
+        "owner names another"
+    );
+    let l = lease_object(vec![], renewed);
+    assert_eq!(
+        kind(Object::Lease(&l)),
+        (LockKind::Lease, Judged::ByRenewals)
+    );
+    let m = lock_meta(vec![], &[]);
+    assert_eq!(
+        kind(Object::ConfigMapMeta(&m)),
+        (LockKind::ConfigMap, Judged::ByOwner),
+        "no owner"
+    );
+    let mut m = lock_meta(owner(), &[]);
+    m.annotations = Some([(record::ANNOTATION.to_string(), PYTHON.to_string())].into());
+    assert_eq!(
+        kind(Object::ConfigMapMeta(&m)),
+        (LockKind::ConfigMap, Judged::ByRenewals),
+        "a record wins"
+    );
+    let m = lock_meta(owner(), &[]);
+    assert_eq!(
+        kind(Object::ConfigMapMeta(&m)),
+        (LockKind::ConfigMap, Judged::ByOwner)
+    );
+}
+
+use crate::kinds::annotation::record;
+
+/// The Python client's record, verbatim.
+const PYTHON: &str = r#"{"holderIdentity": "op-a", "leaseDurationSeconds": "60", "acquireTime": "2026-12-06 23:06:26.782255", "renewTime": "2026-12-06 23:06:48.980359"}"#;
+
+fn annotated(value: &str) -> ConfigMap {
+    let mut meta = lock_meta(vec![], &[]);
+    meta.annotations = Some(
+        [
+            (record::ANNOTATION.to_string(), value.to_string()),
+            ("team".to_string(), "ops".to_string()),
+        ]
+        .into(),
+    );
+    ConfigMap {
+        metadata: meta,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_leader_record_is_read_as_a_renewed_lock() {
+    let cm = annotated(PYTHON);
+    let o = Object::ConfigMap(&cm);
+    let k = of(o);
+    assert_eq!(k.words().done, "Released this lock");
+    assert_eq!(k.watched_annotation(), Some(record::ANNOTATION));
+    assert_eq!(
+        candidate(o),
+        Some(Shape::NamesAPod(LockKind::ConfigMap, "op-a".into()))
+    );
+    assert_eq!(k.version(o), "cm-uid/op-a");
+    let l = k.record(o).unwrap().unwrap();
+    assert_eq!(l.host.as_deref(), Some("op-a"));
+    assert_eq!(
+        l.duration,
+        Some(k8s_openapi::jiff::SignedDuration::from_secs(60))
+    );
+    // Local time without a zone: never trusted; the janitor's own clock
+    // sees the renewals.
+    assert_eq!(l.renewed, None);
+    let seen = k.renewal(o).unwrap();
+    let later = annotated(&PYTHON.replace("23:06:48.980359", "23:06:50.991002"));
+    let seen_later = k.renewal(Object::ConfigMap(&later)).unwrap();
+    assert_eq!(seen.identity, seen_later.identity);
+    assert_ne!(seen.mark, seen_later.mark, "a renewal changes the mark");
+    assert_eq!(
+        k.version(Object::ConfigMap(&later)),
+        k.version(o),
+        "and not the version"
+    );
+}
+
+#[test]
+fn records_that_do_not_read_or_name_no_pod_are_never_candidates() {
+    for (value, why) in [
+        ("not json", "BadLeaderRecord"),
+        (
+            r#"{"holderIdentity": "10.0.0.7:8443", "leaseDurationSeconds": 15, "renewTime": "2026-12-06T23:00:00Z"}"#,
+            "IdentityNotAPod",
+        ),
+        (r#"{"holderIdentity": "op-a"}"#, "NoRenewTime"),
+    ] {
+        let cm = annotated(value);
+        let o = Object::ConfigMap(&cm);
+        assert_eq!(candidate(o), None, "{value}");
+        let got = of(o).record(o).unwrap().unwrap_err();
+        assert_eq!(got.code(), why, "{value}");
+    }
+    // Released (or not written yet): a free record, no holder.
+    for value in ["", r#"{"holderIdentity":"","leaseDurationSeconds":1}"#] {
+        let cm = annotated(value);
+        let o = Object::ConfigMap(&cm);
+        assert_eq!(candidate(o), None, "{value:?}");
+        assert_eq!(of(o).record(o).unwrap().unwrap().host, None, "{value:?}");
+    }
+}
+
+#[test]
+fn a_released_record_looks_like_a_takeover_only_under_another_holder() {
+    let old = Holder {
+        name: "op-a".into(),
+        uid: "u".into(),
+    };
+    let look = |value: &str| {
+        let cm = annotated(value);
+        of(Object::ConfigMap(&cm)).look(Some(Object::ConfigMap(&cm)), &old)
+    };
+    assert_eq!(
+        look(r#"{"holderIdentity":"","leaseDurationSeconds":1}"#),
+        Took::Waiting
+    );
+    assert_eq!(
+        look(PYTHON),
+        Took::Done("held again under the same identity")
+    );
+    match look(&PYTHON.replace("op-a", "op-b")) {
+        Took::Taken(t) => {
+            let (holder, carry) = (t.holder, t.carry);
+            assert_eq!(holder.holder.name, "op-b");
+            assert!(!carry, "released in place: it keeps its label");
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -82,7 +82,9 @@ impl LockKey {
 
 /// The namespace, name, uid and resourceVersion every stored object has,
 /// or `IncompleteMetadata` (only a broken or fake read lacks one).
-pub(crate) fn object_id(meta: &ObjectMeta) -> Result<(String, String, String, String), Unmanageable> {
+pub(crate) fn object_id(
+    meta: &ObjectMeta,
+) -> Result<(String, String, String, String), Unmanageable> {
     let get = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
     match (
         get(&meta.namespace),
@@ -115,7 +117,12 @@ pub struct Renewal {
 }
 
 impl Renewal {
-    pub fn new(uid: &str, identity: &str, mark: impl std::hash::Hash, renewed: Option<Timestamp>) -> Self {
+    pub fn new(
+        uid: &str,
+        identity: &str,
+        mark: impl std::hash::Hash,
+        renewed: Option<Timestamp>,
+    ) -> Self {
         use std::hash::{Hash, Hasher};
         let hash = |f: &dyn Fn(&mut std::collections::hash_map::DefaultHasher)| {
             let mut h = std::collections::hash_map::DefaultHasher::new();

@@ -1,6 +1,6 @@
 //! Every freeing write, request by request, on a mocked API server
 //! (`fixtures::ApiServer`): for each kind (a ConfigMap lock, a Lease held
-//! for life, a renewed Lease) and for the dead pod (`--delete-pod`), the
+//! for life, a renewed Lease, a ConfigMap's leader record annotation) and for the dead pod (`--delete-pod`), the
 //! exact requests the janitor sends, in order, and what it concludes when
 //! the answer is 200, 404, 409, none at all, a connection broken after the
 //! write, a finalizer, or a live read that is not what was watched. No
@@ -24,9 +24,10 @@ use crate::events::{
     REASON_RECLAIMING, REASON_STOPPED, REASON_UNMANAGEABLE,
 };
 use crate::fixtures::{
-    cm_lock, evicted_pod, holder_pod, lease_for_life, list_of, renewed_lease, to_json, Answer,
-    ApiServer, Expect, Seen, HOLDER_UID,
+    cm_lock, evicted_pod, holder_pod, lease_for_life, list_of, record_lock, renewed_lease, to_json,
+    Answer, ApiServer, Expect, Seen, HOLDER_UID,
 };
+use crate::kinds::annotation::record::ANNOTATION;
 use crate::lock::LockKey;
 use crate::observe::LockAge;
 use crate::selector::Selector;
@@ -35,6 +36,7 @@ use crate::verdict::{HeldBecause, Policy};
 
 const CM_PATH: &str = "/api/v1/namespaces/ops/configmaps/op-lock";
 const LEASE_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/op-lease";
+const RECORD_PATH: &str = "/api/v1/namespaces/ops/configmaps/op-record";
 const POD_PATH: &str = "/api/v1/namespaces/ops/pods/op-1";
 const PODS_PATH: &str = "/api/v1/namespaces/ops/pods";
 
@@ -47,9 +49,17 @@ enum Kind {
     LeaseForLife,
     /// Released: an update of the very object read.
     Lease,
+    /// Released: a merge patch of its leader record annotation, carrying
+    /// the resourceVersion read.
+    Record,
 }
 
-const KINDS: [Kind; 3] = [Kind::ConfigMap, Kind::LeaseForLife, Kind::Lease];
+const KINDS: [Kind; 4] = [
+    Kind::ConfigMap,
+    Kind::LeaseForLife,
+    Kind::Lease,
+    Kind::Record,
+];
 /// The kinds freed by a DELETE (finalizers can keep them).
 const DELETED_KINDS: [Kind; 2] = [Kind::ConfigMap, Kind::LeaseForLife];
 
@@ -58,6 +68,7 @@ impl Kind {
         match self {
             Kind::ConfigMap => LockKey::configmap("ops", "op-lock"),
             Kind::LeaseForLife | Kind::Lease => LockKey::lease("ops", "op-lease"),
+            Kind::Record => LockKey::configmap("ops", "op-record"),
         }
     }
 
@@ -65,6 +76,7 @@ impl Kind {
         match self {
             Kind::ConfigMap => CM_PATH,
             Kind::LeaseForLife | Kind::Lease => LEASE_PATH,
+            Kind::Record => RECORD_PATH,
         }
     }
 
@@ -72,6 +84,7 @@ impl Kind {
         match self {
             Kind::ConfigMap => "cm-uid",
             Kind::LeaseForLife | Kind::Lease => "lease-uid",
+            Kind::Record => "record-uid",
         }
     }
 
@@ -84,6 +97,7 @@ impl Kind {
             Kind::ConfigMap => to_json(&cm_lock()),
             Kind::LeaseForLife => to_json(&lease_for_life()),
             Kind::Lease => to_json(&renewed_lease(SignedDuration::from_secs(570))),
+            Kind::Record => to_json(&record_lock(SignedDuration::from_secs(570))),
         }
     }
 
@@ -95,7 +109,13 @@ impl Kind {
     }
 
     fn is_deleted(self) -> bool {
-        self != Kind::Lease
+        !self.is_renewed()
+    }
+
+    /// Judged by renewals: its holder identity names a host, and the pods
+    /// of its namespace are listed.
+    fn is_renewed(self) -> bool {
+        matches!(self, Kind::Lease | Kind::Record)
     }
 }
 
@@ -109,7 +129,7 @@ impl Kind {
 fn reads(kind: Kind, lock: Value, holder: Option<&Pod>) -> Vec<Expect> {
     let mut s = vec![Expect::get(kind.path()).answer(Answer::Ok(lock))];
     match (kind, holder) {
-        (Kind::Lease, holder) => {
+        (kind, holder) if kind.is_renewed() => {
             let items = holder.map(to_json).into_iter().collect();
             s.push(
                 Expect::get(PODS_PATH)
@@ -166,6 +186,18 @@ fn freeing_write(kind: Kind, uid: &str, resource_version: &str) -> Expect {
             .answer(Answer::Ok(json!({
                 "kind": "Status", "apiVersion": "v1", "status": "Success",
             })));
+    }
+    if kind == Kind::Record {
+        // The annotation alone, to the released record; the resourceVersion
+        // read makes the patch conditional (409 if it changed since).
+        let annotation = |v: Value| v["metadata"]["annotations"][ANNOTATION].clone();
+        let judged = annotation(kind.live());
+        let released =
+            crate::kinds::annotation::record::released(judged.as_str().unwrap()).unwrap();
+        return Expect::patch(RECORD_PATH)
+            .with("/metadata/resourceVersion", json!(resource_version))
+            .with("/metadata/annotations", json!({ ANNOTATION: released }))
+            .answer(Answer::Echo);
     }
     Expect::put(LEASE_PATH)
         .with("/metadata/uid", json!(uid))
@@ -320,11 +352,7 @@ async fn run(kind: Kind, mode: Mode, script: Vec<Expect>) -> (Outcome, Vec<Seen>
 }
 
 fn reclaims(shared: &Shared, kind: Kind) -> u64 {
-    let kind = if kind == Kind::ConfigMap {
-        "configmap"
-    } else {
-        "lease"
-    };
+    let kind = kind.key().kind.as_str();
     shared
         .metrics
         .reclaims_by_reason
@@ -455,6 +483,12 @@ async fn an_answer_lost_after_the_write_is_found_out_by_the_next_read() {
         // The next look, as the retry makes it: the write had been made.
         let now = if kind.is_deleted() {
             Expect::get(kind.path()).status(404)
+        } else if kind == Kind::Record {
+            let mut cm = kind.live_at("8");
+            let judged = cm["metadata"]["annotations"][ANNOTATION].clone();
+            let released = crate::kinds::annotation::record::released(judged.as_str().unwrap());
+            cm["metadata"]["annotations"][ANNOTATION] = json!(released.unwrap());
+            Expect::get(RECORD_PATH).answer(Answer::Ok(cm))
         } else {
             let lease = crate::lock::lease::released(
                 serde_json::from_value(kind.live_at("8")).unwrap(),

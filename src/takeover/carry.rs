@@ -10,8 +10,8 @@ use kube::Api;
 use tracing::{debug, info, warn};
 
 use super::{Shared, FIRST_LOOK, FOLLOW_FOR};
-use crate::kinds::{self, Object};
 use crate::call;
+use crate::kinds::{self, Object};
 use crate::lock::{self, LockKey};
 use crate::optin::{self, Plan, Written};
 
@@ -45,7 +45,10 @@ impl Lockish for k8s_openapi::api::coordination::v1::Lease {
 
 /// A lock held for life, by its kind's shape: what a new holder makes again.
 fn held_for_life(o: Object<'_>) -> bool {
-    matches!(kinds::candidate(o), Some(crate::lock::candidate::Shape::HeldForLife(_)))
+    matches!(
+        kinds::candidate(o),
+        Some(crate::lock::candidate::Shape::HeldForLife(_))
+    )
 }
 
 /// Adds the opt-in label to the new lock, when there is one to carry and the

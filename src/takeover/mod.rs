@@ -256,15 +256,23 @@ async fn look(s: &Shared, key: &LockKey, old: &Holder) -> Result<Look, crate::Er
     let took = match key.kind {
         LockKind::ConfigMap => {
             let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
-            let read = call("reading the lock after it was freed", cms.get_opt(&key.name));
+            let read = call(
+                "reading the lock after it was freed",
+                cms.get_opt(&key.name),
+            );
             match read.await? {
-                Some(cm) => taken(key, Object::ConfigMap(&cm), old, || New::ConfigMap(cm.clone())),
+                Some(cm) => taken(key, Object::ConfigMap(&cm), old, || {
+                    New::ConfigMap(cm.clone())
+                }),
                 None => return Ok(Look::Waiting),
             }
         }
         LockKind::Lease => {
             let leases: Api<Lease> = Api::namespaced(s.client.clone(), &key.namespace);
-            let read = call("reading the lease after it was freed", leases.get_opt(&key.name));
+            let read = call(
+                "reading the lease after it was freed",
+                leases.get_opt(&key.name),
+            );
             match read.await? {
                 Some(l) => taken(key, Object::Lease(&l), old, || New::Lease(l.clone())),
                 None => return Ok(Look::Waiting),
@@ -279,11 +287,11 @@ fn taken(key: &LockKey, o: Object<'_>, old: &Holder, new: impl FnOnce() -> New) 
     match kinds::of(o).look(Some(o), old) {
         Took::Waiting => Look::Waiting,
         Took::Done(why) => Look::Done(why),
-        Took::Taken { at, holder, carry } => Look::Taken(Box::new(TakenBy {
-            at,
+        Took::Taken(t) => Look::Taken(Box::new(TakenBy {
+            at: t.at,
             lock: events::ref_of(key.kind, o.meta()),
-            holder,
-            new: carry.then(new),
+            holder: t.holder,
+            new: t.carry.then(new),
         })),
     }
 }

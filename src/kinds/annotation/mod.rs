@@ -22,7 +22,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use super::{Answer, Judged, Kind, Object, Target, Took, Words};
+use super::{Answer, Judged, Kind, Object, Taken, Target, Took, Words};
 use crate::lock::candidate::Shape;
 use crate::lock::lease::{host_of, host_of_name, LeaseLock};
 use crate::lock::{object_id, Holder, LockKind, Renewal, Unmanageable};
@@ -85,13 +85,17 @@ impl Kind for LeaderAnnotation {
         let uid = m.uid.as_deref().unwrap_or_default();
         match read(&o) {
             Some(Ok(r)) => format!("{uid}/{}", r.holder.unwrap_or_default()),
-            _ => format!("{uid}/?{}", m.resource_version.as_deref().unwrap_or_default()),
+            _ => format!(
+                "{uid}/?{}",
+                m.resource_version.as_deref().unwrap_or_default()
+            ),
         }
     }
 
-    /// A record that reads, held under an identity that names a host.
+    /// A record the janitor can judge (it reads, says for how long and
+    /// when it was renewed), held under an identity that names a host.
     fn candidate(&self, o: Object<'_>) -> Option<Shape> {
-        let host = host_of(read(&o)?.ok()?.holder.as_deref()?).ok()?;
+        let host = self.record(o)?.ok()?.host?;
         Some(Shape::NamesAPod(LockKind::ConfigMap, host))
     }
 
@@ -132,21 +136,27 @@ impl Kind for LeaderAnnotation {
             Some(h) if h == old.name || host_of_name(&old.name) == h => {
                 Took::Done("held again under the same identity")
             }
-            Some(_) => Took::Taken {
+            Some(_) => Took::Taken(Box::new(Taken {
                 at: lock.renewed,
                 holder: lock.as_lock(None),
                 carry: false,
-            },
+            })),
         }
     }
 
     /// A merge patch of the annotation alone, to the released record, with
     /// the resourceVersion judged: 409 if the record was renewed or
     /// changed since.
-    fn free<'a>(&'a self, client: &'a Client, t: Target<'a>) -> BoxFuture<'a, Result<Answer, Error>> {
+    fn free<'a>(
+        &'a self,
+        client: &'a Client,
+        t: Target<'a>,
+    ) -> BoxFuture<'a, Result<Answer, Error>> {
         async move {
             let Some(judged) = value(&Object::ConfigMapMeta(t.meta)) else {
-                return Ok(Answer::NotWritten("the record judged is not at hand".into()));
+                return Ok(Answer::NotWritten(
+                    "the record judged is not at hand".into(),
+                ));
             };
             let released = match record::released(judged) {
                 Ok(r) => r,

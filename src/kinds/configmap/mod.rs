@@ -7,7 +7,7 @@ use futures::future::{BoxFuture, FutureExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 
-use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Target, Took, Words};
+use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Taken, Target, Took, Words};
 use crate::lock::candidate::{one_pod_owner, Shape};
 use crate::lock::{self, Holder, LockKind};
 use crate::{call, Error};
@@ -70,12 +70,12 @@ impl Kind for ConfigMapHeldForLife {
             // (someone removed the label). Nothing is awaited.
             Ok(l) if l.holder.uid == old.uid => Took::Done("opted out"),
             Ok(_) if o.holds_data() == Some(true) => Took::Done("re-created with data: not a lock"),
-            Ok(l) => Took::Taken {
+            Ok(l) => Took::Taken(Box::new(Taken {
                 // When the new lock was created, not when this follower looked.
                 at: o.meta().creation_timestamp.as_ref().map(|t| t.0),
                 holder: l,
                 carry: true,
-            },
+            })),
             Err(why) => {
                 tracing::info!(namespace = ?o.meta().namespace, lock = ?o.meta().name, why = %why,
                       "the lock was re-created but is not a leader-for-life lock; not following it");

@@ -10,7 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::{Api, Client};
 
-use super::{Answer, Judged, Kind, Object, Target, Took, Words};
+use super::{Answer, Judged, Kind, Object, Taken, Target, Took, Words};
 use crate::lock::candidate::Shape;
 use k8s_openapi::jiff::Timestamp;
 
@@ -104,7 +104,8 @@ impl Kind for RenewedLease {
         let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
         Some(Renewal::new(
             l.metadata.uid.as_deref().unwrap_or_default(),
-            spec.and_then(|s| s.holder_identity.as_deref()).unwrap_or_default(),
+            spec.and_then(|s| s.holder_identity.as_deref())
+                .unwrap_or_default(),
             renewed,
             renewed,
         ))
@@ -126,14 +127,14 @@ impl Kind for RenewedLease {
             Some(h) if h == old.name || lease::host_of_name(&old.name) == h => {
                 Took::Done("held again under the same identity")
             }
-            Some(_) => Took::Taken {
+            Some(_) => Took::Taken(Box::new(Taken {
                 // When the new holder took it; its latest renewal only when
                 // it does not say: that is when the follower looked, not
                 // the takeover.
                 at: acquired(l).or(parsed.renewed),
                 holder: parsed.as_lock(None),
                 carry: false,
-            },
+            })),
         }
     }
 

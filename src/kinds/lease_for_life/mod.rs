@@ -9,7 +9,7 @@ use futures::future::{BoxFuture, FutureExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 
-use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Target, Took, Words};
+use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Taken, Target, Took, Words};
 use crate::lock::candidate::Shape;
 use crate::lock::{lease, Holder, LockKind};
 use crate::{call, Error};
@@ -69,11 +69,15 @@ impl Kind for LeaseHeldForLife {
         };
         match crate::lock::parse(&l.metadata) {
             Ok(p) if p.holder.uid == old.uid => Took::Done("held again by the same pod"),
-            Ok(p) => Took::Taken {
-                at: super::lease::acquired(l).or(l.metadata.creation_timestamp.as_ref().map(|t| t.0)),
+            Ok(p) => Took::Taken(Box::new(Taken {
+                at: super::lease::acquired(l).or(l
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0)),
                 holder: p,
                 carry: true,
-            },
+            })),
             Err(_) => Took::Done("not a lock"),
         }
     }
