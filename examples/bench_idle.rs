@@ -49,11 +49,6 @@
 //! no more, and once the leader has released the Lease the rise of each
 //! VmHWM over the VmRSS before is reported.
 
-#[path = "common/bench.rs"]
-mod bench_support;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
@@ -61,7 +56,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bench_support::*;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec};
@@ -71,7 +65,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use lock_janitor_testenv::audit::AuditEvent;
 use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
-use support::*;
+use lock_janitor_testsupport::bench::*;
+use lock_janitor_testsupport::*;
 
 /// Each replica's own user (both bound to what the chart grants).
 const USERS: [&str; 2] = ["lock-janitor-idle-a", "lock-janitor-idle-b"];

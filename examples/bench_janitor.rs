@@ -30,22 +30,17 @@
 //! its deletion, as seen by a ConfigMap watch in this process, is reported
 //! with the janitor's own `lock_janitor_reclaim_latency_seconds`.
 
-#[path = "common/bench.rs"]
-mod bench_support;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bench_support::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use lock_janitor_testenv::{fresh_namespace, kubelet};
-use support::*;
+use lock_janitor_testsupport::bench::*;
+use lock_janitor_testsupport::*;
 
 /// Object writes in flight while setting up (and status writes in the burst).
 const WRITERS: usize = 32;

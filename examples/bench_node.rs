@@ -31,30 +31,20 @@
 //!
 //! Needs root, `make node-build` and the static janitor (`make janitor-musl`).
 
-#[path = "common/bench.rs"]
-mod bench_support;
-#[path = "common/lease_burst.rs"]
-mod lease_burst;
-#[path = "../tests/node_support/mod.rs"]
-mod node_support;
-#[path = "common/reclaim.rs"]
-mod reclaim;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bench_support::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, Client, ResourceExt};
 use lock_janitor_testenv::kubelet;
-use node_support::RealNode;
-use reclaim::*;
-use support::*;
+use lock_janitor_testsupport::bench::*;
+use lock_janitor_testsupport::lease_burst;
+use lock_janitor_testsupport::real_node::{self, RealNode};
+use lock_janitor_testsupport::reclaim::*;
+use lock_janitor_testsupport::*;
 
 const RELEASE: &str = "lock-janitor";
 const LOCK_NAMESPACES: usize = 10;
@@ -289,7 +279,8 @@ where
     let renewed = renewer.stop().await;
     let allowed = lease_burst::fail_all(client, &hs, &renewed).await;
     if floor {
-        let refused = lease_burst::bare_releases(client, &allowed).await;
+        let refused =
+            lease_burst::bare_releases(client, &allowed, lock_janitor::lock::lease::released).await;
         if refused > 0 {
             println!("    the bare releaser was refused {refused} times");
         }
@@ -357,7 +348,7 @@ async fn kubelet_evictions(
                     && e.code == Some(200)
                     && e.namespace.as_deref() == Some(ns)
                     && e.resource.as_deref() == Some("configmaps")
-                    && e.name.as_deref() == Some(node_support::LOCK)
+                    && e.name.as_deref() == Some(real_node::LOCK)
             })
             .map(|e| e.effective_user().to_owned())
             .collect()
@@ -402,7 +393,7 @@ async fn kubelet_evictions(
         );
         watches.push(tokio::spawn(async move {
             let config =
-                watcher::Config::default().fields(&format!("metadata.name={}", node_support::LOCK));
+                watcher::Config::default().fields(&format!("metadata.name={}", real_node::LOCK));
             let cms = watcher(api, config);
             futures::pin_mut!(cms);
             while let Some(ev) = cms.next().await {

@@ -19,17 +19,11 @@
 //!
 //! Not part of `make test`. It reports numbers; it asserts none.
 
-#[path = "common/bench.rs"]
-mod bench_support;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bench_support::*;
 use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -40,7 +34,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use support::{sample, Janitor, WATCH_LABEL};
+use lock_janitor_testsupport::bench::*;
+use lock_janitor_testsupport::{sample, Janitor, WATCH_LABEL};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -129,7 +124,7 @@ async fn main() {
             args.bin.display()
         ));
     }
-    // support::Janitor runs LOCK_JANITOR_BIN.
+    // lock_janitor_testsupport::Janitor runs LOCK_JANITOR_BIN.
     std::env::set_var("LOCK_JANITOR_BIN", &args.bin);
     step(&format!(
         "control plane; {} bystander ConfigMaps (1 KiB), {} bystander Leases renewed every {}, in {} namespaces",
@@ -367,7 +362,7 @@ async fn label_times(
                 .get(holder)
                 .await
                 .unwrap_or_else(|e| die(&format!("holder {ns}/{holder}: {e}")));
-            let cm = support::lock_for(&format!("operator-{i}-lock"), &pod, false);
+            let cm = lock_janitor_testsupport::lock_for(&format!("operator-{i}-lock"), &pod, false);
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
             retry("creating a lock", || async {
                 api.create(&PostParams::default(), &cm).await

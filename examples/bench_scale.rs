@@ -38,21 +38,13 @@
 //! default `--resync 5m` is that measured rate scaled by resync/300 s, and
 //! the requests per sweep are read from the janitor's own debug log.
 
-#[path = "common/bench.rs"]
-mod bench_support;
-#[path = "common/lease_burst.rs"]
-mod lease_burst;
-#[path = "common/reclaim.rs"]
-mod reclaim;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
-use bench_support::*;
 use kube::Client;
-use reclaim::*;
-use support::*;
+use lock_janitor_testsupport::bench::*;
+use lock_janitor_testsupport::lease_burst;
+use lock_janitor_testsupport::reclaim::*;
+use lock_janitor_testsupport::*;
 
 const LOCK_NAMESPACES: usize = 10;
 
@@ -416,7 +408,8 @@ async fn lease_burst_phase(
     renewer.rounds(5).await;
     let renewed = renewer.stop().await;
     let allowed = lease_burst::fail_all(client, &bare, &renewed).await;
-    let refused = lease_burst::bare_releases(client, &allowed).await;
+    let refused =
+        lease_burst::bare_releases(client, &allowed, lock_janitor::lock::lease::released).await;
     if refused > 0 {
         println!("    the bare releaser was refused {refused} times");
     }

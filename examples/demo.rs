@@ -6,14 +6,11 @@
 //! shows the reclaim, the takeover, the Event and the metrics. Exits non-zero
 //! if the replica does not take over.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
-use support::*;
+use lock_janitor_testsupport::*;
 
 fn step(msg: &str) {
     println!("\n==> {msg}");

@@ -13,13 +13,10 @@
 //! Needs root, `make node-build` (testenv/build-node.sh) and the static
 //! janitor (`cargo build --release --target x86_64-unknown-linux-musl`).
 
-#[path = "../tests/node_support/mod.rs"]
-mod node_support;
-
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use node_support::*;
+use lock_janitor_testsupport::real_node::*;
 
 const RELEASE: &str = "lock-janitor";
 

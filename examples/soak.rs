@@ -25,9 +25,6 @@
 //! LOCK_JANITOR_BIN=target/release/lock-janitor target/release/examples/soak --minutes 30
 //! ```
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,8 +40,8 @@ use lock_janitor_testenv::audit::{self, AuditEvent};
 use lock_janitor_testenv::{kubelet, ControlPlane, Options};
 use serde_json::{json, Value};
 
-use support::chart::{apply_rbac, kind_of, render, sa_kubeconfig, sa_user};
-use support::*;
+use lock_janitor_testsupport::chart::{apply_rbac, kind_of, render, sa_kubeconfig, sa_user};
+use lock_janitor_testsupport::*;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -21,8 +21,8 @@ use lock_janitor_testenv::audit::{self, AuditEvent};
 use lock_janitor_testenv::{kubelet, ControlPlane, Options, ADMIN_USER};
 use serde_json::{json, Value};
 
-use crate::support::chart::{apply_rbac, kind_of, render, sa_kubeconfig, sa_user};
-use crate::support::*;
+use crate::chart::{apply_rbac, kind_of, render, sa_kubeconfig, sa_user};
+use crate::*;
 
 /// Every lock whose holder died is reclaimed this soon after the death,
 /// outside fault windows.
