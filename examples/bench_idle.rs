@@ -899,11 +899,9 @@ struct LeaseFigures {
     pods: usize,
 }
 
-/// Phase C: a Lease held in a namespace of `args.lease_pods` pods, its
-/// holder failed; the janitors' peak memory around the judgement.
-async fn lease_judgement(p: &Plane, replicas: &[Replica], args: &Args) -> LeaseFigures {
-    let ns = fresh_namespace(&p.client, "lease-app").await;
-    let client = p.client.clone();
+/// `args.lease_pods` pods Running in `ns`, `args.writers` at a time.
+async fn running_pods(client: &Client, ns: &str, args: &Args) {
+    let (client, ns) = (client.clone(), ns.to_owned());
     in_flight(
         &format!("Running pods in {ns}"),
         args.lease_pods,
@@ -922,6 +920,53 @@ async fn lease_judgement(p: &Plane, replicas: &[Replica], args: &Args) -> LeaseF
         },
     )
     .await;
+}
+
+/// Renews the Lease app-leader every 2 s until `renewing` is false.
+fn renew_every_2s(leases: &Api<Lease>, renewing: &Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    let (leases, renewing) = (leases.clone(), renewing.clone());
+    tokio::spawn(async move {
+        while renewing.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if !renewing.load(Ordering::Relaxed) {
+                break;
+            }
+            let patch = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+            let _ = leases
+                .patch("app-leader", &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+        }
+    })
+}
+
+/// How long after `killed` the Lease app-leader named another holder than
+/// `holder`; None if not within `within`.
+async fn released_within(
+    leases: &Api<Lease>,
+    holder: &str,
+    killed: Instant,
+    within: Duration,
+) -> Option<Duration> {
+    tokio::time::timeout(within, async {
+        loop {
+            if let Ok(l) = leases.get("app-leader").await {
+                let who = l.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+                if who != holder {
+                    return killed.elapsed();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .ok()
+}
+
+/// Phase C: a Lease held in a namespace of `args.lease_pods` pods, its
+/// holder failed; the janitors' peak memory around the judgement.
+async fn lease_judgement(p: &Plane, replicas: &[Replica], args: &Args) -> LeaseFigures {
+    let ns = fresh_namespace(&p.client, "lease-app").await;
+    running_pods(&p.client, &ns, args).await;
     let holder = "app-0";
     let leases: Api<Lease> = Api::namespaced(p.client.clone(), &ns);
     let made = lease("app-leader", holder);
@@ -932,21 +977,7 @@ async fn lease_judgement(p: &Plane, replicas: &[Replica], args: &Args) -> LeaseF
     .await;
     // The holder renews every 2 s, as client-go's elector would.
     let renewing = Arc::new(AtomicBool::new(true));
-    let renewer = {
-        let (leases, renewing) = (leases.clone(), renewing.clone());
-        tokio::spawn(async move {
-            while renewing.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                if !renewing.load(Ordering::Relaxed) {
-                    break;
-                }
-                let patch = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
-                let _ = leases
-                    .patch("app-leader", &PatchParams::default(), &Patch::Merge(&patch))
-                    .await;
-            }
-        })
-    };
+    let renewer = renew_every_2s(&leases, &renewing);
     for r in replicas {
         let j = &r.janitor;
         wait_for(
@@ -979,19 +1010,7 @@ async fn lease_judgement(p: &Plane, replicas: &[Replica], args: &Args) -> LeaseF
         kubelet::set_failed(&p.client, &ns, holder, "Error", "exit code 1")
     })
     .await;
-    let released = tokio::time::timeout(Duration::from_secs(180), async {
-        loop {
-            if let Ok(l) = leases.get("app-leader").await {
-                let who = l.spec.and_then(|s| s.holder_identity).unwrap_or_default();
-                if who != holder {
-                    return killed.elapsed();
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await
-    .ok();
+    let released = released_within(&leases, holder, killed, Duration::from_secs(180)).await;
     // Both replicas judge the death; let the standby's judgement land too.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after: Vec<Mem> = replicas.iter().map(|r| mem(r.janitor.pid())).collect();

@@ -332,17 +332,7 @@ async fn lease_burst_phase(
     args: &Args,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>, String) {
     let n = args.lease_burst;
-    let namespaces = if args.leases_among_locks {
-        lock_ns.to_vec()
-    } else {
-        let mut v = Vec::new();
-        for i in 0..LOCK_NAMESPACES {
-            v.push(
-                lock_janitor_testenv::fresh_namespace(client, &format!("scale-lease-{i}")).await,
-            );
-        }
-        v
-    };
+    let namespaces = lease_namespaces(client, lock_ns, args).await;
     step(&format!(
         "Lease burst: {n} holders renewing every {} on a {} s lease, in {} namespaces ({})",
         secs(lease_burst::RENEW),
@@ -403,30 +393,58 @@ async fn lease_burst_phase(
     );
     drop(j);
 
-    // The floor: the same burst, released by the rule's clock alone.
-    let renewer = lease_burst::Renewer::start(client, &bare);
-    renewer.rounds(5).await;
-    let renewed = renewer.stop().await;
-    let allowed = lease_burst::fail_all(client, &bare, &renewed).await;
-    let refused =
-        lease_burst::bare_releases(client, &allowed, lock_janitor::lock::lease::released).await;
-    if refused > 0 {
-        println!("    the bare releaser was refused {refused} times");
-    }
-    let floor = lease_burst::release_latencies(&released, &allowed, Duration::from_secs(120)).await;
+    let (floor, floor_timeline) = lease_floor(cp, client, &bare, &released).await;
     watch.abort();
-    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
-    let (_, _, to_release) = lease_burst::timeline(&audit, None, JANITOR_USER, &allowed);
-    timeline.push_str(&format!(
-        "\n  floor:   allowed -> release:           {}",
-        distribution(to_release)
-    ));
+    timeline.push_str(&floor_timeline);
     (
         janitor,
         floor,
         windows,
         format!("{requests}\n  where the time goes (the API server's audit log):\n  {timeline}"),
     )
+}
+
+/// Where the Lease holders live: among the ConfigMap holders, or in
+/// namespaces of their own.
+async fn lease_namespaces(client: &Client, lock_ns: &[String], args: &Args) -> Vec<String> {
+    if args.leases_among_locks {
+        lock_ns.to_vec()
+    } else {
+        let mut v = Vec::new();
+        for i in 0..LOCK_NAMESPACES {
+            v.push(
+                lock_janitor_testenv::fresh_namespace(client, &format!("scale-lease-{i}")).await,
+            );
+        }
+        v
+    }
+}
+
+/// The floor: the same burst, released by the rule's clock alone. Returns
+/// its latencies and its line of the timeline.
+async fn lease_floor(
+    cp: &lock_janitor_testenv::ControlPlane,
+    client: &Client,
+    bare: &[lease_burst::Holder],
+    released: &lease_burst::Releases,
+) -> (Vec<f64>, String) {
+    let renewer = lease_burst::Renewer::start(client, bare);
+    renewer.rounds(5).await;
+    let renewed = renewer.stop().await;
+    let allowed = lease_burst::fail_all(client, bare, &renewed).await;
+    let refused =
+        lease_burst::bare_releases(client, &allowed, lock_janitor::lock::lease::released).await;
+    if refused > 0 {
+        println!("    the bare releaser was refused {refused} times");
+    }
+    let floor = lease_burst::release_latencies(released, &allowed, Duration::from_secs(120)).await;
+    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
+    let (_, _, to_release) = lease_burst::timeline(&audit, None, JANITOR_USER, &allowed);
+    let line = format!(
+        "\n  floor:   allowed -> release:           {}",
+        distribution(to_release)
+    );
+    (floor, line)
 }
 
 #[tokio::main]

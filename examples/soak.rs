@@ -256,58 +256,8 @@ impl Soak {
                 .await;
             }
             Kind::Renewed => {
-                let leases = self.api::<Lease>();
-                let identity = pod_name(slot, generation);
-                loop {
-                    let existing = through("read lease", || async { leases.get_opt(&name).await })
-                        .await
-                        .expect("read lease");
-                    let result = match existing {
-                        None => {
-                            let lease = Lease {
-                                metadata: ObjectMeta {
-                                    name: Some(name.clone()),
-                                    labels: labels.clone(),
-                                    ..Default::default()
-                                },
-                                spec: Some(LeaseSpec {
-                                    holder_identity: Some(identity.clone()),
-                                    lease_duration_seconds: Some(LEASE_SECS),
-                                    acquire_time: Some(now_micro()),
-                                    renew_time: Some(now_micro()),
-                                    lease_transitions: Some(0),
-                                    ..Default::default()
-                                }),
-                            };
-                            through("create lease", || async {
-                                leases.create(&PostParams::default(), &lease).await
-                            })
-                            .await
-                        }
-                        Some(mut lease) => {
-                            // As client-go: take it only once it is free.
-                            let spec = lease.spec.get_or_insert_with(Default::default);
-                            if !free(spec) {
-                                tokio::time::sleep(Duration::from_millis(500)).await;
-                                continue;
-                            }
-                            spec.holder_identity = Some(identity.clone());
-                            spec.lease_duration_seconds = Some(LEASE_SECS);
-                            spec.acquire_time = Some(now_micro());
-                            spec.renew_time = Some(now_micro());
-                            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-                            through("take lease", || async {
-                                leases.replace(&name, &PostParams::default(), &lease).await
-                            })
-                            .await
-                        }
-                    };
-                    match result {
-                        Ok(_) => break,
-                        Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                        Err(e) => panic!("soak: taking lease {name}: {e}"),
-                    }
-                }
+                self.take_renewed(&name, pod_name(slot, generation), labels)
+                    .await
             }
         }
         let mut book = self.book.lock().unwrap();
@@ -319,6 +269,67 @@ impl Soak {
             .find(|d| d.slot == slot && d.reborn.is_none())
         {
             d.reborn = Some(Timestamp::now());
+        }
+    }
+
+    /// A renewed Lease taken as client-go's elector takes it: created when
+    /// missing, else taken once it is free (a 409 reads it again).
+    async fn take_renewed(
+        &self,
+        name: &str,
+        identity: String,
+        labels: Option<BTreeMap<String, String>>,
+    ) {
+        let leases = self.api::<Lease>();
+        loop {
+            let existing = through("read lease", || async { leases.get_opt(name).await })
+                .await
+                .expect("read lease");
+            let result = match existing {
+                None => {
+                    let lease = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(name.to_owned()),
+                            labels: labels.clone(),
+                            ..Default::default()
+                        },
+                        spec: Some(LeaseSpec {
+                            holder_identity: Some(identity.clone()),
+                            lease_duration_seconds: Some(LEASE_SECS),
+                            acquire_time: Some(now_micro()),
+                            renew_time: Some(now_micro()),
+                            lease_transitions: Some(0),
+                            ..Default::default()
+                        }),
+                    };
+                    through("create lease", || async {
+                        leases.create(&PostParams::default(), &lease).await
+                    })
+                    .await
+                }
+                Some(mut lease) => {
+                    // As client-go: take it only once it is free.
+                    let spec = lease.spec.get_or_insert_with(Default::default);
+                    if !free(spec) {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                    spec.holder_identity = Some(identity.clone());
+                    spec.lease_duration_seconds = Some(LEASE_SECS);
+                    spec.acquire_time = Some(now_micro());
+                    spec.renew_time = Some(now_micro());
+                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                    through("take lease", || async {
+                        leases.replace(name, &PostParams::default(), &lease).await
+                    })
+                    .await
+                }
+            };
+            match result {
+                Ok(_) => break,
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => panic!("soak: taking lease {name}: {e}"),
+            }
         }
     }
 
