@@ -326,8 +326,6 @@ async fn kubelet_evictions(
     evict_ns: &[String],
     sys: &str,
 ) -> (Vec<Evicted>, Vec<String>) {
-    use futures::StreamExt;
-    use kube::runtime::{watcher, WatchStreamExt};
     let client = n.client.clone();
     let chart_failed = || async {
         n.pods(sys, "app.kubernetes.io/name=lock-janitor")
@@ -340,22 +338,9 @@ async fn kubelet_evictions(
     let failed_before = chart_failed().await;
     // The lock deletes in the audit log so far: the first one after them is
     // this round's.
-    let lock_deletes = |ns: &str| -> Vec<String> {
-        n.audit()
-            .into_iter()
-            .filter(|e| {
-                e.verb == "delete"
-                    && e.code == Some(200)
-                    && e.namespace.as_deref() == Some(ns)
-                    && e.resource.as_deref() == Some("configmaps")
-                    && e.name.as_deref() == Some(real_node::LOCK)
-            })
-            .map(|e| e.effective_user().to_owned())
-            .collect()
-    };
     let deletes_before: HashMap<String, usize> = evict_ns
         .iter()
-        .map(|ns| (ns.clone(), lock_deletes(ns).len()))
+        .map(|ns| (ns.clone(), lock_deletes(n, ns).len()))
         .collect();
     let mut leaders = Vec::new();
     for ns in evict_ns {
@@ -367,7 +352,66 @@ async fn kubelet_evictions(
     }
     // When each pod ended and each lock was first deleted, as
     // watches here see them.
-    type Seen = Arc<Mutex<HashMap<String, Instant>>>;
+    let (failed, gone, watches) = watch_ends(&client, evict_ns);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    press_until_evicted(n, &leaders, &failed, &gone).await;
+    for w in watches {
+        w.abort();
+    }
+    let lost: Vec<String> = chart_failed()
+        .await
+        .into_iter()
+        .filter(|p| !failed_before.contains(p))
+        .collect();
+    let (f, g) = (failed.lock().unwrap().clone(), gone.lock().unwrap().clone());
+    let evicted = leaders
+        .into_iter()
+        .filter_map(|(ns, leader)| {
+            let at = *f.get(&format!("{ns}/{leader}"))?;
+            let deleter = lock_deletes(n, &ns)
+                .into_iter()
+                .nth(deletes_before.get(&ns).copied().unwrap_or(0))
+                .unwrap_or_else(|| "-".into());
+            Some(Evicted {
+                latency: g
+                    .get(&ns)
+                    .map(|g| g.saturating_duration_since(at).as_secs_f64()),
+                ns,
+                leader,
+                deleter,
+            })
+        })
+        .collect();
+    (evicted, lost)
+}
+
+/// When each pod ended or each lock was first deleted (by key), as a watch
+/// here saw it.
+type Seen = Arc<Mutex<HashMap<String, Instant>>>;
+
+/// The deleters (users) of the lock in `ns`, in the audit log's order.
+fn lock_deletes(n: &RealNode, ns: &str) -> Vec<String> {
+    n.audit()
+        .into_iter()
+        .filter(|e| {
+            e.verb == "delete"
+                && e.code == Some(200)
+                && e.namespace.as_deref() == Some(ns)
+                && e.resource.as_deref() == Some("configmaps")
+                && e.name.as_deref() == Some(real_node::LOCK)
+        })
+        .map(|e| e.effective_user().to_owned())
+        .collect()
+}
+
+/// Watches of the pods that end and of the lock's first delete in each
+/// namespace of `evict_ns`.
+fn watch_ends(
+    client: &Client,
+    evict_ns: &[String],
+) -> (Seen, Seen, Vec<tokio::task::JoinHandle<()>>) {
+    use futures::StreamExt;
+    use kube::runtime::{watcher, WatchStreamExt};
     let (failed, gone): (Seen, Seen) = Default::default();
     let mut watches = Vec::new();
     for ns in evict_ns {
@@ -404,7 +448,19 @@ async fn kubelet_evictions(
             }
         }));
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    (failed, gone, watches)
+}
+
+/// Memory pressure on the node (a 1 GiB threshold under what is available,
+/// a 2 GiB hog) until every leader ended and its lock is gone and the hog
+/// was evicted too (at most 300 s); prints the kubelet's eviction order,
+/// then deletes the hog and puts the threshold back.
+async fn press_until_evicted(
+    n: &RealNode,
+    leaders: &[(String, String)],
+    failed: &Seen,
+    gone: &Seen,
+) {
     let hog_ns = n.namespace("bench-hog").await;
     let avail = RealNode::memory_available_mib();
     n.node
@@ -413,7 +469,7 @@ async fn kubelet_evictions(
         .unwrap_or_else(|e| fail(&format!("kubelet eviction threshold: {e}")));
     n.hog(&hog_ns, "hog", 2048);
     let t = Instant::now();
-    let hogs = Api::<Pod>::namespaced(client.clone(), &hog_ns);
+    let hogs = Api::<Pod>::namespaced(n.client.clone(), &hog_ns);
     // Until every leader's lock is gone and the kubelet has evicted the hog
     // too (the pressure ends with it): which pods it ranked before the hog.
     loop {
@@ -458,34 +514,6 @@ async fn kubelet_evictions(
         .set_memory_available("100Mi")
         .await
         .unwrap_or_else(|e| fail(&format!("kubelet eviction threshold back: {e}")));
-    for w in watches {
-        w.abort();
-    }
-    let lost: Vec<String> = chart_failed()
-        .await
-        .into_iter()
-        .filter(|p| !failed_before.contains(p))
-        .collect();
-    let (f, g) = (failed.lock().unwrap().clone(), gone.lock().unwrap().clone());
-    let evicted = leaders
-        .into_iter()
-        .filter_map(|(ns, leader)| {
-            let at = *f.get(&format!("{ns}/{leader}"))?;
-            let deleter = lock_deletes(&ns)
-                .into_iter()
-                .nth(deletes_before.get(&ns).copied().unwrap_or(0))
-                .unwrap_or_else(|| "-".into());
-            Some(Evicted {
-                latency: g
-                    .get(&ns)
-                    .map(|g| g.saturating_duration_since(at).as_secs_f64()),
-                ns,
-                leader,
-                deleter,
-            })
-        })
-        .collect();
-    (evicted, lost)
 }
 
 /// The node's load average (1, 5, 15 min).

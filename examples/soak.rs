@@ -727,8 +727,18 @@ async fn setup(args: &Args) -> Soak {
 /// nothing grew.
 fn judge(soak: &Soak, minutes: u64) -> bool {
     let book = soak.book.lock().unwrap();
-    // The API server rotates its audit log at 100 MB (its default); a
-    // long run fills several: read every one of them.
+    let events = audit_events(soak);
+    let w = janitor_writes(soak, &book, &events);
+    let missed = deaths_freed(&book, &w);
+    let grew = rss_grew(soak, minutes);
+    let ok = w.wrong.is_empty() && missed.is_empty() && !grew;
+    println!("soak: {}", if ok { "ok" } else { "FAILED" });
+    ok
+}
+
+/// Every event of the audit log. The API server rotates its audit log at
+/// 100 MB (its default); a long run fills several: read every one of them.
+fn audit_events(soak: &Soak) -> Vec<AuditEvent> {
     let dir = soak
         .cp
         .audit_log_path()
@@ -750,6 +760,22 @@ fn judge(soak: &Soak, minutes: u64) -> bool {
         "soak: {} audit events read from {files} audit log file(s)",
         events.len()
     );
+    events
+}
+
+/// The janitors' freeing writes in the run's namespace, from the audit log.
+struct Writes {
+    /// Writes that freed what they must not have.
+    wrong: Vec<String>,
+    /// When each slot's lock was freed.
+    freed_at: BTreeMap<usize, Vec<Timestamp>>,
+    freeing: usize,
+    conflicts: usize,
+}
+
+/// Checks each freeing write against the deaths: a lock (or pod) may be
+/// freed only between its holder's death and the next holder's taking it.
+fn janitor_writes(soak: &Soak, book: &Book, events: &[AuditEvent]) -> Writes {
     let ns = soak.ns.as_str();
     let janitor =
         |e: &&AuditEvent| e.effective_user() == soak.user && e.namespace.as_deref() == Some(ns);
@@ -809,6 +835,23 @@ fn judge(soak: &Soak, minutes: u64) -> bool {
             wrong.push(format!("{what}: its holder was not dead"));
         }
     }
+    Writes {
+        wrong,
+        freed_at,
+        freeing,
+        conflicts,
+    }
+}
+
+/// Prints the deaths, how many a janitor freed and how fast, the wrong
+/// writes and the missed reclaims; returns the missed ones.
+fn deaths_freed(book: &Book, w: &Writes) -> Vec<String> {
+    let Writes {
+        wrong,
+        freed_at,
+        freeing,
+        conflicts,
+    } = w;
     // Deaths whose lock a janitor freed (a renewed Lease may also expire
     // first and be taken by the waiting candidate, as client-go does).
     let by_janitor = book
@@ -868,6 +911,12 @@ fn judge(soak: &Soak, minutes: u64) -> bool {
     for m in missed.iter().take(20) {
         println!("soak:   {m}");
     }
+    missed
+}
+
+/// Prints the RSS growth of each janitor process and role; whether one
+/// grew 5 % or more (in a run of 10 minutes or more).
+fn rss_grew(soak: &Soak, minutes: u64) -> bool {
     // RSS growth per janitor process (a port is one process: the restarted
     // one has a port of its own) and per role: a standby that takes the
     // lead takes on a leader's state (its sweeps, its takeover followers,
@@ -922,7 +971,5 @@ fn judge(soak: &Soak, minutes: u64) -> bool {
             }
         }
     }
-    let ok = wrong.is_empty() && missed.is_empty() && !grew;
-    println!("soak: {}", if ok { "ok" } else { "FAILED" });
-    ok
+    grew
 }
