@@ -49,11 +49,6 @@
 //! no more, and once the leader has released the Lease the rise of each
 //! VmHWM over the VmRSS before is reported.
 
-#[path = "common/bench.rs"]
-mod bench_support;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
@@ -61,7 +56,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bench_support::*;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec};
@@ -71,7 +65,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use lock_janitor_testenv::audit::AuditEvent;
 use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
-use support::*;
+use lock_janitor_testsupport::bench::*;
+use lock_janitor_testsupport::*;
 
 /// Each replica's own user (both bound to what the chart grants).
 const USERS: [&str; 2] = ["lock-janitor-idle-a", "lock-janitor-idle-b"];
@@ -904,11 +899,9 @@ struct LeaseFigures {
     pods: usize,
 }
 
-/// Phase C: a Lease held in a namespace of `args.lease_pods` pods, its
-/// holder failed; the janitors' peak memory around the judgement.
-async fn lease_judgement(p: &Plane, replicas: &[Replica], args: &Args) -> LeaseFigures {
-    let ns = fresh_namespace(&p.client, "lease-app").await;
-    let client = p.client.clone();
+/// `args.lease_pods` pods Running in `ns`, `args.writers` at a time.
+async fn running_pods(client: &Client, ns: &str, args: &Args) {
+    let (client, ns) = (client.clone(), ns.to_owned());
     in_flight(
         &format!("Running pods in {ns}"),
         args.lease_pods,
@@ -927,6 +920,53 @@ async fn lease_judgement(p: &Plane, replicas: &[Replica], args: &Args) -> LeaseF
         },
     )
     .await;
+}
+
+/// Renews the Lease app-leader every 2 s until `renewing` is false.
+fn renew_every_2s(leases: &Api<Lease>, renewing: &Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    let (leases, renewing) = (leases.clone(), renewing.clone());
+    tokio::spawn(async move {
+        while renewing.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if !renewing.load(Ordering::Relaxed) {
+                break;
+            }
+            let patch = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+            let _ = leases
+                .patch("app-leader", &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+        }
+    })
+}
+
+/// How long after `killed` the Lease app-leader named another holder than
+/// `holder`; None if not within `within`.
+async fn released_within(
+    leases: &Api<Lease>,
+    holder: &str,
+    killed: Instant,
+    within: Duration,
+) -> Option<Duration> {
+    tokio::time::timeout(within, async {
+        loop {
+            if let Ok(l) = leases.get("app-leader").await {
+                let who = l.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+                if who != holder {
+                    return killed.elapsed();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .ok()
+}
+
+/// Phase C: a Lease held in a namespace of `args.lease_pods` pods, its
+/// holder failed; the janitors' peak memory around the judgement.
+async fn lease_judgement(p: &Plane, replicas: &[Replica], args: &Args) -> LeaseFigures {
+    let ns = fresh_namespace(&p.client, "lease-app").await;
+    running_pods(&p.client, &ns, args).await;
     let holder = "app-0";
     let leases: Api<Lease> = Api::namespaced(p.client.clone(), &ns);
     let made = lease("app-leader", holder);
@@ -937,21 +977,7 @@ async fn lease_judgement(p: &Plane, replicas: &[Replica], args: &Args) -> LeaseF
     .await;
     // The holder renews every 2 s, as client-go's elector would.
     let renewing = Arc::new(AtomicBool::new(true));
-    let renewer = {
-        let (leases, renewing) = (leases.clone(), renewing.clone());
-        tokio::spawn(async move {
-            while renewing.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                if !renewing.load(Ordering::Relaxed) {
-                    break;
-                }
-                let patch = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
-                let _ = leases
-                    .patch("app-leader", &PatchParams::default(), &Patch::Merge(&patch))
-                    .await;
-            }
-        })
-    };
+    let renewer = renew_every_2s(&leases, &renewing);
     for r in replicas {
         let j = &r.janitor;
         wait_for(
@@ -984,19 +1010,7 @@ async fn lease_judgement(p: &Plane, replicas: &[Replica], args: &Args) -> LeaseF
         kubelet::set_failed(&p.client, &ns, holder, "Error", "exit code 1")
     })
     .await;
-    let released = tokio::time::timeout(Duration::from_secs(180), async {
-        loop {
-            if let Ok(l) = leases.get("app-leader").await {
-                let who = l.spec.and_then(|s| s.holder_identity).unwrap_or_default();
-                if who != holder {
-                    return killed.elapsed();
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await
-    .ok();
+    let released = released_within(&leases, holder, killed, Duration::from_secs(180)).await;
     // Both replicas judge the death; let the standby's judgement land too.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after: Vec<Mem> = replicas.iter().map(|r| mem(r.janitor.pid())).collect();
@@ -1054,19 +1068,7 @@ async fn main() {
         p.election_ns
     );
 
-    step(&format!(
-        "{} ConfigMap locks with Running holders in {} namespaces",
-        args.locks, args.lock_namespaces
-    ));
-    let mut lock_ns = Vec::new();
-    for i in 0..args.lock_namespaces {
-        lock_ns.push(fresh_namespace(&p.client, &format!("ops-{i}")).await);
-    }
-    let client = p.client.clone();
-    in_flight("holders and locks", args.locks, args.writers, |i| {
-        holder_and_lock(client.clone(), lock_ns[i % lock_ns.len()].clone(), i)
-    })
-    .await;
+    stage_locks(&p, &args).await;
 
     step("Phase B: two janitors, the locks alone");
     let replicas = p.start_janitors(&args.resync, args.locks).await;
@@ -1081,6 +1083,72 @@ async fn main() {
     without.print();
     drop(replicas);
 
+    let (stop, stats, churner) = bystanders_and_churn(&p, &args).await;
+
+    step("Phase A: two fresh janitors, the locks among the bystanders and the churn");
+    let replicas = p.start_janitors(&args.resync, args.locks).await;
+    let with = p
+        .measure(
+            "A. locks + bystanders + churn",
+            &replicas,
+            args.window,
+            args.resync_secs,
+        )
+        .await;
+    with.print();
+    stop.store(true, Ordering::Relaxed);
+    let _ = churner.await;
+    let churn_line = format!(
+        "churn: {} pods started, {} Succeeded, {} deleted, {} failed to be written",
+        stats.started.load(Ordering::Relaxed),
+        stats.succeeded.load(Ordering::Relaxed),
+        stats.deleted.load(Ordering::Relaxed),
+        stats.failed.load(Ordering::Relaxed)
+    );
+    println!("  {churn_line} (creation stopped)");
+
+    step(&format!(
+        "Phase C: a Lease among {} pods of one namespace, its holder fails",
+        args.lease_pods
+    ));
+    let lease = lease_judgement(&p, &replicas, &args).await;
+    drop(replicas);
+
+    print_table(&args, &with, &without, &lease);
+    print_lease_outcome(&lease);
+    println!("{churn_line}");
+    println!("whole run {} (load now {})", secs(run.elapsed()), load());
+    drop(p);
+}
+
+/// The ConfigMap locks with Running holders, in namespaces of their own.
+async fn stage_locks(p: &Plane, args: &Args) {
+    step(&format!(
+        "{} ConfigMap locks with Running holders in {} namespaces",
+        args.locks, args.lock_namespaces
+    ));
+    let mut lock_ns = Vec::new();
+    for i in 0..args.lock_namespaces {
+        lock_ns.push(fresh_namespace(&p.client, &format!("ops-{i}")).await);
+    }
+    let client = p.client.clone();
+    in_flight("holders and locks", args.locks, args.writers, |i| {
+        holder_and_lock(client.clone(), lock_ns[i % lock_ns.len()].clone(), i)
+    })
+    .await;
+}
+
+/// The bystander pods, then the Job churn brought to its steady state;
+/// returns the churn's stop flag, its counts and its task.
+async fn bystanders_and_churn(
+    p: &Plane,
+    args: &Args,
+) -> (
+    Arc<AtomicBool>,
+    Arc<ChurnStats>,
+    tokio::task::JoinHandle<()>,
+) {
+    let client = p.client.clone();
     step(&format!(
         "{} bystander pods in {} namespaces, {} writers in flight",
         args.bystanders, args.bystander_namespaces, args.writers
@@ -1118,40 +1186,17 @@ async fn main() {
     let warm = args.job_run + args.job_ttl.min(Duration::from_secs(30));
     println!("    {} for the churn to reach its steady state", secs(warm));
     tokio::time::sleep(warm).await;
+    (stop, stats, churner)
+}
 
-    step("Phase A: two fresh janitors, the locks among the bystanders and the churn");
-    let replicas = p.start_janitors(&args.resync, args.locks).await;
-    let with = p
-        .measure(
-            "A. locks + bystanders + churn",
-            &replicas,
-            args.window,
-            args.resync_secs,
-        )
-        .await;
-    with.print();
-    stop.store(true, Ordering::Relaxed);
-    let _ = churner.await;
-    let churn_line = format!(
-        "churn: {} pods started, {} Succeeded, {} deleted, {} failed to be written",
-        stats.started.load(Ordering::Relaxed),
-        stats.succeeded.load(Ordering::Relaxed),
-        stats.deleted.load(Ordering::Relaxed),
-        stats.failed.load(Ordering::Relaxed)
-    );
-    println!("  {churn_line} (creation stopped)");
+/// One row of the table: figure, measured value, goal.
+fn row(fig: &str, val: String, goal: &str) {
+    println!("{fig:<66} {val:<46} {goal}");
+}
 
-    step(&format!(
-        "Phase C: a Lease among {} pods of one namespace, its holder fails",
-        args.lease_pods
-    ));
-    let lease = lease_judgement(&p, &replicas, &args).await;
-    drop(replicas);
-
-    // ---- The table. ----
-    let (la, lb) = (with.leader_index(), without.leader_index());
-    let (sa, sb) = (1 - la, 1 - lb);
-    let d = |a: u64, b: u64| signed_mib(a as i64 - b as i64);
+/// The table: A (with bystanders and churn) against B (the locks alone),
+/// and the Lease judgement's memory.
+fn print_table(args: &Args, with: &Measured, without: &Measured, lease: &LeaseFigures) {
     println!();
     println!(
         "bench_idle: {} locks; {} bystanders + {} pods/min churn; --resync {}; windows {} / {}",
@@ -1162,8 +1207,15 @@ async fn main() {
         secs(with.window),
         secs(without.window)
     );
-    let row = |fig: &str, val: String, goal: &str| println!("{fig:<66} {val:<46} {goal}");
     row("figure", "measured".into(), "goal (issue 20)");
+    load_rows(args, with, without);
+    memory_rows(with, without, lease);
+}
+
+/// The rows of the API load and the CPU.
+fn load_rows(args: &Args, with: &Measured, without: &Measured) {
+    let (la, lb) = (with.leader_index(), without.leader_index());
+    let (sa, sb) = (1 - la, 1 - lb);
     row(
         "requests/s beside election, both replicas (A, with bystanders)",
         format!(
@@ -1194,7 +1246,7 @@ async fn main() {
     };
     row(
         "  of which watches started (restarts), A / B",
-        format!("{} / {}", watches(&with), watches(&without)),
+        format!("{} / {}", watches(with), watches(without)),
         "(counted above)",
     );
     row(
@@ -1226,6 +1278,13 @@ async fn main() {
         ),
         "(baseline)",
     );
+}
+
+/// The rows of memory: A against B, and the Lease judgement's rise.
+fn memory_rows(with: &Measured, without: &Measured, lease: &LeaseFigures) {
+    let (la, lb) = (with.leader_index(), without.leader_index());
+    let (sa, sb) = (1 - la, 1 - lb);
+    let d = |a: u64, b: u64| signed_mib(a as i64 - b as i64);
     row(
         "VmRSS A - B, MiB (leader; standby)",
         format!(
@@ -1274,6 +1333,11 @@ async fn main() {
         ),
         "<= 5",
     );
+}
+
+/// Whether the peak could be reset, and when the Lease was released with
+/// the janitors' requests meanwhile.
+fn print_lease_outcome(lease: &LeaseFigures) {
     println!();
     if !lease.reset {
         println!(
@@ -1303,7 +1367,4 @@ async fn main() {
             println!("WARNING: the Lease was not released within 180 s of the holder's failure")
         }
     }
-    println!("{churn_line}");
-    println!("whole run {} (load now {})", secs(run.elapsed()), load());
-    drop(p);
 }

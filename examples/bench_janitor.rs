@@ -30,22 +30,17 @@
 //! its deletion, as seen by a ConfigMap watch in this process, is reported
 //! with the janitor's own `lock_janitor_reclaim_latency_seconds`.
 
-#[path = "common/bench.rs"]
-mod bench_support;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bench_support::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use lock_janitor_testenv::{fresh_namespace, kubelet};
-use support::*;
+use lock_janitor_testsupport::bench::*;
+use lock_janitor_testsupport::*;
 
 /// Object writes in flight while setting up (and status writes in the burst).
 const WRITERS: usize = 32;
@@ -329,6 +324,30 @@ async fn main() {
         LOCK_NAMESPACES + POD_NAMESPACES
     );
 
+    let (holders, setup_locks) = holders_and_locks(&client, &lock_ns, &args).await;
+    let (noise, setup_pods) = claim_memory(&client, &kubeconfig, &pod_ns, &args).await;
+    let janitor = claim_latency(&client, &kubeconfig, &holders, &args, noise).await;
+
+    println!();
+    println!(
+        "setup: {} holder pods + locks {}; {noise} other pods {}; whole run {}",
+        args.locks,
+        secs(setup_locks),
+        secs(setup_pods),
+        secs(run.elapsed())
+    );
+    drop(janitor);
+    drop(client);
+    cp.stop();
+}
+
+/// `args.locks` Running holder pods and their locks (the first
+/// `args.small` in the small set); the holders and how long they took.
+async fn holders_and_locks(
+    client: &Client,
+    lock_ns: &[String],
+    args: &Args,
+) -> (Vec<(String, String)>, Duration) {
     step(&format!(
         "{} Running holder pods and their locks",
         args.locks
@@ -352,8 +371,19 @@ async fn main() {
         secs(setup_locks),
         args.locks as f64 / setup_locks.as_secs_f64()
     );
+    (holders, setup_locks)
+}
 
-    // ---- Claim 1: memory does not grow with pods that hold no lock. ----
+/// Claim 1: memory does not grow with pods that hold no lock. Three
+/// janitors (no lock, the small set, every lock) before and after the
+/// other pods, the same processes and fresh ones. Returns the number of
+/// other pods and how long they took to create.
+async fn claim_memory(
+    client: &Client,
+    kubeconfig: &std::path::Path,
+    pod_ns: &[String],
+    args: &Args,
+) -> (usize, Duration) {
     let mut ws = vec![
         Watcher {
             locks: 0,
@@ -374,7 +404,7 @@ async fn main() {
     let mut rows: Vec<(String, Vec<Mem>, bool)> = Vec::new();
 
     step("Three janitors, cluster-wide: selecting no lock, the small set, all locks");
-    let (ready, settled) = start_and_settle(&mut ws, &kubeconfig, &args).await;
+    let (ready, settled) = start_and_settle(&mut ws, kubeconfig, args).await;
     rows.push(("A. no other pods, watches synced".into(), ready, false));
     rows.push(("B. no other pods, settled".into(), settled.clone(), true));
 
@@ -387,7 +417,57 @@ async fn main() {
         args.terminal_pods.div_ceil(2),
         args.terminal_pods / 2
     ));
-    // Interleaved, so terminal pods keep arriving all along.
+    let setup_pods = noise_pods(client, pod_ns, args).await;
+    let during: Vec<Mem> = ws.iter().map(|w| mem(w.j().pid())).collect();
+    rows.push((
+        format!("C. +{noise} pods, same process, right after"),
+        during,
+        true,
+    ));
+    let after = settle(&ws, args).await;
+    rows.push((
+        format!("D. +{noise} pods, same process, settled"),
+        after.clone(),
+        true,
+    ));
+
+    step("Fresh janitors, started with those pods present");
+    for w in ws.iter_mut() {
+        w.janitor = None; // killed on drop
+    }
+    let (ready2, settled2) = start_and_settle(&mut ws, kubeconfig, args).await;
+    rows.push((
+        format!("E. +{noise} pods, fresh, watches synced"),
+        ready2,
+        false,
+    ));
+    rows.push((
+        format!("F. +{noise} pods, fresh, settled"),
+        settled2.clone(),
+        true,
+    ));
+    print_memory_table(&ws, &rows);
+    let delta = |a: &[Mem], b: &[Mem]| -> Vec<String> {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| format!("{:+.1}", (y.rss as f64 - x.rss as f64) / 1024.0))
+            .collect()
+    };
+    println!(
+        "VmRSS change B -> D (same process): {} MiB; B -> F (fresh): {} MiB",
+        delta(&settled, &after).join(" / "),
+        delta(&settled, &settled2).join(" / ")
+    );
+    for w in ws.iter_mut() {
+        w.janitor = None;
+    }
+    (noise, setup_pods)
+}
+
+/// The pods holding no lock, Running and terminal interleaved so that
+/// terminal pods keep arriving all along; how long they took.
+async fn noise_pods(client: &Client, pod_ns: &[String], args: &Args) -> Duration {
+    let noise = args.running_pods + args.terminal_pods;
     let mut jobs = Vec::with_capacity(noise);
     for i in 0..args.running_pods.max(args.terminal_pods) {
         if i < args.running_pods {
@@ -435,56 +515,25 @@ async fn main() {
         secs(setup_pods),
         noise as f64 / setup_pods.as_secs_f64()
     );
-    let during: Vec<Mem> = ws.iter().map(|w| mem(w.j().pid())).collect();
-    rows.push((
-        format!("C. +{noise} pods, same process, right after"),
-        during,
-        true,
-    ));
-    let after = settle(&ws, &args).await;
-    rows.push((
-        format!("D. +{noise} pods, same process, settled"),
-        after.clone(),
-        true,
-    ));
+    setup_pods
+}
 
-    step("Fresh janitors, started with those pods present");
-    for w in ws.iter_mut() {
-        w.janitor = None; // killed on drop
-    }
-    let (ready2, settled2) = start_and_settle(&mut ws, &kubeconfig, &args).await;
-    rows.push((
-        format!("E. +{noise} pods, fresh, watches synced"),
-        ready2,
-        false,
-    ));
-    rows.push((
-        format!("F. +{noise} pods, fresh, settled"),
-        settled2.clone(),
-        true,
-    ));
-    print_memory_table(&ws, &rows);
-    let delta = |a: &[Mem], b: &[Mem]| -> Vec<String> {
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| format!("{:+.1}", (y.rss as f64 - x.rss as f64) / 1024.0))
-            .collect()
-    };
-    println!(
-        "VmRSS change B -> D (same process): {} MiB; B -> F (fresh): {} MiB",
-        delta(&settled, &after).join(" / "),
-        delta(&settled, &settled2).join(" / ")
-    );
-    for w in ws.iter_mut() {
-        w.janitor = None;
-    }
-
-    // ---- Claim 2: reclaim latency. ----
+/// Claim 2: reclaim latency. A janitor with the default selector and flags
+/// judges every lock held, then `args.evict` holders are evicted at once;
+/// each lock's deletion is timed as a watch here sees it. Returns the
+/// janitor (stopped when dropped).
+async fn claim_latency(
+    client: &Client,
+    kubeconfig: &std::path::Path,
+    holders: &[(String, String)],
+    args: &Args,
+    noise: usize,
+) -> Janitor {
     step(&format!(
         "Reclaim: a janitor with the default selector and flags over {} locks and {noise} other pods",
         args.locks
     ));
-    let janitor = Janitor::start(&kubeconfig, &[]).await;
+    let janitor = Janitor::start(kubeconfig, &[]).await;
     all_judged(&janitor, args.locks).await;
     let before = mem(janitor.pid());
     println!(
@@ -495,35 +544,14 @@ async fn main() {
 
     // Deletions as this process sees them.
     let (deleted, observer, synced_rx) =
-        watch_deletions(&client, &format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1));
+        watch_deletions(client, &format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1));
     synced_rx
         .await
         .unwrap_or_else(|_| die("the lock watch ended before it synced"));
 
     let victims: Vec<(String, String)> = holders[..args.evict].to_vec();
     let burst = Instant::now();
-    // (lock, status write issued, status write acknowledged)
-    let written: Vec<(String, Instant, Instant)> = futures::stream::iter(victims)
-        .map(|(ns, holder)| {
-            let client = client.clone();
-            async move {
-                let issued = Instant::now();
-                retry(&format!("evicting {ns}/{holder}"), || {
-                    kubelet::set_failed(
-                        &client,
-                        &ns,
-                        &holder,
-                        "Evicted",
-                        "The node was low on resource: memory.",
-                    )
-                })
-                .await;
-                (format!("{ns}/{holder}-lock"), issued, Instant::now())
-            }
-        })
-        .buffer_unordered(WRITERS)
-        .collect()
-        .await;
+    let written = evict(client, victims).await;
     let burst_writes = burst.elapsed();
     let all_gone = tokio::time::timeout(Duration::from_secs(300), async {
         loop {
@@ -565,6 +593,56 @@ async fn main() {
             written.len()
         );
     }
+    report_reclaim(
+        &janitor,
+        before,
+        written.len(),
+        burst_writes,
+        makespan,
+        latencies,
+        from_issue,
+    )
+    .await;
+    janitor
+}
+
+/// Evicts each of `victims` (its status written as the kubelet's), WRITERS
+/// at a time: (lock, status write issued, status write acknowledged).
+async fn evict(client: &Client, victims: Vec<(String, String)>) -> Vec<(String, Instant, Instant)> {
+    futures::stream::iter(victims)
+        .map(|(ns, holder)| {
+            let client = client.clone();
+            async move {
+                let issued = Instant::now();
+                retry(&format!("evicting {ns}/{holder}"), || {
+                    kubelet::set_failed(
+                        &client,
+                        &ns,
+                        &holder,
+                        "Evicted",
+                        "The node was low on resource: memory.",
+                    )
+                })
+                .await;
+                (format!("{ns}/{holder}-lock"), issued, Instant::now())
+            }
+        })
+        .buffer_unordered(WRITERS)
+        .collect()
+        .await
+}
+
+/// What the janitor says of the burst (its log, its metrics, its memory)
+/// beside what the watch here saw.
+async fn report_reclaim(
+    janitor: &Janitor,
+    before: Mem,
+    locks: usize,
+    burst_writes: Duration,
+    makespan: Duration,
+    latencies: Vec<f64>,
+    from_issue: Vec<f64>,
+) {
     // The janitor's metrics may trail the deletes by its Event write.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let metrics = janitor.metrics().await;
@@ -577,7 +655,7 @@ async fn main() {
     println!(
         "reclaim of {} evicted holders' locks ({} status writes in flight; writes took {}, \
          last lock gone {} after the burst began)",
-        written.len(),
+        locks,
         WRITERS,
         secs(burst_writes),
         secs(makespan)
@@ -625,16 +703,4 @@ async fn main() {
         mib(after_burst.rss),
         mib(after_burst.hwm)
     );
-
-    println!();
-    println!(
-        "setup: {} holder pods + locks {}; {noise} other pods {}; whole run {}",
-        args.locks,
-        secs(setup_locks),
-        secs(setup_pods),
-        secs(run.elapsed())
-    );
-    drop(janitor);
-    drop(client);
-    cp.stop();
 }

@@ -31,30 +31,20 @@
 //!
 //! Needs root, `make node-build` and the static janitor (`make janitor-musl`).
 
-#[path = "common/bench.rs"]
-mod bench_support;
-#[path = "common/lease_burst.rs"]
-mod lease_burst;
-#[path = "../tests/node_support/mod.rs"]
-mod node_support;
-#[path = "common/reclaim.rs"]
-mod reclaim;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bench_support::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, Client, ResourceExt};
 use lock_janitor_testenv::kubelet;
-use node_support::RealNode;
-use reclaim::*;
-use support::*;
+use lock_janitor_testsupport::bench::*;
+use lock_janitor_testsupport::lease_burst;
+use lock_janitor_testsupport::real_node::{self, RealNode};
+use lock_janitor_testsupport::reclaim::*;
+use lock_janitor_testsupport::*;
 
 const RELEASE: &str = "lock-janitor";
 const LOCK_NAMESPACES: usize = 10;
@@ -289,7 +279,8 @@ where
     let renewed = renewer.stop().await;
     let allowed = lease_burst::fail_all(client, &hs, &renewed).await;
     if floor {
-        let refused = lease_burst::bare_releases(client, &allowed).await;
+        let refused =
+            lease_burst::bare_releases(client, &allowed, lock_janitor::lock::lease::released).await;
         if refused > 0 {
             println!("    the bare releaser was refused {refused} times");
         }
@@ -335,8 +326,6 @@ async fn kubelet_evictions(
     evict_ns: &[String],
     sys: &str,
 ) -> (Vec<Evicted>, Vec<String>) {
-    use futures::StreamExt;
-    use kube::runtime::{watcher, WatchStreamExt};
     let client = n.client.clone();
     let chart_failed = || async {
         n.pods(sys, "app.kubernetes.io/name=lock-janitor")
@@ -349,22 +338,9 @@ async fn kubelet_evictions(
     let failed_before = chart_failed().await;
     // The lock deletes in the audit log so far: the first one after them is
     // this round's.
-    let lock_deletes = |ns: &str| -> Vec<String> {
-        n.audit()
-            .into_iter()
-            .filter(|e| {
-                e.verb == "delete"
-                    && e.code == Some(200)
-                    && e.namespace.as_deref() == Some(ns)
-                    && e.resource.as_deref() == Some("configmaps")
-                    && e.name.as_deref() == Some(node_support::LOCK)
-            })
-            .map(|e| e.effective_user().to_owned())
-            .collect()
-    };
     let deletes_before: HashMap<String, usize> = evict_ns
         .iter()
-        .map(|ns| (ns.clone(), lock_deletes(ns).len()))
+        .map(|ns| (ns.clone(), lock_deletes(n, ns).len()))
         .collect();
     let mut leaders = Vec::new();
     for ns in evict_ns {
@@ -376,7 +352,66 @@ async fn kubelet_evictions(
     }
     // When each pod ended and each lock was first deleted, as
     // watches here see them.
-    type Seen = Arc<Mutex<HashMap<String, Instant>>>;
+    let (failed, gone, watches) = watch_ends(&client, evict_ns);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    press_until_evicted(n, &leaders, &failed, &gone).await;
+    for w in watches {
+        w.abort();
+    }
+    let lost: Vec<String> = chart_failed()
+        .await
+        .into_iter()
+        .filter(|p| !failed_before.contains(p))
+        .collect();
+    let (f, g) = (failed.lock().unwrap().clone(), gone.lock().unwrap().clone());
+    let evicted = leaders
+        .into_iter()
+        .filter_map(|(ns, leader)| {
+            let at = *f.get(&format!("{ns}/{leader}"))?;
+            let deleter = lock_deletes(n, &ns)
+                .into_iter()
+                .nth(deletes_before.get(&ns).copied().unwrap_or(0))
+                .unwrap_or_else(|| "-".into());
+            Some(Evicted {
+                latency: g
+                    .get(&ns)
+                    .map(|g| g.saturating_duration_since(at).as_secs_f64()),
+                ns,
+                leader,
+                deleter,
+            })
+        })
+        .collect();
+    (evicted, lost)
+}
+
+/// When each pod ended or each lock was first deleted (by key), as a watch
+/// here saw it.
+type Seen = Arc<Mutex<HashMap<String, Instant>>>;
+
+/// The deleters (users) of the lock in `ns`, in the audit log's order.
+fn lock_deletes(n: &RealNode, ns: &str) -> Vec<String> {
+    n.audit()
+        .into_iter()
+        .filter(|e| {
+            e.verb == "delete"
+                && e.code == Some(200)
+                && e.namespace.as_deref() == Some(ns)
+                && e.resource.as_deref() == Some("configmaps")
+                && e.name.as_deref() == Some(real_node::LOCK)
+        })
+        .map(|e| e.effective_user().to_owned())
+        .collect()
+}
+
+/// Watches of the pods that end and of the lock's first delete in each
+/// namespace of `evict_ns`.
+fn watch_ends(
+    client: &Client,
+    evict_ns: &[String],
+) -> (Seen, Seen, Vec<tokio::task::JoinHandle<()>>) {
+    use futures::StreamExt;
+    use kube::runtime::{watcher, WatchStreamExt};
     let (failed, gone): (Seen, Seen) = Default::default();
     let mut watches = Vec::new();
     for ns in evict_ns {
@@ -402,7 +437,7 @@ async fn kubelet_evictions(
         );
         watches.push(tokio::spawn(async move {
             let config =
-                watcher::Config::default().fields(&format!("metadata.name={}", node_support::LOCK));
+                watcher::Config::default().fields(&format!("metadata.name={}", real_node::LOCK));
             let cms = watcher(api, config);
             futures::pin_mut!(cms);
             while let Some(ev) = cms.next().await {
@@ -413,7 +448,19 @@ async fn kubelet_evictions(
             }
         }));
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    (failed, gone, watches)
+}
+
+/// Memory pressure on the node (a 1 GiB threshold under what is available,
+/// a 2 GiB hog) until every leader ended and its lock is gone and the hog
+/// was evicted too (at most 300 s); prints the kubelet's eviction order,
+/// then deletes the hog and puts the threshold back.
+async fn press_until_evicted(
+    n: &RealNode,
+    leaders: &[(String, String)],
+    failed: &Seen,
+    gone: &Seen,
+) {
     let hog_ns = n.namespace("bench-hog").await;
     let avail = RealNode::memory_available_mib();
     n.node
@@ -422,7 +469,7 @@ async fn kubelet_evictions(
         .unwrap_or_else(|e| fail(&format!("kubelet eviction threshold: {e}")));
     n.hog(&hog_ns, "hog", 2048);
     let t = Instant::now();
-    let hogs = Api::<Pod>::namespaced(client.clone(), &hog_ns);
+    let hogs = Api::<Pod>::namespaced(n.client.clone(), &hog_ns);
     // Until every leader's lock is gone and the kubelet has evicted the hog
     // too (the pressure ends with it): which pods it ranked before the hog.
     loop {
@@ -467,34 +514,6 @@ async fn kubelet_evictions(
         .set_memory_available("100Mi")
         .await
         .unwrap_or_else(|e| fail(&format!("kubelet eviction threshold back: {e}")));
-    for w in watches {
-        w.abort();
-    }
-    let lost: Vec<String> = chart_failed()
-        .await
-        .into_iter()
-        .filter(|p| !failed_before.contains(p))
-        .collect();
-    let (f, g) = (failed.lock().unwrap().clone(), gone.lock().unwrap().clone());
-    let evicted = leaders
-        .into_iter()
-        .filter_map(|(ns, leader)| {
-            let at = *f.get(&format!("{ns}/{leader}"))?;
-            let deleter = lock_deletes(&ns)
-                .into_iter()
-                .nth(deletes_before.get(&ns).copied().unwrap_or(0))
-                .unwrap_or_else(|| "-".into());
-            Some(Evicted {
-                latency: g
-                    .get(&ns)
-                    .map(|g| g.saturating_duration_since(at).as_secs_f64()),
-                ns,
-                leader,
-                deleter,
-            })
-        })
-        .collect();
-    (evicted, lost)
 }
 
 /// The node's load average (1, 5, 15 min).
@@ -556,7 +575,68 @@ async fn main() {
         janitor_bin().display(),
         loadavg()
     );
+    let (n, client, kubeconfig, beat) = start_node().await;
+    let sp = namespaces(&n, &args).await;
+    let (per, deleted, watch) = stage_locks(&client, &sp.lock_ns, &args).await;
+    let chart = chart_phase(&n, &client, &args, &sp, &deleted, &per[0]).await;
+    let remaining = args.locks - per[0].iter().map(Vec::len).sum::<usize>();
+    let mut throttles = chart.throttles;
+    let (relist_note, after_relist) =
+        relist_phase(&n, &client, &sp, &chart.pod, remaining, &mut throttles).await;
+    let eviction_rounds = eviction_rounds(&n, &sp).await;
+    let (bare_lat, bare_lease, bare_mem) = bare_phase(
+        &n,
+        &client,
+        &kubeconfig,
+        &args,
+        &sp,
+        &deleted,
+        &per[1],
+        remaining,
+    )
+    .await;
+    let (floor_lat, floor_lease) = floor_phase(&n, &client, &args, &sp, &deleted, &per[2]).await;
+    watch.abort();
+    beat.abort();
 
+    let table = latency_rows(
+        &args,
+        [&chart.lat, &bare_lat, &floor_lat],
+        [chart.lease, bare_lease, floor_lease],
+    );
+    print_latencies(&args, &commit, &table);
+    print_evictions(&eviction_rounds, sp.evict_ns.len());
+    print_throttles(&throttles);
+    let mems = [&chart.started, &chart.after_bursts, &after_relist];
+    print_memory(&args, mems, &bare_mem, &relist_note);
+    print_goals(&args, &chart.lat, &bare_lat, mems);
+    println!("\nwhole run {}", secs(run.elapsed()));
+}
+
+/// The namespaces of a run: the chart's, the locks', the Lease holders',
+/// all that the chart watches, and those of the operators to evict.
+struct Spaces {
+    sys: String,
+    lock_ns: Vec<String>,
+    lease_ns: Vec<String>,
+    watched: Vec<String>,
+    evict_ns: Vec<String>,
+}
+
+/// What the chart's pod did: its pod, its memory after start-up and after
+/// the bursts, each burst's latencies, the Lease burst's, its throttling.
+struct ChartRun {
+    pod: Pod1,
+    started: PodMem,
+    after_bursts: PodMem,
+    lat: Vec<Vec<f64>>,
+    lease: Vec<f64>,
+    throttles: Vec<(String, Throttle)>,
+}
+
+/// The control plane and the real node; the holders' simulated nodes,
+/// cordoned and kept Ready by heartbeats (the task returned).
+async fn start_node() -> (RealNode, Client, PathBuf, tokio::task::JoinHandle<()>) {
     step("Control plane and the real node");
     let n = RealNode::start(true).await;
     println!(
@@ -585,6 +665,12 @@ async fn main() {
             }
         })
     };
+    (n, client, kubeconfig, beat)
+}
+
+/// The namespaces, and the real operators the kubelet will evict (a leader
+/// and a replica each, their locks opted in).
+async fn namespaces(n: &RealNode, args: &Args) -> Spaces {
     let sys = n.namespace("lock-janitor-system").await;
     let mut lock_ns = Vec::new();
     for i in 0..LOCK_NAMESPACES {
@@ -626,13 +712,29 @@ async fn main() {
         }
         watched.extend(evict_ns.iter().cloned());
     }
+    Spaces {
+        sys,
+        lock_ns,
+        lease_ns,
+        watched,
+        evict_ns,
+    }
+}
 
+/// The holder pods and their locks, a watch of their deletions, and fresh
+/// locks for each reclaimer (the chart's pod, the bare process, the
+/// floor), one slice per burst.
+async fn stage_locks(
+    client: &Client,
+    lock_ns: &[String],
+    args: &Args,
+) -> (Vec<Vec<Vec<Made>>>, Deletions, tokio::task::JoinHandle<()>) {
     step(&format!("Creating {} holder pods and locks", args.locks));
     let t = Instant::now();
-    let made = holders_and_locks(&client, &lock_ns, 0, args.locks).await;
+    let made = holders_and_locks(client, lock_ns, 0, args.locks).await;
     println!("    {} created in {}", made.len(), secs(t.elapsed()));
     let (deleted, watch, synced) =
-        watch_deletions(&client, &format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1));
+        watch_deletions(client, &format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1));
     let _ = synced.await;
     // Fresh locks for each reclaimer, one slice per burst.
     let mut rest: &[Made] = &made;
@@ -644,14 +746,26 @@ async fn main() {
     let per: Vec<Vec<Vec<Made>>> = (0..3)
         .map(|_| args.bursts.iter().map(|&b| take(b)).collect())
         .collect();
+    (per, deleted, watch)
+}
 
-    // (a) The chart's pod.
+/// (a) The chart's pod, installed with its shipped values: every lock
+/// held, then each burst and the Lease burst.
+async fn chart_phase(
+    n: &RealNode,
+    client: &Client,
+    args: &Args,
+    sp: &Spaces,
+    deleted: &Deletions,
+    per0: &[Vec<Made>],
+) -> ChartRun {
+    let (sys, watched, lease_ns) = (&sp.sys, &sp.watched, &sp.lease_ns);
     step("Installing the chart with its shipped values (its resources as values.yaml ships them)");
     let watch_refs: Vec<&str> = watched.iter().map(String::as_str).collect();
     let t = Instant::now();
-    n.install_chart_as_shipped(RELEASE, &sys, &watch_refs);
-    n.wait_rollout(&sys);
-    let pod = leader_pod(&n, &sys).await;
+    n.install_chart_as_shipped(RELEASE, sys, &watch_refs);
+    n.wait_rollout(sys);
+    let pod = leader_pod(n, sys).await;
     wait_for(
         "the chart's leader holding every lock",
         Duration::from_secs(600),
@@ -668,14 +782,13 @@ async fn main() {
     let started = pod_mem(&pod);
     println!("    {}", show_mem("after start-up", &started));
 
-    let mut table: Vec<Row> = Vec::new();
     let mut throttles: Vec<(String, Throttle)> = Vec::new();
     let mut chart_lat = Vec::new();
-    for locks in &per[0] {
+    for locks in per0 {
         step(&format!("The chart's pod: a burst of {}", locks.len()));
         let before = cpu_stat(&pod);
         let t = Instant::now();
-        let lat = burst(&client, &deleted, locks).await;
+        let lat = burst(client, deleted, locks).await;
         // Its Events and metrics after the last delete count too.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let th = throttled_over(before, cpu_stat(&pod));
@@ -696,8 +809,8 @@ async fn main() {
         ));
         let before = cpu_stat(&pod);
         let lat = lease_burst_for(
-            &client,
-            &lease_ns,
+            client,
+            lease_ns,
             "chart-leader",
             args.lease_burst,
             false,
@@ -717,23 +830,43 @@ async fn main() {
         Vec::new()
     };
     let after_bursts = pod_mem(&pod);
-    let remaining = args.locks - per[0].iter().map(Vec::len).sum::<usize>();
     println!("    {}", show_mem("after the bursts", &after_bursts));
+    ChartRun {
+        pod,
+        started,
+        after_bursts,
+        lat: chart_lat,
+        lease: chart_lease,
+        throttles,
+    }
+}
 
+/// The API server restarted under the chart's pod: its lock watches list
+/// again; its memory after (a new container's or leader's, if it
+/// changed).
+async fn relist_phase(
+    n: &RealNode,
+    client: &Client,
+    sp: &Spaces,
+    pod: &Pod1,
+    remaining: usize,
+    throttles: &mut Vec<(String, Throttle)>,
+) -> (String, PodMem) {
+    let (sys, watched) = (&sp.sys, &sp.watched);
     step("The chart's pod: API server restarted, its lock watches list again");
-    let before = cpu_stat(&pod);
+    let before = cpu_stat(pod);
     let t = Instant::now();
     n.cp.restart_apiserver()
         .await
         .unwrap_or_else(|e| fail(&format!("restarting the API server: {e}")));
-    let podref = Api::<Pod>::namespaced(client.clone(), &sys)
+    let podref = Api::<Pod>::namespaced(client.clone(), sys)
         .get(&pod.name)
         .await
         .unwrap_or_else(|e| fail(&format!("get pod {}: {e}", pod.name)));
     let relisted = {
         let deadline = Instant::now() + Duration::from_secs(180);
         loop {
-            let log = n.pod_log(&sys, &podref);
+            let log = n.pod_log(sys, &podref);
             let relists = log
                 .lines()
                 .filter(|l| l.contains("watch re-listed") && l.contains("configmaps in"))
@@ -747,7 +880,7 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     };
-    let still = leader_pod(&n, &sys).await;
+    let still = leader_pod(n, sys).await;
     let relist_note = if !relisted {
         "no re-list of every lock watch seen within 180 s".to_string()
     } else if still.name != pod.name || still.restarts != pod.restarts {
@@ -759,54 +892,131 @@ async fn main() {
         wait_for(
             "every lock held after the re-list",
             Duration::from_secs(300),
-            || async { (held(&pod_metrics(&pod).await, "configmap") >= remaining).then_some(()) },
+            || async { (held(&pod_metrics(pod).await, "configmap") >= remaining).then_some(()) },
         )
         .await;
         format!("re-listed, every lock held again, {}", secs(t.elapsed()))
     };
-    let relist_th = throttled_over(before, cpu_stat(&pod));
+    let relist_th = throttled_over(before, cpu_stat(pod));
     throttles.push(("re-list".into(), relist_th));
     // A new container (or leader) started with a full list of its own:
     // its peak is read instead.
     let changed = still.name != pod.name || still.restarts != pod.restarts;
-    let after_relist = pod_mem(if changed { &still } else { &pod });
+    let after_relist = pod_mem(if changed { &still } else { pod });
     println!(
         "    {relist_note}\n    {}",
         show_mem("after the re-list", &after_relist)
     );
+    (relist_note, after_relist)
+}
 
-    // Real kubelet evictions: as shipped, then with the priority class
-    // values.yaml advises. Last for the chart: its own pods may go too.
+/// Real kubelet evictions: as shipped, then with the priority class
+/// values.yaml advises. Last for the chart: its own pods may go too.
+async fn eviction_rounds(
+    n: &RealNode,
+    sp: &Spaces,
+) -> Vec<(&'static str, Vec<Evicted>, Vec<String>)> {
+    let (sys, evict_ns) = (&sp.sys, &sp.evict_ns);
+    let watch_refs: Vec<&str> = sp.watched.iter().map(String::as_str).collect();
     let mut eviction_rounds: Vec<(&str, Vec<Evicted>, Vec<String>)> = Vec::new();
     if !evict_ns.is_empty() {
         step(&format!(
             "The chart as shipped (no priority class): the kubelet evicts the {} operators' pods under memory pressure",
             evict_ns.len()
         ));
-        let (e, lost) = kubelet_evictions(&n, &evict_ns, &sys).await;
+        let (e, lost) = kubelet_evictions(n, evict_ns, sys).await;
         eviction_rounds.push(("as shipped (no priority class)", e, lost));
         step("The chart with priorityClassName (a PriorityClass of 1,000,000, as values.yaml advises): the same again");
         n.kubectl(&["apply", "-f", "-"], Some(PRIORITY_CLASS));
         n.upgrade_chart_as_shipped(
             RELEASE,
-            &sys,
+            sys,
             &watch_refs,
             &[&format!("priorityClassName={PRIORITY_CLASS_NAME}")],
         );
-        n.wait_rollout(&sys);
-        for ns in &evict_ns {
+        n.wait_rollout(sys);
+        for ns in evict_ns {
             n.wait_leader(ns, None, Duration::from_secs(300)).await;
             n.wait_standby(ns, Duration::from_secs(120)).await;
             n.label_locks(ns);
             n.wait_labeled(ns).await;
         }
-        let (e, lost) = kubelet_evictions(&n, &evict_ns, &sys).await;
+        let (e, lost) = kubelet_evictions(n, evict_ns, sys).await;
         eviction_rounds.push(("priorityClassName set", e, lost));
     }
+    eviction_rounds
+}
 
-    // (b) The same binary, a bare process with the Deployment's flags.
+/// (b) The same binary, a bare process with the Deployment's flags (the
+/// chart scaled to 0): each burst and the Lease burst; its memory after.
+#[allow(clippy::too_many_arguments)]
+async fn bare_phase(
+    n: &RealNode,
+    client: &Client,
+    kubeconfig: &Path,
+    args: &Args,
+    sp: &Spaces,
+    deleted: &Deletions,
+    per1: &[Vec<Made>],
+    remaining: usize,
+) -> (Vec<Vec<f64>>, Vec<f64>, Mem) {
+    let (sys, lease_ns) = (&sp.sys, &sp.lease_ns);
     step("The chart scaled to 0; the same binary as a bare process on the host");
-    let dep = Api::<Deployment>::namespaced(client.clone(), &sys)
+    let flags = scale_chart_away(n, client, sys).await;
+    let flag_refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let t = Instant::now();
+    let j = Janitor::start(kubeconfig, &flag_refs).await;
+    wait_for(
+        "the bare janitor holding every lock",
+        Duration::from_secs(600),
+        || async { (held(&j.metrics().await, "configmap") >= remaining).then_some(()) },
+    )
+    .await;
+    println!(
+        "    every lock ({remaining}) held {} after start",
+        secs(t.elapsed())
+    );
+    let mut bare_lat = Vec::new();
+    for locks in per1 {
+        step(&format!("The bare process: a burst of {}", locks.len()));
+        let lat = burst(client, deleted, locks).await;
+        let m = mem(j.pid());
+        println!(
+            "    {}; VmHWM {} MiB, RssAnon {} MiB",
+            median_p99_max(lat.clone()),
+            mib(m.hwm),
+            mib(m.anon)
+        );
+        bare_lat.push(lat);
+    }
+    let bare_lease = if args.lease_burst > 0 {
+        step(&format!(
+            "The bare process: {} Lease holders fail at once",
+            args.lease_burst
+        ));
+        let lat = lease_burst_for(
+            client,
+            lease_ns,
+            "bare-leader",
+            args.lease_burst,
+            false,
+            || async { held(&j.metrics().await, "lease") },
+        )
+        .await;
+        println!("    {}", median_p99_max(lat.clone()));
+        lat
+    } else {
+        Vec::new()
+    };
+    let bare_mem = mem(j.pid());
+    drop(j);
+    (bare_lat, bare_lease, bare_mem)
+}
+
+/// The Deployment's flags without the election; the chart then scaled to
+/// 0 and its pods gone.
+async fn scale_chart_away(n: &RealNode, client: &Client, sys: &str) -> Vec<String> {
+    let dep = Api::<Deployment>::namespaced(client.clone(), sys)
         .get(RELEASE)
         .await
         .unwrap_or_else(|e| fail(&format!("get the Deployment: {e}")));
@@ -823,7 +1033,7 @@ async fn main() {
         &[
             "scale",
             "-n",
-            &sys,
+            sys,
             &format!("deployment/{RELEASE}"),
             "--replicas=0",
         ],
@@ -833,7 +1043,7 @@ async fn main() {
         "the chart's pods gone",
         Duration::from_secs(120),
         || async {
-            n.pods(&sys, "app.kubernetes.io/name=lock-janitor")
+            n.pods(sys, "app.kubernetes.io/name=lock-janitor")
                 .await
                 .is_empty()
                 .then_some(())
@@ -841,70 +1051,34 @@ async fn main() {
     )
     .await;
     println!("    flags (the Deployment's, without the election): {flags:?}");
-    let flag_refs: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let t = Instant::now();
-    let j = Janitor::start(&kubeconfig, &flag_refs).await;
-    wait_for(
-        "the bare janitor holding every lock",
-        Duration::from_secs(600),
-        || async { (held(&j.metrics().await, "configmap") >= remaining).then_some(()) },
-    )
-    .await;
-    println!(
-        "    every lock ({remaining}) held {} after start",
-        secs(t.elapsed())
-    );
-    let mut bare_lat = Vec::new();
-    for locks in &per[1] {
-        step(&format!("The bare process: a burst of {}", locks.len()));
-        let lat = burst(&client, &deleted, locks).await;
-        let m = mem(j.pid());
-        println!(
-            "    {}; VmHWM {} MiB, RssAnon {} MiB",
-            median_p99_max(lat.clone()),
-            mib(m.hwm),
-            mib(m.anon)
-        );
-        bare_lat.push(lat);
-    }
-    let bare_lease = if args.lease_burst > 0 {
-        step(&format!(
-            "The bare process: {} Lease holders fail at once",
-            args.lease_burst
-        ));
-        let lat = lease_burst_for(
-            &client,
-            &lease_ns,
-            "bare-leader",
-            args.lease_burst,
-            false,
-            || async { held(&j.metrics().await, "lease") },
-        )
-        .await;
-        println!("    {}", median_p99_max(lat.clone()));
-        lat
-    } else {
-        Vec::new()
-    };
-    let bare_mem = mem(j.pid());
-    drop(j);
+    flags
+}
 
-    // (c) The floor.
+/// (c) The floor: a bare terminal-pod watcher, one guarded DELETE per
+/// death; each burst and the Lease burst released at the rule's moment.
+async fn floor_phase(
+    n: &RealNode,
+    client: &Client,
+    args: &Args,
+    sp: &Spaces,
+    deleted: &Deletions,
+    per2: &[Vec<Made>],
+) -> (Vec<Vec<f64>>, Vec<f64>) {
+    let lease_ns = &sp.lease_ns;
     step("The floor: a bare terminal-pod watcher, one guarded DELETE per death");
-    let fc = floor_client(&n.cp, &client, FLOOR_USER, JANITOR_USER).await;
+    let fc = floor_client(&n.cp, client, FLOOR_USER, JANITOR_USER).await;
     let floor = floor_deleter(
         &fc,
-        per[2]
-            .iter()
+        per2.iter()
             .flatten()
             .map(|m| ((m.ns.clone(), m.holder.clone()), m.clone()))
             .collect::<HashMap<_, _>>(),
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut floor_lat = Vec::new();
-    for locks in &per[2] {
+    for locks in per2 {
         step(&format!("The floor: a burst of {}", locks.len()));
-        let lat = burst(&client, &deleted, locks).await;
+        let lat = burst(client, deleted, locks).await;
         println!("    {}", median_p99_max(lat.clone()));
         floor_lat.push(lat);
     }
@@ -915,8 +1089,8 @@ async fn main() {
             args.lease_burst
         ));
         let lat = lease_burst_for(
-            &client,
-            &lease_ns,
+            client,
+            lease_ns,
             "floor-leader",
             args.lease_burst,
             true,
@@ -928,9 +1102,15 @@ async fn main() {
     } else {
         Vec::new()
     };
-    watch.abort();
-    beat.abort();
+    (floor_lat, floor_lease)
+}
 
+/// The rows of the latency table: each burst, then the Lease burst, for
+/// the chart's pod, the bare process and the floor.
+fn latency_rows(args: &Args, lat: [&Vec<Vec<f64>>; 3], lease: [Vec<f64>; 3]) -> Vec<Row> {
+    let [chart_lat, bare_lat, floor_lat] = lat;
+    let [chart_lease, bare_lease, floor_lease] = lease;
+    let mut table: Vec<Row> = Vec::new();
     for (i, b) in args.bursts.iter().enumerate() {
         table.push((
             format!("burst of {b}"),
@@ -947,7 +1127,10 @@ async fn main() {
             floor_lease,
         ));
     }
+    table
+}
 
+fn print_latencies(args: &Args, commit: &str, table: &[Row]) {
     println!(
         "\nAs deployed: {} watched locks, commit {commit}, load {} at the end; reclaim latency median / p99 / max \
          (status write acknowledged -> deleted, as a watch here sees it; Leases: the rule allows it -> released)",
@@ -956,7 +1139,7 @@ async fn main() {
     );
     println!("| | chart's pod (as shipped) | bare process | floor |");
     println!("|---|---|---|---|");
-    for (what, a, b, c) in &table {
+    for (what, a, b, c) in table {
         println!(
             "| {what} | {} | {} | {} |",
             median_p99_max(a.clone()),
@@ -964,13 +1147,16 @@ async fn main() {
             median_p99_max(c.clone())
         );
     }
-    for (what, evicted, lost) in &eviction_rounds {
+}
+
+fn print_evictions(eviction_rounds: &[(&str, Vec<Evicted>, Vec<String>)], operators: usize) {
+    for (what, evicted, lost) in eviction_rounds {
         let lat: Vec<f64> = evicted.iter().filter_map(|e| e.latency).collect();
         println!(
             "\nReal kubelet evictions, the chart {what}: {} of {} operator leaders evicted, their locks freed {} \
              (ended -> deleted, as watches here see them); the chart's own pods evicted: {lost:?}",
             evicted.len(),
-            evict_ns.len(),
+            operators,
             median_p99_max(lat)
         );
         println!("| namespace | leader | ended -> lock deleted | deleted by |");
@@ -986,10 +1172,13 @@ async fn main() {
             );
         }
     }
+}
+
+fn print_throttles(throttles: &[(String, Throttle)]) {
     println!("\nThe chart's pod, CPU throttling (cpu.stat of its container over each phase):");
     println!("| phase | throttled periods | of periods | throttled time |");
     println!("|---|---|---|---|");
-    for (what, th) in &throttles {
+    for (what, th) in throttles {
         println!(
             "| {what} | {} | {} | {:.2} s |",
             th.throttled,
@@ -997,13 +1186,19 @@ async fn main() {
             th.time.as_secs_f64()
         );
     }
+}
+
+/// The chart's pod's memory after start-up, the bursts and a re-list, and
+/// the bare process's.
+fn print_memory(args: &Args, mems: [&PodMem; 3], bare_mem: &Mem, relist_note: &str) {
+    let [started, after_bursts, after_relist] = mems;
     println!("\nMemory at {} locks:", args.locks);
     println!("| | container max_usage | of the limit | VmHWM | VmRSS | RssAnon |");
     println!("|---|---|---|---|---|---|");
     for (what, m) in [
-        ("chart's pod after start-up", &started),
-        ("chart's pod after the bursts", &after_bursts),
-        ("chart's pod after a re-list", &after_relist),
+        ("chart's pod after start-up", started),
+        ("chart's pod after the bursts", after_bursts),
+        ("chart's pod after a re-list", after_relist),
     ] {
         println!(
             "| {what} | {:.1} MiB | {:.0} % of {:.0} MiB | {} MiB | {} MiB | {} MiB |",
@@ -1022,8 +1217,12 @@ async fn main() {
         mib(bare_mem.anon)
     );
     println!("re-list: {relist_note}");
+}
 
-    // The goals (issue 36).
+/// The goals (issue 36): a burst of 1,000 within 5 s and within 2x the
+/// bare process; the memory peak within 50 % of the limit.
+fn print_goals(args: &Args, chart_lat: &[Vec<f64>], bare_lat: &[Vec<f64>], mems: [&PodMem; 3]) {
+    let [started, after_bursts, after_relist] = mems;
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     if let Some(i) = args.bursts.iter().position(|&b| b == 1000) {
         let (pod_max, bare_max) = (max(&chart_lat[i]), max(&bare_lat[i]));
@@ -1033,7 +1232,7 @@ async fn main() {
             if pod_max <= 5.0 && pod_max <= 2.0 * bare_max { "holds" } else { "NOT met" }
         );
     }
-    let peak = [&started, &after_bursts, &after_relist]
+    let peak = [started, after_bursts, after_relist]
         .iter()
         .map(|m| m.max_usage)
         .max()
@@ -1049,5 +1248,4 @@ async fn main() {
             "NOT met"
         }
     );
-    println!("\nwhole run {}", secs(run.elapsed()));
 }

@@ -19,17 +19,11 @@
 //!
 //! Not part of `make test`. It reports numbers; it asserts none.
 
-#[path = "common/bench.rs"]
-mod bench_support;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bench_support::*;
 use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -40,7 +34,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use support::{sample, Janitor, WATCH_LABEL};
+use lock_janitor_testsupport::bench::*;
+use lock_janitor_testsupport::{sample, Janitor, WATCH_LABEL};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -129,7 +124,7 @@ async fn main() {
             args.bin.display()
         ));
     }
-    // support::Janitor runs LOCK_JANITOR_BIN.
+    // lock_janitor_testsupport::Janitor runs LOCK_JANITOR_BIN.
     std::env::set_var("LOCK_JANITOR_BIN", &args.bin);
     step(&format!(
         "control plane; {} bystander ConfigMaps (1 KiB), {} bystander Leases renewed every {}, in {} namespaces",
@@ -141,6 +136,49 @@ async fn main() {
     let (cp, client, kubeconfig, namespaces) = bench_plane("optin", args.namespaces).await;
     let ns_of = |i: usize| namespaces[i % namespaces.len()].clone();
     let started = Instant::now();
+    let leases = bystanders(&client, &args, &ns_of).await;
+    println!("set up in {}", secs(started.elapsed()));
+
+    let renewer = renew_all(&client, &leases, args.renew_every);
+
+    let base = ["--resync", "5m"];
+    step(&format!(
+        "without --auto-opt-in: idle for {}",
+        secs(args.idle)
+    ));
+    let without = measure(&kubeconfig, &base, &args, None).await;
+
+    step(&format!(
+        "with --auto-opt-in: {} candidates created {} apart, then idle for {}",
+        args.candidates,
+        secs(args.create_every),
+        secs(args.idle)
+    ));
+    let holders: Vec<String> = (0..10).map(|i| format!("holder-{i}")).collect();
+    for (i, h) in holders.iter().enumerate() {
+        running(&client, &ns_of(i), h, &node_of(i), "operator").await;
+    }
+    let with_args = ["--resync", "5m", "--auto-opt-in"];
+    let with = measure(
+        &kubeconfig,
+        &with_args,
+        &args,
+        Some((&client, &ns_of, &holders)),
+    )
+    .await;
+    renewer.abort();
+
+    results(&args, &without, &with);
+    drop(cp);
+}
+
+/// The bystanders: ConfigMaps (1 KiB) and renewed Leases that are no lock;
+/// returns the Leases (namespace, name).
+async fn bystanders(
+    client: &Client,
+    args: &Args,
+    ns_of: &dyn Fn(usize) -> String,
+) -> Vec<(String, String)> {
     futures::stream::iter(0..args.configmaps)
         .map(|i| {
             let (client, ns) = (client.clone(), ns_of(i));
@@ -174,53 +212,33 @@ async fn main() {
         .buffer_unordered(WRITERS)
         .collect::<()>()
         .await;
-    println!("set up in {}", secs(started.elapsed()));
+    leases
+}
 
-    // The renewals, spread evenly over each period, as long as the bench runs.
-    let renewer = {
-        let (client, leases, every) = (client.clone(), leases.clone(), args.renew_every);
-        tokio::spawn(async move {
-            let gap = every.div_f64(leases.len().max(1) as f64);
-            let mut tick = tokio::time::interval(gap);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            for (ns, name) in leases.iter().cycle() {
-                tick.tick().await;
-                let api: Api<Lease> = Api::namespaced(client.clone(), ns);
-                let p = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
-                let _ = api
-                    .patch(name, &PatchParams::default(), &Patch::Merge(&p))
-                    .await;
-            }
-        })
-    };
+/// The renewals, spread evenly over each period, as long as the bench runs.
+fn renew_all(
+    client: &Client,
+    leases: &[(String, String)],
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let (client, leases) = (client.clone(), leases.to_vec());
+    tokio::spawn(async move {
+        let gap = every.div_f64(leases.len().max(1) as f64);
+        let mut tick = tokio::time::interval(gap);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for (ns, name) in leases.iter().cycle() {
+            tick.tick().await;
+            let api: Api<Lease> = Api::namespaced(client.clone(), ns);
+            let p = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+            let _ = api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&p))
+                .await;
+        }
+    })
+}
 
-    let base = ["--resync", "5m"];
-    step(&format!(
-        "without --auto-opt-in: idle for {}",
-        secs(args.idle)
-    ));
-    let without = measure(&kubeconfig, &base, &args, None).await;
-
-    step(&format!(
-        "with --auto-opt-in: {} candidates created {} apart, then idle for {}",
-        args.candidates,
-        secs(args.create_every),
-        secs(args.idle)
-    ));
-    let holders: Vec<String> = (0..10).map(|i| format!("holder-{i}")).collect();
-    for (i, h) in holders.iter().enumerate() {
-        running(&client, &ns_of(i), h, &node_of(i), "operator").await;
-    }
-    let with_args = ["--resync", "5m", "--auto-opt-in"];
-    let with = measure(
-        &kubeconfig,
-        &with_args,
-        &args,
-        Some((&client, &ns_of, &holders)),
-    )
-    .await;
-    renewer.abort();
-
+/// The table: memory and idle requests with and without, and the label times.
+fn results(args: &Args, without: &Run, with: &Run) {
     step("results");
     println!(
         "objects: {} ConfigMaps (1 KiB), {} Leases renewed every {}, {} candidates; idle window {}",
@@ -231,8 +249,8 @@ async fn main() {
         secs(args.idle)
     );
     for (name, r) in [
-        ("without --auto-opt-in", &without),
-        ("with --auto-opt-in", &with),
+        ("without --auto-opt-in", without),
+        ("with --auto-opt-in", with),
     ] {
         println!(
             "{name:<22} VmRSS {} MiB  VmHWM {} MiB  RssAnon {} MiB  requests/s at idle {:.2}",
@@ -249,9 +267,8 @@ async fn main() {
     );
     println!(
         "creation to label, p50 / p99 / max: {}",
-        median_p99_max(with.labels)
+        median_p99_max(with.labels.clone())
     );
-    drop(cp);
 }
 
 type Candidates<'a> = (&'a Client, &'a dyn Fn(usize) -> String, &'a [String]);
@@ -290,6 +307,71 @@ async fn measure(
         requests_per_second: (after - before) / args.idle.as_secs_f64(),
         labels,
     }
+}
+
+/// Creates candidate `i`: a ConfigMap lock (even) or a Lease lock (odd)
+/// held by `holder`; returns its key as the watches write it.
+async fn create_candidate(client: &Client, ns: &str, holder: &str, i: usize) -> String {
+    if i.is_multiple_of(2) {
+        let pod: k8s_openapi::api::core::v1::Pod = Api::namespaced(client.clone(), ns)
+            .get(holder)
+            .await
+            .unwrap_or_else(|e| die(&format!("holder {ns}/{holder}: {e}")));
+        let cm = lock_janitor_testsupport::lock_for(&format!("operator-{i}-lock"), &pod, false);
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        retry("creating a lock", || async {
+            api.create(&PostParams::default(), &cm).await
+        })
+        .await;
+        format!("configmap/{ns}/operator-{i}-lock")
+    } else {
+        let name = format!("operator-{i}-lease");
+        let api: Api<Lease> = Api::namespaced(client.clone(), ns);
+        let l = held_lease(ns, &name, holder);
+        retry("creating a Lease lock", || async {
+            api.create(&PostParams::default(), &l).await
+        })
+        .await;
+        format!("lease/{ns}/{name}")
+    }
+}
+
+/// Waits for every label, or 60 s after the last creation.
+async fn wait_labeled(seen: &Mutex<HashMap<String, Instant>>, created: &[(String, Instant)]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let done = {
+            let seen = seen.lock().unwrap();
+            created.iter().all(|(k, _)| seen.contains_key(k))
+        };
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Each candidate's seconds from its create to its label; says how many
+/// were not labeled.
+fn label_seconds(
+    seen: &Mutex<HashMap<String, Instant>>,
+    created: &[(String, Instant)],
+) -> Vec<f64> {
+    let seen = seen.lock().unwrap();
+    let missing = created
+        .iter()
+        .filter(|(k, _)| !seen.contains_key(k))
+        .count();
+    if missing > 0 {
+        println!(
+            "{missing} of {} candidates not labeled within 60 s of the last creation",
+            created.len()
+        );
+    }
+    created
+        .iter()
+        .filter_map(|(k, at)| Some(seen.get(k)?.saturating_duration_since(*at).as_secs_f64()))
+        .collect()
 }
 
 /// Creates the candidates one at a time and returns, for each, the seconds
@@ -362,58 +444,12 @@ async fn label_times(
         let holder = &holders[i % holders.len()];
         // From before the create is sent: the answer may come after the label.
         let at = Instant::now();
-        let key = if i % 2 == 0 {
-            let pod: k8s_openapi::api::core::v1::Pod = Api::namespaced(client.clone(), &ns)
-                .get(holder)
-                .await
-                .unwrap_or_else(|e| die(&format!("holder {ns}/{holder}: {e}")));
-            let cm = support::lock_for(&format!("operator-{i}-lock"), &pod, false);
-            let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-            retry("creating a lock", || async {
-                api.create(&PostParams::default(), &cm).await
-            })
-            .await;
-            format!("configmap/{ns}/operator-{i}-lock")
-        } else {
-            let name = format!("operator-{i}-lease");
-            let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
-            let l = held_lease(&ns, &name, holder);
-            retry("creating a Lease lock", || async {
-                api.create(&PostParams::default(), &l).await
-            })
-            .await;
-            format!("lease/{ns}/{name}")
-        };
+        let key = create_candidate(client, &ns, holder, i).await;
         created.push((key, at));
         tokio::time::sleep(args.create_every).await;
     }
-    // Every label, or 60 s after the last creation.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        let done = {
-            let seen = seen.lock().unwrap();
-            created.iter().all(|(k, _)| seen.contains_key(k))
-        };
-        if done {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_labeled(&seen, &created).await;
     cms.abort();
     leases.abort();
-    let seen = seen.lock().unwrap();
-    let missing = created
-        .iter()
-        .filter(|(k, _)| !seen.contains_key(k))
-        .count();
-    if missing > 0 {
-        println!(
-            "{missing} of {} candidates not labeled within 60 s of the last creation",
-            created.len()
-        );
-    }
-    created
-        .iter()
-        .filter_map(|(k, at)| Some(seen.get(k)?.saturating_duration_since(*at).as_secs_f64()))
-        .collect()
+    label_seconds(&seen, &created)
 }

@@ -38,21 +38,14 @@
 //! default `--resync 5m` is that measured rate scaled by resync/300 s, and
 //! the requests per sweep are read from the janitor's own debug log.
 
-#[path = "common/bench.rs"]
-mod bench_support;
-#[path = "common/lease_burst.rs"]
-mod lease_burst;
-#[path = "common/reclaim.rs"]
-mod reclaim;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use bench_support::*;
 use kube::Client;
-use reclaim::*;
-use support::*;
+use lock_janitor_testsupport::bench::*;
+use lock_janitor_testsupport::lease_burst;
+use lock_janitor_testsupport::reclaim::*;
+use lock_janitor_testsupport::*;
 
 const LOCK_NAMESPACES: usize = 10;
 
@@ -340,17 +333,7 @@ async fn lease_burst_phase(
     args: &Args,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>, String) {
     let n = args.lease_burst;
-    let namespaces = if args.leases_among_locks {
-        lock_ns.to_vec()
-    } else {
-        let mut v = Vec::new();
-        for i in 0..LOCK_NAMESPACES {
-            v.push(
-                lock_janitor_testenv::fresh_namespace(client, &format!("scale-lease-{i}")).await,
-            );
-        }
-        v
-    };
+    let namespaces = lease_namespaces(client, lock_ns, args).await;
     step(&format!(
         "Lease burst: {n} holders renewing every {} on a {} s lease, in {} namespaces ({})",
         secs(lease_burst::RENEW),
@@ -411,29 +394,174 @@ async fn lease_burst_phase(
     );
     drop(j);
 
-    // The floor: the same burst, released by the rule's clock alone.
-    let renewer = lease_burst::Renewer::start(client, &bare);
-    renewer.rounds(5).await;
-    let renewed = renewer.stop().await;
-    let allowed = lease_burst::fail_all(client, &bare, &renewed).await;
-    let refused = lease_burst::bare_releases(client, &allowed).await;
-    if refused > 0 {
-        println!("    the bare releaser was refused {refused} times");
-    }
-    let floor = lease_burst::release_latencies(&released, &allowed, Duration::from_secs(120)).await;
+    let (floor, floor_timeline) = lease_floor(cp, client, &bare, &released).await;
     watch.abort();
-    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
-    let (_, _, to_release) = lease_burst::timeline(&audit, None, JANITOR_USER, &allowed);
-    timeline.push_str(&format!(
-        "\n  floor:   allowed -> release:           {}",
-        distribution(to_release)
-    ));
+    timeline.push_str(&floor_timeline);
     (
         janitor,
         floor,
         windows,
         format!("{requests}\n  where the time goes (the API server's audit log):\n  {timeline}"),
     )
+}
+
+/// Where the Lease holders live: among the ConfigMap holders, or in
+/// namespaces of their own.
+async fn lease_namespaces(client: &Client, lock_ns: &[String], args: &Args) -> Vec<String> {
+    if args.leases_among_locks {
+        lock_ns.to_vec()
+    } else {
+        let mut v = Vec::new();
+        for i in 0..LOCK_NAMESPACES {
+            v.push(
+                lock_janitor_testenv::fresh_namespace(client, &format!("scale-lease-{i}")).await,
+            );
+        }
+        v
+    }
+}
+
+/// The floor: the same burst, released by the rule's clock alone. Returns
+/// its latencies and its line of the timeline.
+async fn lease_floor(
+    cp: &lock_janitor_testenv::ControlPlane,
+    client: &Client,
+    bare: &[lease_burst::Holder],
+    released: &lease_burst::Releases,
+) -> (Vec<f64>, String) {
+    let renewer = lease_burst::Renewer::start(client, bare);
+    renewer.rounds(5).await;
+    let renewed = renewer.stop().await;
+    let allowed = lease_burst::fail_all(client, bare, &renewed).await;
+    let refused =
+        lease_burst::bare_releases(client, &allowed, lock_janitor::lock::lease::released).await;
+    if refused > 0 {
+        println!("    the bare releaser was refused {refused} times");
+    }
+    let floor = lease_burst::release_latencies(released, &allowed, Duration::from_secs(120)).await;
+    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
+    let (_, _, to_release) = lease_burst::timeline(&audit, None, JANITOR_USER, &allowed);
+    let line = format!(
+        "\n  floor:   allowed -> release:           {}",
+        distribution(to_release)
+    );
+    (floor, line)
+}
+
+/// One reclaimer's latencies (one at a time, the burst) and where the time
+/// went in each (the API server's audit log).
+type Measured = (Vec<f64>, Vec<f64>, String, String);
+
+/// Locks by their holder (namespace, pod), as the floors look them up.
+fn by_holder(set: &[Made]) -> HashMap<(String, String), Made> {
+    set.iter()
+        .map(|m| ((m.ns.clone(), m.holder.clone()), m.clone()))
+        .collect()
+}
+
+/// The safe floor reclaims `set`: its first `s` one at a time, the rest at
+/// once.
+async fn safe_floor_phase(
+    cp: &lock_janitor_testenv::ControlPlane,
+    client: &Client,
+    deleted: &Deletions,
+    set: &[Made],
+    s: usize,
+) -> Measured {
+    step(&format!(
+        "Reclaim latency: the safe floor (a bare client making the janitor's requests: GET lock, GET holder, \
+         intent Event, GET holder, guarded DELETE; {JANITOR_CONCURRENCY} at a time)"
+    ));
+    // Each floor as a user of its own, so that the audit log tells its
+    // requests from the benchmark's.
+    let safe_client = floor_client(cp, client, SAFE_FLOOR_USER, JANITOR_USER).await;
+    let (safe, misses) = safe_floor_deleter(&safe_client, by_holder(set));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (sf_seq, sf_burst) = reclaim_latency(client, deleted, &set[..s], &set[s..]).await;
+    let sf_breakdown = where_time_goes(cp, SAFE_FLOOR_USER, &set[..s]);
+    let sf_burst_breakdown = where_time_goes(cp, SAFE_FLOOR_USER, &set[s..]);
+    safe.abort();
+    let count = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
+    let (skipped, failed, events_failed) = (
+        count(&misses.skipped),
+        count(&misses.failed),
+        count(&misses.events_failed),
+    );
+    if skipped + failed + events_failed > 0 {
+        println!(
+            "    the safe floor skipped {skipped} locks after a read, failed {failed} reclaims \
+             and {events_failed} intent Events"
+        );
+    }
+    (sf_seq, sf_burst, sf_breakdown, sf_burst_breakdown)
+}
+
+/// The bare-DELETE floor reclaims `set`: its first `s` one at a time, the
+/// rest at once.
+async fn bare_floor_phase(
+    cp: &lock_janitor_testenv::ControlPlane,
+    client: &Client,
+    deleted: &Deletions,
+    set: &[Made],
+    s: usize,
+) -> Measured {
+    step("Reclaim latency: the bare-DELETE floor (a bare terminal-pod watcher, one guarded DELETE per death)");
+    let floor_client = floor_client(cp, client, FLOOR_USER, JANITOR_USER).await;
+    let floor = floor_deleter(&floor_client, by_holder(set));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (f_seq, f_burst) = reclaim_latency(client, deleted, &set[..s], &set[s..]).await;
+    let f_breakdown = where_time_goes(cp, FLOOR_USER, &set[..s]);
+    let f_burst_breakdown = where_time_goes(cp, FLOOR_USER, &set[s..]);
+    floor.abort();
+    (f_seq, f_burst, f_breakdown, f_burst_breakdown)
+}
+
+/// The table of the levels: memory and API load at each lock count.
+fn print_levels(args: &Args, levels: &[Level]) {
+    println!("janitor at scale (release build; idle load at --resync {}; default-flag load = that x {}/300)", secs(args.resync), args.resync.as_secs());
+    println!(
+        "{:>7} | {:>12} | {:>10} | {:>16} | {:>9} | {:>14} | {:>13} | {:>15} | {:>20}",
+        "locks",
+        "VmRSS MiB",
+        "VmHWM MiB",
+        "HWM re-list MiB",
+        "KiB/lock",
+        "req/s without",
+        "req/s with",
+        "req per sweep",
+        "req/s /1k @5m resync"
+    );
+    let base = levels[0].steady.rss as f64;
+    for l in levels {
+        let per_lock = if l.locks > 0 {
+            (l.steady.rss as f64 - base) / l.locks as f64
+        } else {
+            0.0
+        };
+        let added = (l.with_rps - l.baseline_rps).max(0.0);
+        let at_default = added * args.resync.as_secs_f64() / 300.0;
+        let per_1k = if l.locks > 0 {
+            at_default * 1000.0 / l.locks as f64
+        } else {
+            at_default
+        };
+        println!(
+            "{:>7} | {:>12} | {:>10} | {:>16} | {:>9.2} | {:>14.2} | {:>13.2} | {:>15.1} | {:>20.4}",
+            l.locks,
+            mib(l.steady.rss),
+            mib(l.peak.hwm),
+            l.relist
+                .as_ref()
+                .map(|m| format!("{} ({:.2}x)", mib(m.hwm), m.hwm as f64 / l.steady.rss as f64))
+                .unwrap_or_else(|| "-".into()),
+            per_lock / 1.0,
+            l.baseline_rps,
+            l.with_rps,
+            l.per_sweep,
+            per_1k
+        );
+        let _ = l.sweeps;
+    }
 }
 
 #[tokio::main]
@@ -472,48 +600,12 @@ async fn main() {
     let j_burst_breakdown = where_time_goes(&cp, JANITOR_USER, &made[s..s + b]);
     drop(j);
     let sets = [&made[s + b..2 * (s + b)], &made[2 * (s + b)..3 * (s + b)]];
-    let by_holder = |set: &[Made]| {
-        set.iter()
-            .map(|m| ((m.ns.clone(), m.holder.clone()), m.clone()))
-            .collect()
-    };
 
-    step(&format!(
-        "Reclaim latency: the safe floor (a bare client making the janitor's requests: GET lock, GET holder, \
-         intent Event, GET holder, guarded DELETE; {JANITOR_CONCURRENCY} at a time)"
-    ));
-    // Each floor as a user of its own, so that the audit log tells its
-    // requests from the benchmark's.
-    let safe_client = floor_client(&cp, &client, SAFE_FLOOR_USER, JANITOR_USER).await;
-    let (safe, misses) = safe_floor_deleter(&safe_client, by_holder(sets[0]));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let set = sets[0];
-    let (sf_seq, sf_burst) = reclaim_latency(&client, &deleted, &set[..s], &set[s..]).await;
-    let sf_breakdown = where_time_goes(&cp, SAFE_FLOOR_USER, &set[..s]);
-    let sf_burst_breakdown = where_time_goes(&cp, SAFE_FLOOR_USER, &set[s..]);
-    safe.abort();
-    let count = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
-    let (skipped, failed, events_failed) = (
-        count(&misses.skipped),
-        count(&misses.failed),
-        count(&misses.events_failed),
-    );
-    if skipped + failed + events_failed > 0 {
-        println!(
-            "    the safe floor skipped {skipped} locks after a read, failed {failed} reclaims \
-             and {events_failed} intent Events"
-        );
-    }
+    let (sf_seq, sf_burst, sf_breakdown, sf_burst_breakdown) =
+        safe_floor_phase(&cp, &client, &deleted, sets[0], s).await;
 
-    step("Reclaim latency: the bare-DELETE floor (a bare terminal-pod watcher, one guarded DELETE per death)");
-    let floor_client = floor_client(&cp, &client, FLOOR_USER, JANITOR_USER).await;
-    let floor = floor_deleter(&floor_client, by_holder(sets[1]));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let set = sets[1];
-    let (f_seq, f_burst) = reclaim_latency(&client, &deleted, &set[..s], &set[s..]).await;
-    let f_breakdown = where_time_goes(&cp, FLOOR_USER, &set[..s]);
-    let f_burst_breakdown = where_time_goes(&cp, FLOOR_USER, &set[s..]);
-    floor.abort();
+    let (f_seq, f_burst, f_breakdown, f_burst_breakdown) =
+        bare_floor_phase(&cp, &client, &deleted, sets[1], s).await;
     watch.abort();
     let leases = if args.lease_burst > 0 {
         Some(lease_burst_phase(&cp, &client, &kubeconfig, &lock_ns, &args).await)
@@ -522,50 +614,7 @@ async fn main() {
     };
 
     println!();
-    println!("janitor at scale (release build; idle load at --resync {}; default-flag load = that x {}/300)", secs(args.resync), args.resync.as_secs());
-    println!(
-        "{:>7} | {:>12} | {:>10} | {:>16} | {:>9} | {:>14} | {:>13} | {:>15} | {:>20}",
-        "locks",
-        "VmRSS MiB",
-        "VmHWM MiB",
-        "HWM re-list MiB",
-        "KiB/lock",
-        "req/s without",
-        "req/s with",
-        "req per sweep",
-        "req/s /1k @5m resync"
-    );
-    let base = levels[0].steady.rss as f64;
-    for l in &levels {
-        let per_lock = if l.locks > 0 {
-            (l.steady.rss as f64 - base) / l.locks as f64
-        } else {
-            0.0
-        };
-        let added = (l.with_rps - l.baseline_rps).max(0.0);
-        let at_default = added * args.resync.as_secs_f64() / 300.0;
-        let per_1k = if l.locks > 0 {
-            at_default * 1000.0 / l.locks as f64
-        } else {
-            at_default
-        };
-        println!(
-            "{:>7} | {:>12} | {:>10} | {:>16} | {:>9.2} | {:>14.2} | {:>13.2} | {:>15.1} | {:>20.4}",
-            l.locks,
-            mib(l.steady.rss),
-            mib(l.peak.hwm),
-            l.relist
-                .as_ref()
-                .map(|m| format!("{} ({:.2}x)", mib(m.hwm), m.hwm as f64 / l.steady.rss as f64))
-                .unwrap_or_else(|| "-".into()),
-            per_lock / 1.0,
-            l.baseline_rps,
-            l.with_rps,
-            l.per_sweep,
-            per_1k
-        );
-        let _ = l.sweeps;
-    }
+    print_levels(&args, &levels);
     println!();
     println!("reclaim latency over {top} locks (holder's status write acknowledged -> lock deleted, as a watch here sees it):");
     let rows = [

@@ -204,6 +204,19 @@ async fn main() {
     }
     let ns_of = |i: usize| namespaces[i % namespaces.len()].clone();
 
+    stage(&client, &args, &ns_of).await;
+    time_scans(&args, cp.kubeconfig_path(), &namespaces).await;
+    // The alternatives scan does not use, measured with the same client.
+    println!();
+    time_configmap_lists(&client, &args).await;
+    time_holder_reads(&client, &args, &namespaces, &ns_of).await;
+    drop(client);
+    cp.stop();
+}
+
+/// The holders (one pod per lock, every tenth evicted) and the ConfigMaps
+/// (the locks, and plain ones up to the total).
+async fn stage(client: &Client, args: &Args, ns_of: &dyn Fn(usize) -> String) {
     // Holders: one pod per lock, every tenth evicted.
     let t = Instant::now();
     let owners: Vec<(String, OwnerReference)> = futures::stream::iter(0..args.locks)
@@ -241,8 +254,11 @@ async fn main() {
         .collect::<Vec<()>>()
         .await;
     println!("{n} ConfigMaps created in {}", secs(t.elapsed()));
+}
 
-    let kc = cp.kubeconfig_path();
+/// `scan` run `args.runs` times each way: all namespaces as JSON and as a
+/// table, every namespace named, one namespace.
+async fn time_scans(args: &Args, kc: &std::path::Path, namespaces: &[String]) {
     // Warm-up (and a check of what scan sees).
     let warm = scan(&args.bin, kc, &["-o".into(), "json".into()]).await;
     let report: serde_json::Value =
@@ -305,9 +321,10 @@ async fn main() {
         args.configmaps / namespaces.len(),
         stats(one_ns)
     );
+}
 
-    // The alternatives scan does not use, measured with the same client.
-    println!();
+/// The ConfigMap list, metadata only and full objects, paged.
+async fn time_configmap_lists(client: &Client, args: &Args) {
     let cms: Api<ConfigMap> = Api::all(client.clone());
     let mut meta = Vec::new();
     let mut full = Vec::new();
@@ -338,7 +355,16 @@ async fn main() {
     }
     println!("ConfigMap list, metadata only (paged):  {}", stats(meta));
     println!("ConfigMap list, full objects (paged):   {}", stats(full));
+}
 
+/// The holders read as scan reads them (a GET each, 16 in flight) and by
+/// a pod list per namespace.
+async fn time_holder_reads(
+    client: &Client,
+    args: &Args,
+    namespaces: &[String],
+    ns_of: &dyn Fn(usize) -> String,
+) {
     let holders: Vec<(String, String)> = (0..args.locks)
         .map(|i| (ns_of(i), format!("operator-{i}")))
         .collect();
@@ -357,7 +383,7 @@ async fn main() {
             .unwrap_or_else(|e| die(&format!("get pod: {e}")));
         gets.push(t.elapsed());
         let t = Instant::now();
-        for ns in &namespaces {
+        for ns in namespaces {
             let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
             paged(|lp| {
                 let pods = pods.clone();
@@ -380,8 +406,6 @@ async fn main() {
         "holders: one pod list per namespace:    {}  (every pod here is a holder: the list's best case)",
         stats(lists)
     );
-    drop(client);
-    cp.stop();
 }
 
 /// Follows continue tokens, 500 per page; returns the item count.

@@ -21,20 +21,15 @@
 //! LOCK_JANITOR_BIN=target/release/lock-janitor cargo run --release --example bench_takeover -- [--rounds 3] [--library-go-rounds 1]
 //! ```
 
-#[path = "common/bench.rs"]
-mod bench_support;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
-use bench_support::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use lock_janitor_testenv::kubelet;
 use lock_janitor_testenv::peers::Peer;
-use support::*;
+use lock_janitor_testsupport::bench::*;
+use lock_janitor_testsupport::*;
 
 const LOCK: &str = "bench-operator-lock";
 /// operator-lib doubles its wait from 1 s up to 16 s: after five waits the

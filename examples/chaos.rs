@@ -1,5 +1,5 @@
-//! `make chaos`: a long run of the chaos suite (`tests/chaos_engine`) with
-//! a random seed it prints; `SEED=<n>` replays a plan. Reports locks,
+//! `make chaos`: a long run of the chaos suite (testsupport's `chaos_engine`)
+//! with a random seed it prints; `SEED=<n>` replays a plan. Reports locks,
 //! faults, wrong deletes and missed reclaims (both must be 0), reclaim
 //! latency outside faults, the 409s received, and the recovery time after
 //! each apiserver restart; exits 1 if anything was wrong, keeping the audit
@@ -10,12 +10,9 @@
 //! cargo run --example chaos -- [--locks 300] [--faults 20] [--spread-secs 600]
 //! ```
 
-#[path = "../tests/chaos_engine/mod.rs"]
-mod chaos_engine;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::time::Duration;
+
+use lock_janitor_testsupport::chaos_engine;
 
 fn die(msg: &str) -> ! {
     eprintln!("chaos: {msg}");

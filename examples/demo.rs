@@ -6,14 +6,11 @@
 //! shows the reclaim, the takeover, the Event and the metrics. Exits non-zero
 //! if the replica does not take over.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use lock_janitor_testenv::{fresh_namespace, kubelet, ControlPlane, Options};
-use support::*;
+use lock_janitor_testsupport::*;
 
 fn step(msg: &str) {
     println!("\n==> {msg}");
@@ -57,10 +54,40 @@ async fn demo() -> anyhow::Result<()> {
         janitor.port
     );
 
+    let waiting = stage_operator(&client, &ns).await?;
+
+    step("The kubelet evicts the leader (memory pressure): phase Failed, reason Evicted");
+    kubelet::set_failed(
+        &client,
+        &ns,
+        "memcached-operator-a",
+        "Evicted",
+        "The node was low on resource: memory.",
+    )
+    .await?;
+    let evicted_at = Instant::now();
+
+    took_over(waiting, evicted_at).await?;
+
+    step("Events on the lock");
+    show_reclaim(&client, &ns, &janitor).await?;
+
+    step("Cleaning up (janitor and control plane stopped, temp dir removed)");
+    drop(janitor);
+    cp.stop();
+    Ok(())
+}
+
+/// A leader pod holding the labeled lock and a replica waiting for it as
+/// operator-lib does; returns the replica's wait (its lock, once taken).
+async fn stage_operator(
+    client: &kube::Client,
+    ns: &str,
+) -> anyhow::Result<tokio::task::JoinHandle<k8s_openapi::api::core::v1::ConfigMap>> {
     step("Staging an operator: leader pod memcached-operator-a holds the lock, replica -b waits");
-    let leader = running_pod(&client, &ns, "memcached-operator-a", "worker-1").await;
-    let replica = running_pod(&client, &ns, "memcached-operator-b", "worker-2").await;
-    become_leader(&client, &leader, "memcached-operator-lock", true).await;
+    let leader = running_pod(client, ns, "memcached-operator-a", "worker-1").await;
+    let replica = running_pod(client, ns, "memcached-operator-b", "worker-2").await;
+    become_leader(client, &leader, "memcached-operator-lock", true).await;
     println!("    lock {ns}/memcached-operator-lock is owned by pod memcached-operator-a (labeled lock-janitor.io/watch=true)");
     let waiting = {
         let client = client.clone();
@@ -74,18 +101,15 @@ async fn demo() -> anyhow::Result<()> {
         "the replica must wait while the leader runs"
     );
     println!("    memcached-operator-b retries (1s, 2s, 4s ... 16s), as operator-lib does: AlreadyExists");
+    Ok(waiting)
+}
 
-    step("The kubelet evicts the leader (memory pressure): phase Failed, reason Evicted");
-    kubelet::set_failed(
-        &client,
-        &ns,
-        "memcached-operator-a",
-        "Evicted",
-        "The node was low on resource: memory.",
-    )
-    .await?;
-    let evicted_at = Instant::now();
-
+/// The replica takes over within 60 s of the eviction and owns the new
+/// lock.
+async fn took_over(
+    waiting: tokio::task::JoinHandle<k8s_openapi::api::core::v1::ConfigMap>,
+    evicted_at: Instant,
+) -> anyhow::Result<()> {
     let new_lock = tokio::time::timeout(Duration::from_secs(60), waiting)
         .await
         .map_err(|_| anyhow::anyhow!("no takeover within 60s of the eviction"))??;
@@ -104,15 +128,13 @@ async fn demo() -> anyhow::Result<()> {
         "    takeover: memcached-operator-b now owns the lock, {:.1}s after the eviction",
         evicted_at.elapsed().as_secs_f64()
     );
+    Ok(())
+}
 
-    step("Events on the lock");
-    let ev = wait_event(
-        &client,
-        &ns,
-        "StaleLockReclaimed",
-        "memcached-operator-lock",
-    )
-    .await;
+/// The Event on the lock, the label carried over, the janitor's log lines
+/// and its metrics of the reclaim.
+async fn show_reclaim(client: &kube::Client, ns: &str, janitor: &Janitor) -> anyhow::Result<()> {
+    let ev = wait_event(client, ns, "StaleLockReclaimed", "memcached-operator-lock").await;
     println!(
         "    {:<8} {:<20} {}",
         ev.type_.unwrap_or_default(),
@@ -159,9 +181,5 @@ async fn demo() -> anyhow::Result<()> {
         ) == Some(1.0),
         "the reclaim metric did not count the reclaim"
     );
-
-    step("Cleaning up (janitor and control plane stopped, temp dir removed)");
-    drop(janitor);
-    cp.stop();
     Ok(())
 }

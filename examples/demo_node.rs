@@ -13,13 +13,10 @@
 //! Needs root, `make node-build` (testenv/build-node.sh) and the static
 //! janitor (`cargo build --release --target x86_64-unknown-linux-musl`).
 
-#[path = "../tests/node_support/mod.rs"]
-mod node_support;
-
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use node_support::*;
+use lock_janitor_testsupport::real_node::*;
 
 const RELEASE: &str = "lock-janitor";
 
@@ -71,6 +68,38 @@ async fn demo() -> anyhow::Result<()> {
     println!("    janitor pods Ready; {jl} leads");
 
     step("Driving the node into memory pressure");
+    press_memory(&n, &pressure).await?;
+
+    step("Waiting for the kubelet to evict the leader");
+    let t0 = Instant::now();
+    let ev = wait_evicted(&n, &op, &leader, t0).await?;
+    let evicted_at = Instant::now();
+    show_eviction(&n, &op, &leader, &ev).await;
+    relieve_pressure(&n, &pressure);
+
+    step("Waiting for a replica to take over");
+    let next = n
+        .wait_leader(&op, Some(&leader), Duration::from_secs(180))
+        .await;
+    let took = evicted_at.elapsed();
+    println!(
+        "    {next} leads {:.1}s after the eviction was seen",
+        took.as_secs_f64()
+    );
+
+    step("Who freed the lock (audit log)");
+    who_freed(&n, &op, &sys).await;
+    println!(
+        "\n    times: evicted -> new leader {:.1}s; eviction seen {:.1}s after the hog started",
+        took.as_secs_f64(),
+        (evicted_at - t0).as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Restarts the kubelet with an eviction threshold 1 GiB under the memory
+/// available now, and starts a pod that allocates 2 GiB.
+async fn press_memory(n: &RealNode, pressure: &str) -> anyhow::Result<()> {
     let avail = RealNode::memory_available_mib();
     let threshold = avail.saturating_sub(1024);
     n.node
@@ -78,13 +107,20 @@ async fn demo() -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     println!("    memory.available now {avail}Mi; kubelet restarted with evictionHard memory.available<{threshold}Mi");
-    n.hog(&pressure, "hog", 2048);
+    n.hog(pressure, "hog", 2048);
     println!("    pod {pressure}/hog allocates 2048Mi (Guaranteed: ranked after pods over their requests)");
+    Ok(())
+}
 
-    step("Waiting for the kubelet to evict the leader");
-    let t0 = Instant::now();
-    let ev = loop {
-        if let Some(e) = n.event(&op, &leader, "Evicted").await {
+/// The kubelet's Evicted Event for the leader, within 240 s of `t0`.
+async fn wait_evicted(
+    n: &RealNode,
+    op: &str,
+    leader: &str,
+    t0: Instant,
+) -> anyhow::Result<k8s_openapi::api::core::v1::Event> {
+    Ok(loop {
+        if let Some(e) = n.event(op, leader, "Evicted").await {
             break e;
         }
         anyhow::ensure!(
@@ -93,8 +129,17 @@ async fn demo() -> anyhow::Result<()> {
             tail(&n.node.kubelet_log(), 30)
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
-    };
-    let evicted_at = Instant::now();
+    })
+}
+
+/// The Event, the evicted pod as the kubelet left it, and the kubelet's
+/// own log lines of the eviction.
+async fn show_eviction(
+    n: &RealNode,
+    op: &str,
+    leader: &str,
+    ev: &k8s_openapi::api::core::v1::Event,
+) {
     println!(
         "    Event {} from {:?}: {}",
         ev.reason.as_deref().unwrap_or(""),
@@ -102,10 +147,10 @@ async fn demo() -> anyhow::Result<()> {
         ev.message.as_deref().unwrap_or("")
     );
     if let Some(p) = n
-        .pods(&op, OPERATOR_LABEL)
+        .pods(op, OPERATOR_LABEL)
         .await
         .into_iter()
-        .find(|p| p.metadata.name.as_deref() == Some(leader.as_str()))
+        .find(|p| p.metadata.name.as_deref() == Some(leader))
     {
         let st = p.status.unwrap_or_default();
         let conds: Vec<String> = st
@@ -134,12 +179,16 @@ async fn demo() -> anyhow::Result<()> {
     }) {
         println!("    kubelet: {}", l.trim());
     }
+}
+
+/// Deletes the memory hog.
+fn relieve_pressure(n: &RealNode, pressure: &str) {
     n.kubectl(
         &[
             "delete",
             "pod",
             "-n",
-            &pressure,
+            pressure,
             "hog",
             "--grace-period=0",
             "--force",
@@ -147,24 +196,17 @@ async fn demo() -> anyhow::Result<()> {
         None,
     );
     println!("    pressure relieved: hog deleted");
+}
 
-    step("Waiting for a replica to take over");
-    let next = n
-        .wait_leader(&op, Some(&leader), Duration::from_secs(180))
-        .await;
-    let took = evicted_at.elapsed();
-    println!(
-        "    {next} leads {:.1}s after the eviction was seen",
-        took.as_secs_f64()
-    );
-
-    step("Who freed the lock (audit log)");
+/// The DELETEs in the operator's namespace (audit log), the janitor's
+/// Event, who freed the lock and the janitor pods' log lines about it.
+async fn who_freed(n: &RealNode, op: &str, sys: &str) {
     let deletes: Vec<_> = n
         .audit()
         .into_iter()
         .filter(|e| {
             e.verb == "delete"
-                && e.namespace.as_deref() == Some(op.as_str())
+                && e.namespace.as_deref() == Some(op)
                 && e.stage == "ResponseComplete"
         })
         .filter(|e| {
@@ -183,7 +225,7 @@ async fn demo() -> anyhow::Result<()> {
         );
     }
     let sa = format!("system:serviceaccount:{sys}:{RELEASE}");
-    if let Some(r) = n.event(&op, LOCK, "StaleLockReclaimed").await {
+    if let Some(r) = n.event(op, LOCK, "StaleLockReclaimed").await {
         println!(
             "    janitor Event StaleLockReclaimed: {}",
             r.message.as_deref().unwrap_or("")
@@ -200,8 +242,8 @@ async fn demo() -> anyhow::Result<()> {
             "operator-lib and the garbage collector (the janitor stayed out)"
         }
     );
-    for p in n.pods(&sys, "app.kubernetes.io/name=lock-janitor").await {
-        for l in n.pod_log(&sys, &p).lines().filter(|l| l.contains(LOCK)) {
+    for p in n.pods(sys, "app.kubernetes.io/name=lock-janitor").await {
+        for l in n.pod_log(sys, &p).lines().filter(|l| l.contains(LOCK)) {
             println!(
                 "    janitor {}: {}",
                 p.metadata.name.as_deref().unwrap_or(""),
@@ -209,12 +251,6 @@ async fn demo() -> anyhow::Result<()> {
             );
         }
     }
-    println!(
-        "\n    times: evicted -> new leader {:.1}s; eviction seen {:.1}s after the hog started",
-        took.as_secs_f64(),
-        (evicted_at - t0).as_secs_f64()
-    );
-    Ok(())
 }
 
 async fn wait_some<T, F, Fut>(timeout: Duration, mut f: F) -> T

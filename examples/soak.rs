@@ -25,9 +25,6 @@
 //! LOCK_JANITOR_BIN=target/release/lock-janitor target/release/examples/soak --minutes 30
 //! ```
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,8 +40,8 @@ use lock_janitor_testenv::audit::{self, AuditEvent};
 use lock_janitor_testenv::{kubelet, ControlPlane, Options};
 use serde_json::{json, Value};
 
-use support::chart::{apply_rbac, kind_of, render, sa_kubeconfig, sa_user};
-use support::*;
+use lock_janitor_testsupport::chart::{apply_rbac, kind_of, render, sa_kubeconfig, sa_user};
+use lock_janitor_testsupport::*;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -259,58 +256,8 @@ impl Soak {
                 .await;
             }
             Kind::Renewed => {
-                let leases = self.api::<Lease>();
-                let identity = pod_name(slot, generation);
-                loop {
-                    let existing = through("read lease", || async { leases.get_opt(&name).await })
-                        .await
-                        .expect("read lease");
-                    let result = match existing {
-                        None => {
-                            let lease = Lease {
-                                metadata: ObjectMeta {
-                                    name: Some(name.clone()),
-                                    labels: labels.clone(),
-                                    ..Default::default()
-                                },
-                                spec: Some(LeaseSpec {
-                                    holder_identity: Some(identity.clone()),
-                                    lease_duration_seconds: Some(LEASE_SECS),
-                                    acquire_time: Some(now_micro()),
-                                    renew_time: Some(now_micro()),
-                                    lease_transitions: Some(0),
-                                    ..Default::default()
-                                }),
-                            };
-                            through("create lease", || async {
-                                leases.create(&PostParams::default(), &lease).await
-                            })
-                            .await
-                        }
-                        Some(mut lease) => {
-                            // As client-go: take it only once it is free.
-                            let spec = lease.spec.get_or_insert_with(Default::default);
-                            if !free(spec) {
-                                tokio::time::sleep(Duration::from_millis(500)).await;
-                                continue;
-                            }
-                            spec.holder_identity = Some(identity.clone());
-                            spec.lease_duration_seconds = Some(LEASE_SECS);
-                            spec.acquire_time = Some(now_micro());
-                            spec.renew_time = Some(now_micro());
-                            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-                            through("take lease", || async {
-                                leases.replace(&name, &PostParams::default(), &lease).await
-                            })
-                            .await
-                        }
-                    };
-                    match result {
-                        Ok(_) => break,
-                        Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                        Err(e) => panic!("soak: taking lease {name}: {e}"),
-                    }
-                }
+                self.take_renewed(&name, pod_name(slot, generation), labels)
+                    .await
             }
         }
         let mut book = self.book.lock().unwrap();
@@ -322,6 +269,67 @@ impl Soak {
             .find(|d| d.slot == slot && d.reborn.is_none())
         {
             d.reborn = Some(Timestamp::now());
+        }
+    }
+
+    /// A renewed Lease taken as client-go's elector takes it: created when
+    /// missing, else taken once it is free (a 409 reads it again).
+    async fn take_renewed(
+        &self,
+        name: &str,
+        identity: String,
+        labels: Option<BTreeMap<String, String>>,
+    ) {
+        let leases = self.api::<Lease>();
+        loop {
+            let existing = through("read lease", || async { leases.get_opt(name).await })
+                .await
+                .expect("read lease");
+            let result = match existing {
+                None => {
+                    let lease = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(name.to_owned()),
+                            labels: labels.clone(),
+                            ..Default::default()
+                        },
+                        spec: Some(LeaseSpec {
+                            holder_identity: Some(identity.clone()),
+                            lease_duration_seconds: Some(LEASE_SECS),
+                            acquire_time: Some(now_micro()),
+                            renew_time: Some(now_micro()),
+                            lease_transitions: Some(0),
+                            ..Default::default()
+                        }),
+                    };
+                    through("create lease", || async {
+                        leases.create(&PostParams::default(), &lease).await
+                    })
+                    .await
+                }
+                Some(mut lease) => {
+                    // As client-go: take it only once it is free.
+                    let spec = lease.spec.get_or_insert_with(Default::default);
+                    if !free(spec) {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                    spec.holder_identity = Some(identity.clone());
+                    spec.lease_duration_seconds = Some(LEASE_SECS);
+                    spec.acquire_time = Some(now_micro());
+                    spec.renew_time = Some(now_micro());
+                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                    through("take lease", || async {
+                        leases.replace(name, &PostParams::default(), &lease).await
+                    })
+                    .await
+                }
+            };
+            match result {
+                Ok(_) => break,
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => panic!("soak: taking lease {name}: {e}"),
+            }
         }
     }
 
@@ -719,8 +727,18 @@ async fn setup(args: &Args) -> Soak {
 /// nothing grew.
 fn judge(soak: &Soak, minutes: u64) -> bool {
     let book = soak.book.lock().unwrap();
-    // The API server rotates its audit log at 100 MB (its default); a
-    // long run fills several: read every one of them.
+    let events = audit_events(soak);
+    let w = janitor_writes(soak, &book, &events);
+    let missed = deaths_freed(&book, &w);
+    let grew = rss_grew(soak, minutes);
+    let ok = w.wrong.is_empty() && missed.is_empty() && !grew;
+    println!("soak: {}", if ok { "ok" } else { "FAILED" });
+    ok
+}
+
+/// Every event of the audit log. The API server rotates its audit log at
+/// 100 MB (its default); a long run fills several: read every one of them.
+fn audit_events(soak: &Soak) -> Vec<AuditEvent> {
     let dir = soak
         .cp
         .audit_log_path()
@@ -742,6 +760,22 @@ fn judge(soak: &Soak, minutes: u64) -> bool {
         "soak: {} audit events read from {files} audit log file(s)",
         events.len()
     );
+    events
+}
+
+/// The janitors' freeing writes in the run's namespace, from the audit log.
+struct Writes {
+    /// Writes that freed what they must not have.
+    wrong: Vec<String>,
+    /// When each slot's lock was freed.
+    freed_at: BTreeMap<usize, Vec<Timestamp>>,
+    freeing: usize,
+    conflicts: usize,
+}
+
+/// Checks each freeing write against the deaths: a lock (or pod) may be
+/// freed only between its holder's death and the next holder's taking it.
+fn janitor_writes(soak: &Soak, book: &Book, events: &[AuditEvent]) -> Writes {
     let ns = soak.ns.as_str();
     let janitor =
         |e: &&AuditEvent| e.effective_user() == soak.user && e.namespace.as_deref() == Some(ns);
@@ -801,6 +835,23 @@ fn judge(soak: &Soak, minutes: u64) -> bool {
             wrong.push(format!("{what}: its holder was not dead"));
         }
     }
+    Writes {
+        wrong,
+        freed_at,
+        freeing,
+        conflicts,
+    }
+}
+
+/// Prints the deaths, how many a janitor freed and how fast, the wrong
+/// writes and the missed reclaims; returns the missed ones.
+fn deaths_freed(book: &Book, w: &Writes) -> Vec<String> {
+    let Writes {
+        wrong,
+        freed_at,
+        freeing,
+        conflicts,
+    } = w;
     // Deaths whose lock a janitor freed (a renewed Lease may also expire
     // first and be taken by the waiting candidate, as client-go does).
     let by_janitor = book
@@ -860,6 +911,12 @@ fn judge(soak: &Soak, minutes: u64) -> bool {
     for m in missed.iter().take(20) {
         println!("soak:   {m}");
     }
+    missed
+}
+
+/// Prints the RSS growth of each janitor process and role; whether one
+/// grew 5 % or more (in a run of 10 minutes or more).
+fn rss_grew(soak: &Soak, minutes: u64) -> bool {
     // RSS growth per janitor process (a port is one process: the restarted
     // one has a port of its own) and per role: a standby that takes the
     // lead takes on a leader's state (its sweeps, its takeover followers,
@@ -914,7 +971,5 @@ fn judge(soak: &Soak, minutes: u64) -> bool {
             }
         }
     }
-    let ok = wrong.is_empty() && missed.is_empty() && !grew;
-    println!("soak: {}", if ok { "ok" } else { "FAILED" });
-    ok
+    grew
 }

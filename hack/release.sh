@@ -197,12 +197,13 @@ done
 # The SBOM: the binary's dependency tree (normal dependencies; the test-only
 # crates are not shipped).
 say "sbom: cargo-cyclonedx $("$CARGO_CYCLONEDX" cyclonedx --version 2>/dev/null | awk '{print $NF}')"
-# (cargo-cyclonedx writes one file per workspace member; the testenv's is dropped.)
+# (cargo-cyclonedx writes one file per workspace member; testenv's and
+# testsupport's are dropped.)
 "$CARGO_CYCLONEDX" cyclonedx --manifest-path Cargo.toml --format json --spec-version 1.5 \
   --target all --override-filename lock-janitor.cdx >/dev/null \
   || fail "cargo cyclonedx failed"
 mv lock-janitor.cdx.json "$dist/sbom.cdx.json"
-rm -f testenv/lock-janitor.cdx.json
+rm -f testenv/lock-janitor.cdx.json testsupport/lock-janitor.cdx.json
 
 say "image: OCI layout (linux/amd64, linux/arm64)"
 digest="$("$OCIIMAGE" -out "$dist/image" -version "$version" -source "$source_url" \

@@ -10,10 +10,6 @@
 //! at a time. `make test-node` sets LOCK_JANITOR_NODE=1; without it every
 //! test fails at once, saying so (never a silent skip).
 
-#[path = "node_support/mod.rs"]
-mod node_support;
-mod support;
-
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -21,8 +17,8 @@ use kube::api::EvictParams;
 use kube::Api;
 use lock_janitor_testenv::node::KUBELET_USER;
 use lock_janitor_testenv::CONTROLLER_MANAGER_USER;
-use node_support::*;
-use support::{grant_janitor, kubeconfig_as, Janitor, JANITOR_USER};
+use lock_janitor_testsupport::real_node::*;
+use lock_janitor_testsupport::{grant_janitor, kubeconfig_as, Janitor, JANITOR_USER};
 
 /// One node at a time: tests take this for their whole run.
 static ONE_NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -285,11 +285,33 @@ impl ControlPlane {
         [etcd, apiserver, kcm]: &[PathBuf; 3],
         started: Instant,
     ) -> Result<(), Error> {
-        let ports = self.ports;
+        // Certificates, kubeconfig, audit policy.
+        let policy = self.write_files()?;
+        let etcd_client = self.start_etcd(etcd, mode).await?;
+        let etcd_at = started.elapsed();
+        let admin = self
+            .start_apiserver(apiserver, opts, mode, &etcd_client, &policy)
+            .await?;
+        let apiserver_at = started.elapsed();
+        self.start_controller_manager(kcm, opts, mode, admin)
+            .await?;
+        tracing::info!(
+            dir = %self.dir.display(),
+            server = %self.server_url,
+            etcd_ms = etcd_at.as_millis() as u64,
+            apiserver_ms = apiserver_at.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "testenv: control plane ready"
+        );
+        Ok(())
+    }
+
+    /// The certificates, the admin's and the controller manager's
+    /// kubeconfigs and the audit policy, in the state dir; returns the
+    /// policy's path.
+    fn write_files(&mut self) -> Result<PathBuf, Error> {
         let pki_dir = self.dir.join("pki");
         let dir = self.dir.clone();
-
-        // Certificates, kubeconfig, audit policy.
         std::fs::create_dir_all(&pki_dir)
             .map_err(io_err(format!("creating {}", pki_dir.display())))?;
         let pki = certs::generate()?;
@@ -331,9 +353,14 @@ impl ControlPlane {
         )?;
         let policy = dir.join("audit-policy.yaml");
         write_private(&policy, audit::POLICY)?;
-        let s = |p: &Path| p.display().to_string();
+        Ok(policy)
+    }
 
-        // etcd
+    /// Starts etcd and waits until it serves; returns its client URL.
+    async fn start_etcd(&self, etcd: &Path, mode: Mode) -> Result<String, Error> {
+        let ports = self.ports;
+        let dir = self.dir.clone();
+        let s = |p: &Path| p.display().to_string();
         let etcd_client = format!("http://127.0.0.1:{}", ports.etcd_client);
         let etcd_peer = format!("http://127.0.0.1:{}", ports.etcd_peer);
         let mut cmd = Command::new(etcd);
@@ -353,9 +380,24 @@ impl ControlPlane {
             probe_etcd(etcd_port)
         })
         .await?;
-        let etcd_at = started.elapsed();
+        Ok(etcd_client)
+    }
 
-        // kube-apiserver
+    /// Starts kube-apiserver on etcd and waits until it serves; returns the
+    /// admin client.
+    async fn start_apiserver(
+        &self,
+        apiserver: &Path,
+        opts: &Options,
+        mode: Mode,
+        etcd_client: &str,
+        policy: &Path,
+    ) -> Result<kube::Client, Error> {
+        let ports = self.ports;
+        let dir = self.dir.clone();
+        let pki_dir = self.dir.join("pki");
+        let p = |n: &str| pki_dir.join(n);
+        let s = |p: &Path| p.display().to_string();
         let mut cmd = Command::new(apiserver);
         cmd.arg(format!("--etcd-servers={etcd_client}"))
             .arg("--bind-address=127.0.0.1")
@@ -374,7 +416,7 @@ impl ControlPlane {
                 s(&p("sa.key"))
             ))
             .arg(format!("--audit-log-path={}", s(&self.audit_log)))
-            .arg(format!("--audit-policy-file={}", s(&policy)))
+            .arg(format!("--audit-policy-file={}", s(policy)))
             .arg("--audit-log-format=json")
             .arg("--audit-log-mode=blocking")
             // The `kubernetes` Service endpoints would be 127.0.0.1, which
@@ -397,9 +439,23 @@ impl ControlPlane {
             probe_apiserver(admin.clone())
         })
         .await?;
-        let apiserver_at = started.elapsed();
+        Ok(admin)
+    }
 
-        // kube-controller-manager
+    /// Starts kube-controller-manager with the controllers the options ask
+    /// for and waits until it serves.
+    async fn start_controller_manager(
+        &self,
+        kcm: &Path,
+        opts: &Options,
+        mode: Mode,
+        admin: kube::Client,
+    ) -> Result<(), Error> {
+        let ports = self.ports;
+        let dir = self.dir.clone();
+        let pki_dir = self.dir.join("pki");
+        let p = |n: &str| pki_dir.join(n);
+        let s = |p: &Path| p.display().to_string();
         let mut controllers = vec![
             "pod-garbage-collector-controller",
             "replicaset-controller",
@@ -451,14 +507,6 @@ impl ControlPlane {
             || probe_controller_manager(kcm_client.clone(), admin.clone()),
         )
         .await?;
-        tracing::info!(
-            dir = %self.dir.display(),
-            server = %self.server_url,
-            etcd_ms = etcd_at.as_millis() as u64,
-            apiserver_ms = apiserver_at.as_millis() as u64,
-            total_ms = started.elapsed().as_millis() as u64,
-            "testenv: control plane ready"
-        );
         Ok(())
     }
 

@@ -193,6 +193,31 @@ fn is_tied(opts: &NodeOptions) -> bool {
     !opts.detached
 }
 
+/// Every binary of the real node is built.
+fn all_built(bin: &Path) -> Result<(), Error> {
+    for b in [
+        "kubelet",
+        "kube-scheduler",
+        "containerd",
+        "containerd-shim-runc-v2",
+        "ctr",
+        "runc",
+        "crictl",
+        "pause",
+        "cni/bridge",
+        "cni/host-local",
+        "cni/loopback",
+    ] {
+        binary(b).map_err(|_| {
+            Error::Other(format!(
+                "the real node's {b} is not built ({}): run `make node-up` or testenv/build-node.sh",
+                bin.join(b).display()
+            ))
+        })?;
+    }
+    Ok(())
+}
+
 impl Node {
     /// Starts containerd, the `kubernetes` Service forwarder, kube-scheduler
     /// and the kubelet against the control plane of `admin_kubeconfig` (its
@@ -204,26 +229,7 @@ impl Node {
         opts: NodeOptions,
     ) -> Result<Node, Error> {
         let bin = crate::bin_dir();
-        for b in [
-            "kubelet",
-            "kube-scheduler",
-            "containerd",
-            "containerd-shim-runc-v2",
-            "ctr",
-            "runc",
-            "crictl",
-            "pause",
-            "cni/bridge",
-            "cni/host-local",
-            "cni/loopback",
-        ] {
-            binary(b).map_err(|_| {
-                Error::Other(format!(
-                    "the real node's {b} is not built ({}): run `make node-up` or testenv/build-node.sh",
-                    bin.join(b).display()
-                ))
-            })?;
-        }
+        all_built(&bin)?;
         host_checks()?;
         let ca = std::fs::read_to_string(cp_dir.join("pki").join("ca.crt"))
             .map_err(io_err("reading the control plane's pki/ca.crt"))?;
@@ -272,29 +278,7 @@ impl Node {
         .await?;
 
         // The `kubernetes` Service: 10.0.0.1:443 -> the apiserver.
-        let listen = SocketAddr::from((KUBERNETES_SERVICE_IP, 443));
-        let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        add_service_ip()?;
-        match (&opts.forwarder_exe, opts.detached) {
-            (Some(exe), true) => {
-                let mut cmd = Command::new(exe);
-                cmd.arg("node-forward")
-                    .arg(listen.to_string())
-                    .arg(target.to_string());
-                node.spawn("service-forwarder", cmd)?;
-            }
-            _ => {
-                let l = TcpListener::bind(listen).map_err(io_err(format!(
-                    "listening on {listen} (the kubernetes Service)"
-                )))?;
-                let stop = Arc::new(AtomicBool::new(false));
-                node.forward_stop = Some(stop.clone());
-                std::thread::Builder::new()
-                    .name("testenv-node-forward".into())
-                    .spawn(move || serve_forward(l, target, stop))
-                    .map_err(io_err("starting the forwarder thread"))?;
-            }
-        }
+        node.forward_service(port, &opts)?;
 
         // kube-scheduler
         let kc = dir.join("kube-scheduler.kubeconfig");
@@ -309,6 +293,36 @@ impl Node {
 
         node.start_kubelet().await?;
         Ok(node)
+    }
+
+    /// The `kubernetes` Service's address (10.0.0.1:443) forwarded to the
+    /// API server's `port`: by a process of its own when detached, else by
+    /// a thread of this one.
+    fn forward_service(&mut self, port: u16, opts: &NodeOptions) -> Result<(), Error> {
+        let listen = SocketAddr::from((KUBERNETES_SERVICE_IP, 443));
+        let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        add_service_ip()?;
+        match (&opts.forwarder_exe, opts.detached) {
+            (Some(exe), true) => {
+                let mut cmd = Command::new(exe);
+                cmd.arg("node-forward")
+                    .arg(listen.to_string())
+                    .arg(target.to_string());
+                self.spawn("service-forwarder", cmd)?;
+            }
+            _ => {
+                let l = TcpListener::bind(listen).map_err(io_err(format!(
+                    "listening on {listen} (the kubernetes Service)"
+                )))?;
+                let stop = Arc::new(AtomicBool::new(false));
+                self.forward_stop = Some(stop.clone());
+                std::thread::Builder::new()
+                    .name("testenv-node-forward".into())
+                    .spawn(move || serve_forward(l, target, stop))
+                    .map_err(io_err("starting the forwarder thread"))?;
+            }
+        }
+        Ok(())
     }
 
     fn write_containerd_config(&self) -> Result<(), Error> {

@@ -16,8 +16,7 @@
 //!   cargo test --test e2e scan::                 one suite
 //!   cargo test --test e2e scan::piped_tables     one test
 
-#[path = "../support/mod.rs"]
-mod support;
+use lock_janitor_testsupport as support;
 
 mod admission;
 mod admission_record;

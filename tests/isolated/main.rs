@@ -8,10 +8,8 @@
 //!   cargo test --test isolated                   every suite
 //!   cargo test --test isolated health::          one suite
 
-#[path = "../chaos_engine/mod.rs"]
-mod chaos_engine;
-#[path = "../support/mod.rs"]
-mod support;
+use lock_janitor_testsupport as support;
+use lock_janitor_testsupport::chaos_engine;
 
 mod chaos;
 mod health;

@@ -125,54 +125,13 @@ fn stop(state: &State) -> Result<(), String> {
 }
 
 fn up(args: &[String]) -> Result<(), String> {
-    let mut opts = Options::default();
-    let mut with_node = false;
-    let mut janitor_bin: Option<PathBuf> = None;
-    let mut node_opts = node::NodeOptions {
-        detached: true,
-        forwarder_exe: Some(
-            std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?,
-        ),
-        ..node::NodeOptions::default()
-    };
-    for a in args {
-        match a.as_str() {
-            "--node" => with_node = true,
-            _ if a.starts_with("--janitor-bin=") => {
-                janitor_bin = Some(PathBuf::from(&a["--janitor-bin=".len()..]))
-            }
-            _ if a.starts_with("--memory-available=") => {
-                node_opts.memory_available = a["--memory-available=".len()..].to_string()
-            }
-            "--no-gc" => opts.garbage_collector = false,
-            "--node-lifecycle" => opts.node_lifecycle = true,
-            _ if a.starts_with("--apiserver-arg=") => opts
-                .extra_apiserver_args
-                .push(a["--apiserver-arg=".len()..].to_string()),
-            _ if a.starts_with("--controller-manager-arg=") => opts
-                .extra_controller_manager_args
-                .push(a["--controller-manager-arg=".len()..].to_string()),
-            _ => return Err(format!("up: unknown argument {a:?}\n\n{USAGE}")),
-        }
-    }
-    if let Some(old) = load_state()? {
-        let live = live_pids(&old);
-        if !live.is_empty() {
-            let pids: Vec<String> = live.iter().map(|(n, p)| format!("{n} {p}")).collect();
-            return Err(format!(
-                "a control plane is already running ({}; {}; state {}).\nUse it with: export KUBECONFIG={}\nor stop it first with: testenv down   (make testenv-down)",
-                old.plane.server_url,
-                pids.join(", "),
-                state_path().display(),
-                old.plane.kubeconfig.display()
-            ));
-        }
-        eprintln!(
-            "testenv: cleaning up a control plane that is no longer running ({})",
-            old.plane.dir.display()
-        );
-        stop(&old)?;
-    }
+    let UpArgs {
+        mut opts,
+        with_node,
+        janitor_bin,
+        node_opts,
+    } = up_args(args)?;
+    clean_up_stale()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -228,12 +187,89 @@ fn up(args: &[String]) -> Result<(), String> {
         let _ = stop(&state);
         return Err(e);
     }
+    say_ready(&state, started);
+    Ok(())
+}
+
+/// What `up` was asked for.
+struct UpArgs {
+    opts: Options,
+    with_node: bool,
+    janitor_bin: Option<PathBuf>,
+    node_opts: node::NodeOptions,
+}
+
+fn up_args(args: &[String]) -> Result<UpArgs, String> {
+    let mut opts = Options::default();
+    let mut with_node = false;
+    let mut janitor_bin: Option<PathBuf> = None;
+    let mut node_opts = node::NodeOptions {
+        detached: true,
+        forwarder_exe: Some(
+            std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?,
+        ),
+        ..node::NodeOptions::default()
+    };
+    for a in args {
+        match a.as_str() {
+            "--node" => with_node = true,
+            _ if a.starts_with("--janitor-bin=") => {
+                janitor_bin = Some(PathBuf::from(&a["--janitor-bin=".len()..]))
+            }
+            _ if a.starts_with("--memory-available=") => {
+                node_opts.memory_available = a["--memory-available=".len()..].to_string()
+            }
+            "--no-gc" => opts.garbage_collector = false,
+            "--node-lifecycle" => opts.node_lifecycle = true,
+            _ if a.starts_with("--apiserver-arg=") => opts
+                .extra_apiserver_args
+                .push(a["--apiserver-arg=".len()..].to_string()),
+            _ if a.starts_with("--controller-manager-arg=") => opts
+                .extra_controller_manager_args
+                .push(a["--controller-manager-arg=".len()..].to_string()),
+            _ => return Err(format!("up: unknown argument {a:?}\n\n{USAGE}")),
+        }
+    }
+    Ok(UpArgs {
+        opts,
+        with_node,
+        janitor_bin,
+        node_opts,
+    })
+}
+
+/// Refuses when a control plane is running already; cleans up after one
+/// that no longer runs.
+fn clean_up_stale() -> Result<(), String> {
+    if let Some(old) = load_state()? {
+        let live = live_pids(&old);
+        if !live.is_empty() {
+            let pids: Vec<String> = live.iter().map(|(n, p)| format!("{n} {p}")).collect();
+            return Err(format!(
+                "a control plane is already running ({}; {}; state {}).\nUse it with: export KUBECONFIG={}\nor stop it first with: testenv down   (make testenv-down)",
+                old.plane.server_url,
+                pids.join(", "),
+                state_path().display(),
+                old.plane.kubeconfig.display()
+            ));
+        }
+        eprintln!(
+            "testenv: cleaning up a control plane that is no longer running ({})",
+            old.plane.dir.display()
+        );
+        stop(&old)?;
+    }
+    Ok(())
+}
+
+/// Where the control plane is and how to use and stop it.
+fn say_ready(state: &State, started: std::time::Instant) {
     eprintln!(
         "testenv: control plane ready in {:.1}s at {} (gc: {}, node lifecycle: {})",
         started.elapsed().as_secs_f64(),
         state.plane.server_url,
-        if opts.garbage_collector { "on" } else { "off" },
-        if opts.node_lifecycle { "on" } else { "off" },
+        if state.garbage_collector { "on" } else { "off" },
+        if state.node_lifecycle { "on" } else { "off" },
     );
     eprintln!(
         "testenv: logs, certs and audit log in {}",
@@ -241,7 +277,6 @@ fn up(args: &[String]) -> Result<(), String> {
     );
     eprintln!("testenv: stop it with: testenv down   (make testenv-down)");
     println!("export KUBECONFIG={}", state.plane.kubeconfig.display());
-    Ok(())
 }
 
 fn down() -> Result<(), String> {

@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use lock_janitor_testenv::kubelet;
 
-use crate::bench_support::*;
+use crate::bench::*;
 
 /// Concurrent writers when creating locks and killing holders.
 pub const WRITERS: usize = 32;
@@ -50,7 +50,7 @@ pub struct Made {
 pub async fn holder_and_lock(client: Client, ns: String, i: usize) -> Made {
     let holder = format!("operator-{i}");
     let pod = running(&client, &ns, &holder, &node_of(i), "operator").await;
-    let cm = crate::support::lock_for(&format!("{holder}-lock"), &pod, true);
+    let cm = crate::lock_for(&format!("{holder}-lock"), &pod, true);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let made = retry(&format!("creating lock {ns}/{holder}-lock"), || async {
         match cms.create(&PostParams::default(), &cm).await {
@@ -340,8 +340,8 @@ pub async fn floor_client(
     user: &str,
     role: &str,
 ) -> Client {
-    crate::support::bind_cluster_role(admin, user, role).await;
-    let kc = kube::config::Kubeconfig::read_from(crate::support::kubeconfig_as(cp, user))
+    crate::bind_cluster_role(admin, user, role).await;
+    let kc = kube::config::Kubeconfig::read_from(crate::kubeconfig_as(cp, user))
         .unwrap_or_else(|e| die(&e.to_string()));
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await

@@ -21,7 +21,13 @@ use lock_janitor_testenv::kubelet;
 pub const NODES: usize = 8;
 
 pub fn die(msg: &str) -> ! {
-    eprintln!("{}: {msg}", env!("CARGO_CRATE_NAME"));
+    // The example's name, as its binary is named (`bench_scale`).
+    let name = std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    eprintln!("{name}: {msg}");
     std::process::exit(2);
 }
 
@@ -244,8 +250,8 @@ pub async fn bench_plane(
         .await
         .unwrap_or_else(|e| die(&e.to_string()));
     let client = cp.client().await.unwrap_or_else(|e| die(&e.to_string()));
-    crate::support::grant_janitor(&client).await;
-    let kubeconfig = crate::support::kubeconfig_as(&cp, crate::support::JANITOR_USER);
+    crate::grant_janitor(&client).await;
+    let kubeconfig = crate::kubeconfig_as(&cp, crate::JANITOR_USER);
     for n in 0..NODES {
         let node = node_of(n);
         retry("creating a node", || kubelet::create_node(&client, &node)).await;

@@ -1,10 +1,10 @@
 //! The real node for `make test-node` and `make demo-node`: a control plane
 //! and a node (testenv/src/node.rs), the real operator-lib operator as a
-//! Deployment, the chart's janitor, a memory hog. Shared by tests/node.rs and
-//! examples/demo_node.rs (included with #[path]).
+//! Deployment, the chart's janitor, a memory hog. Shared by tests/node.rs,
+//! examples/demo_node.rs and examples/bench_node.rs.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,7 @@ pub struct RealNode {
 }
 
 fn manifests() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("testenv/node/manifests")
+    crate::repo_root().join("testenv/node/manifests")
 }
 
 /// The static musl janitor for the image: $LOCK_JANITOR_MUSL_BIN, else
@@ -41,8 +41,7 @@ pub fn musl_janitor() -> Option<PathBuf> {
     let p = std::env::var("LOCK_JANITOR_MUSL_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|_| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("target/x86_64-unknown-linux-musl/release/lock-janitor")
+            crate::repo_root().join("target/x86_64-unknown-linux-musl/release/lock-janitor")
         });
     p.exists().then_some(p)
 }
@@ -312,7 +311,7 @@ impl RealNode {
         sets: &[&str],
         test_values: bool,
     ) {
-        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/lock-janitor");
+        let chart = crate::repo_root().join("charts/lock-janitor");
         let mut args: Vec<String> = vec![
             verb.into(),
             release.into(),
@@ -441,9 +440,7 @@ pub fn janitor_host_bin() -> PathBuf {
     if let Ok(p) = std::env::var("LOCK_JANITOR_BIN") {
         return p.into();
     }
-    option_env!("CARGO_BIN_EXE_lock-janitor")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/lock-janitor"))
+    crate::cargo_bin_exe().unwrap_or_else(|| crate::repo_root().join("target/debug/lock-janitor"))
 }
 
 pub fn tail(text: &str, n: usize) -> String {

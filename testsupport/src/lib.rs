@@ -1,5 +1,15 @@
-//! Shared by the end-to-end tests and the demo: running the real janitor
-//! binary, staging locks the way operator-lib does, and waiting for outcomes.
+//! The test support, one crate (`lock-janitor-testsupport`, a
+//! dev-dependency of lock-janitor) shared by the end-to-end tests
+//! (`tests/e2e`, `tests/isolated`, `tests/node.rs`), the demos and the
+//! benchmarks (`examples/`), compiled once: running the real janitor
+//! binary, staging locks the way operator-lib does, and waiting for
+//! outcomes (here and in `chart`, `cli`, `lease`); the chaos suite's engine
+//! (`chaos_engine`); the real node (`real_node`); what the benchmarks share
+//! (`bench`, `lease_burst`, `reclaim`).
+//!
+//! It does not depend on lock-janitor's library: a change to `src/` does not
+//! rebuild it. Where a helper needs the library (`lease_burst`'s floor
+//! sends the janitor's own release), the caller passes it in.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -15,9 +25,14 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use lock_janitor_testenv::ControlPlane;
 
+pub mod bench;
+pub mod chaos_engine;
 pub mod chart;
 pub mod cli;
 pub mod lease;
+pub mod lease_burst;
+pub mod real_node;
+pub mod reclaim;
 
 pub const WATCH_LABEL: (&str, &str) = ("lock-janitor.io/watch", "true");
 /// The identity the janitor runs as in tests, so the audit log tells its
@@ -269,9 +284,30 @@ pub fn janitor_bin() -> PathBuf {
     if let Ok(p) = std::env::var("LOCK_JANITOR_BIN") {
         return p.into();
     }
-    option_env!("CARGO_BIN_EXE_lock-janitor")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target/debug/lock-janitor"))
+    cargo_bin_exe().unwrap_or_else(|| PathBuf::from("target/debug/lock-janitor"))
+}
+
+/// The repository's root (this crate is `testsupport/` in it).
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testsupport/ has a parent")
+}
+
+/// The janitor binary cargo built beside a test of lock-janitor, what
+/// `CARGO_BIN_EXE_lock-janitor` says to it: an integration test runs from
+/// `<target>/<profile>/deps/`, the binary is `<target>/<profile>/lock-janitor`.
+/// None in anything else (an example: `target/debug/lock-janitor` then).
+pub fn cargo_bin_exe() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let deps = exe.parent()?;
+    if deps.file_name()? != "deps" {
+        return None;
+    }
+    Some(
+        deps.parent()?
+            .join(format!("lock-janitor{}", std::env::consts::EXE_SUFFIX)),
+    )
 }
 
 /// The real `lock-janitor run`, as a child process. Killed on drop.

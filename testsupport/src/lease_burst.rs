@@ -25,7 +25,7 @@ use kube::{Api, Client, ResourceExt};
 use lock_janitor_testenv::audit::AuditEvent;
 use lock_janitor_testenv::kubelet;
 
-use crate::bench_support::*;
+use crate::bench::*;
 
 /// client-go's retry period with controller-runtime's defaults: a leader
 /// renews this often.
@@ -72,10 +72,7 @@ pub async fn holders(
                     BENCH_LABEL.1.to_string(),
                 )]);
                 if watched {
-                    labels.insert(
-                        crate::support::WATCH_LABEL.0.into(),
-                        crate::support::WATCH_LABEL.1.into(),
-                    );
+                    labels.insert(crate::WATCH_LABEL.0.into(), crate::WATCH_LABEL.1.into());
                 }
                 let now = MicroTime(Timestamp::now());
                 let lease = Lease {
@@ -326,7 +323,12 @@ pub fn watch_releases(
 /// The floor: sends each release at the moment the rule allows it, the
 /// same guarded update as the janitor's (the Lease as last renewed, so a
 /// changed Lease answers 409), one at a time in the order of those moments.
-pub async fn bare_releases(client: &Client, allowed: &HashMap<String, Allowed>) -> usize {
+/// `released` is the janitor's own release (`lock_janitor::lock::lease::released`).
+pub async fn bare_releases(
+    client: &Client,
+    allowed: &HashMap<String, Allowed>,
+    released: impl Fn(Lease, Timestamp) -> Lease,
+) -> usize {
     let mut order: Vec<(&String, &Allowed)> = allowed.iter().collect();
     order.sort_by_key(|(_, a)| a.at);
     let mut refused = 0;
@@ -336,7 +338,7 @@ pub async fn bare_releases(client: &Client, allowed: &HashMap<String, Allowed>) 
         }
         let (ns, name) = key.split_once('/').unwrap_or_default();
         let api: Api<Lease> = Api::namespaced(client.clone(), ns);
-        let released = lock_janitor::lock::lease::released(a.lease.clone(), Timestamp::now());
+        let released = released(a.lease.clone(), Timestamp::now());
         if let Err(e) = api.replace(name, &PostParams::default(), &released).await {
             eprintln!("bare release of {key}: {e}");
             refused += 1;

@@ -21,8 +21,8 @@ use lock_janitor_testenv::audit::{self, AuditEvent};
 use lock_janitor_testenv::{kubelet, ControlPlane, Options, ADMIN_USER};
 use serde_json::{json, Value};
 
-use crate::support::chart::{apply_rbac, kind_of, render, sa_kubeconfig, sa_user};
-use crate::support::*;
+use crate::chart::{apply_rbac, kind_of, render, sa_kubeconfig, sa_user};
+use crate::*;
 
 /// Every lock whose holder died is reclaimed this soon after the death,
 /// outside fault windows.
@@ -646,76 +646,10 @@ pub async fn run(cfg: Config) -> Report {
     let ns = lock_janitor_testenv::fresh_namespace(&client, "chaos-locks").await;
     let node = "chaos-node".to_string();
     kubelet::create_node(&client, &node).await.expect("node");
-    let docs = render(
-        "lock-janitor",
-        &rel,
-        &[
-            "--set".into(),
-            "replicas=2".into(),
-            "--set".into(),
-            "deletePod=true".into(),
-            "--set".into(),
-            "resync=10s".into(),
-            "--set".into(),
-            "ownerGoneGrace=5s".into(),
-            "--set".into(),
-            "logFormat=plain".into(),
-            // Its fates model an unlabeled lock (and one whose label is
-            // removed) as one the janitor must leave alone; with auto opt-in
-            // a lock without the key is labeled and protected instead
-            // (tests/e2e/auto_opt_in.rs covers that).
-            "--set".into(),
-            "autoOptIn.enabled=false".into(),
-        ],
-    );
-    apply_rbac(&client, &docs).await;
-    let deployment = docs
-        .iter()
-        .find(|d| kind_of(d) == "Deployment")
-        .expect("a Deployment");
-    let pod_spec = &deployment["spec"]["template"]["spec"];
-    let sa = pod_spec["serviceAccountName"]
-        .as_str()
-        .expect("serviceAccountName");
-    let args: Vec<String> = pod_spec["containers"][0]["args"]
-        .as_array()
-        .expect("args")
-        .iter()
-        .filter_map(Value::as_str)
-        .filter(|a| !a.starts_with("--metrics-bind-address"))
-        .map(str::to_owned)
-        .collect();
-    let kubeconfig = sa_kubeconfig(&cp, &rel, sa);
-    let user = sa_user(&rel, sa);
+    let (kubeconfig, user, args) = chart_janitor(&cp, &client, &rel).await;
 
     // The holders and their locks.
-    let recovery_locks = plan
-        .faults
-        .iter()
-        .filter(|f| f.1 == Fault::RestartApiserver)
-        .count();
-    let all: Vec<(usize, Fate)> = plan
-        .fates
-        .iter()
-        .copied()
-        .enumerate()
-        .chain((0..recovery_locks).map(|k| (RECOVERY_BASE + k, Fate::Evicted)))
-        .collect();
-    futures::future::join_all(all.iter().map(|&(i, fate)| {
-        let (client, ns, node) = (client.clone(), ns.clone(), node.clone());
-        async move {
-            let pod = if fate == Fate::StaysPending {
-                kubelet::create_pod(&client, &ns, &pod_name(i), &node, &[])
-                    .await
-                    .expect("pending pod")
-            } else {
-                running_pod(&client, &ns, &pod_name(i), &node).await
-            };
-            let labeled = fate != Fate::UnlabeledDead;
-            create_lock(&client, &lock_for(&lock_name(i), &pod, labeled)).await;
-        }
-    }))
-    .await;
+    let all = stage_locks(&client, &ns, &node, &plan).await;
 
     let run = Arc::new(Run {
         cp,
@@ -742,6 +676,118 @@ pub async fn run(cfg: Config) -> Report {
 
     // The fates and the faults, at once.
     let start = Instant::now();
+    play(&run, &plan, start, cfg.seed).await;
+
+    let carried_within = settle(&run, &plan).await;
+    two_more_sweeps(&run).await;
+    let mut report = judge(&run, &plan, &all).await;
+    report.label_carry_over_wait = carried_within;
+    report.seed = cfg.seed;
+    report.recoveries = run.recoveries.lock().unwrap().clone();
+    report.faults = run
+        .windows
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|w| (w.what.clone(), secs(w.to.duration_since(w.from))))
+        .collect();
+    let elapsed = start.elapsed();
+    run.janitors.lock().unwrap().clear();
+    if !report.ok() {
+        report.kept = Some(keep(&run, &cfg.keep));
+    }
+    eprintln!("chaos: fates and faults took {elapsed:?}");
+    report
+}
+
+/// The chart's RBAC applied in `rel`; the kubeconfig and user of its
+/// ServiceAccount and the Deployment's janitor flags (but the metrics
+/// address), as two janitors run them.
+async fn chart_janitor(
+    cp: &ControlPlane,
+    client: &Client,
+    rel: &str,
+) -> (PathBuf, String, Vec<String>) {
+    let docs = render(
+        "lock-janitor",
+        rel,
+        &[
+            "--set".into(),
+            "replicas=2".into(),
+            "--set".into(),
+            "deletePod=true".into(),
+            "--set".into(),
+            "resync=10s".into(),
+            "--set".into(),
+            "ownerGoneGrace=5s".into(),
+            "--set".into(),
+            "logFormat=plain".into(),
+            // Its fates model an unlabeled lock (and one whose label is
+            // removed) as one the janitor must leave alone; with auto opt-in
+            // a lock without the key is labeled and protected instead
+            // (tests/e2e/auto_opt_in.rs covers that).
+            "--set".into(),
+            "autoOptIn.enabled=false".into(),
+        ],
+    );
+    apply_rbac(client, &docs).await;
+    let deployment = docs
+        .iter()
+        .find(|d| kind_of(d) == "Deployment")
+        .expect("a Deployment");
+    let pod_spec = &deployment["spec"]["template"]["spec"];
+    let sa = pod_spec["serviceAccountName"]
+        .as_str()
+        .expect("serviceAccountName");
+    let args: Vec<String> = pod_spec["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|a| !a.starts_with("--metrics-bind-address"))
+        .map(str::to_owned)
+        .collect();
+    let kubeconfig = sa_kubeconfig(cp, rel, sa);
+    let user = sa_user(rel, sa);
+    (kubeconfig, user, args)
+}
+
+/// Every fate's holder and lock, and one lock for each API server restart
+/// (its recovery is timed on it): (index, fate).
+async fn stage_locks(client: &Client, ns: &str, node: &str, plan: &Plan) -> Vec<(usize, Fate)> {
+    let recovery_locks = plan
+        .faults
+        .iter()
+        .filter(|f| f.1 == Fault::RestartApiserver)
+        .count();
+    let all: Vec<(usize, Fate)> = plan
+        .fates
+        .iter()
+        .copied()
+        .enumerate()
+        .chain((0..recovery_locks).map(|k| (RECOVERY_BASE + k, Fate::Evicted)))
+        .collect();
+    futures::future::join_all(all.iter().map(|&(i, fate)| {
+        let (client, ns, node) = (client.clone(), ns.to_owned(), node.to_owned());
+        async move {
+            let pod = if fate == Fate::StaysPending {
+                kubelet::create_pod(&client, &ns, &pod_name(i), &node, &[])
+                    .await
+                    .expect("pending pod")
+            } else {
+                running_pod(&client, &ns, &pod_name(i), &node).await
+            };
+            let labeled = fate != Fate::UnlabeledDead;
+            create_lock(&client, &lock_for(&lock_name(i), &pod, labeled)).await;
+        }
+    }))
+    .await;
+    all
+}
+
+/// Each fate at its moment and each fault at its, side by side, from
+/// `start`.
+async fn play(run: &Arc<Run>, plan: &Plan, start: Instant, seed: u64) {
     let fates = futures::future::join_all(plan.fates.iter().enumerate().map(|(i, &fate)| {
         let (run, at, race) = (run.clone(), plan.at[i], plan.race[i]);
         tokio::spawn(async move {
@@ -750,7 +796,7 @@ pub async fn run(cfg: Config) -> Report {
         })
     }));
     let faults = {
-        let (run, faults, seed) = (run.clone(), plan.faults.clone(), cfg.seed);
+        let (run, faults) = (run.clone(), plan.faults.clone());
         tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(seed ^ 0xfa017);
             for (at, fault, length) in faults {
@@ -763,7 +809,12 @@ pub async fn run(cfg: Config) -> Report {
         r.expect("a fate panicked");
     }
     faults.await.expect("a fault panicked");
+}
 
+/// Settle: what must be reclaimed is (within 120 s), and the label is
+/// carried over to each heir's lock (within 180 s); returns the seconds
+/// the carry-over took.
+async fn settle(run: &Run, plan: &Plan) -> f64 {
     // Settle: what must be reclaimed is, then two more sweeps of each
     // janitor look for anything else to (wrongly) delete.
     let cms: Api<ConfigMap> = run.api();
@@ -810,45 +861,28 @@ pub async fn run(cfg: Config) -> Report {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
-    let carried_within = carry.elapsed().as_secs_f64();
-    {
-        // Two more sweeps by whoever sweeps: the leader (a standby sweeps
-        // once it leads), or every janitor without an election.
-        let js = std::mem::take(&mut *run.janitors.lock().unwrap());
-        let leaders = wait_for("a janitor leads", Duration::from_secs(60), || async {
-            let mut leaders = Vec::new();
-            for j in &js {
-                let m = j.metrics().await;
-                if sample(&m, "lock_janitor_leader", &[]) == Some(1.0) {
-                    leaders.push(j);
-                }
+    carry.elapsed().as_secs_f64()
+}
+
+/// Two more sweeps by whoever sweeps: the leader (a standby sweeps once it
+/// leads), or every janitor without an election.
+async fn two_more_sweeps(run: &Run) {
+    let js = std::mem::take(&mut *run.janitors.lock().unwrap());
+    let leaders = wait_for("a janitor leads", Duration::from_secs(60), || async {
+        let mut leaders = Vec::new();
+        for j in &js {
+            let m = j.metrics().await;
+            if sample(&m, "lock_janitor_leader", &[]) == Some(1.0) {
+                leaders.push(j);
             }
-            (!leaders.is_empty()).then_some(leaders)
-        })
-        .await;
-        for j in leaders {
-            j.wait_sweeps(2).await;
         }
-        *run.janitors.lock().unwrap() = js;
+        (!leaders.is_empty()).then_some(leaders)
+    })
+    .await;
+    for j in leaders {
+        j.wait_sweeps(2).await;
     }
-    let mut report = judge(&run, &plan, &all).await;
-    report.label_carry_over_wait = carried_within;
-    report.seed = cfg.seed;
-    report.recoveries = run.recoveries.lock().unwrap().clone();
-    report.faults = run
-        .windows
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|w| (w.what.clone(), secs(w.to.duration_since(w.from))))
-        .collect();
-    let elapsed = start.elapsed();
-    run.janitors.lock().unwrap().clear();
-    if !report.ok() {
-        report.kept = Some(keep(&run, &cfg.keep));
-    }
-    eprintln!("chaos: fates and faults took {elapsed:?}");
-    report
+    *run.janitors.lock().unwrap() = js;
 }
 
 /// Checks every janitor DELETE in the audit log against what the suite
@@ -857,6 +891,35 @@ async fn judge(run: &Run, plan: &Plan, all: &[(usize, Fate)]) -> Report {
     // Which locks that must be reclaimed are gone, asked before the audit
     // log is read: a lock deleted after the read would otherwise look gone
     // with no DELETE.
+    let gone = gone_locks(run, all).await;
+    let events = audit::read(run.cp.audit_log_path());
+    let a = Audit {
+        events: &events,
+        ns: run.ns.as_str(),
+    };
+    let mut report = Report {
+        locks: plan.fates.len(),
+        ..Default::default()
+    };
+    for f in &plan.fates {
+        *report.fates.entry(format!("{f:?}")).or_default() += 1;
+    }
+    let windows = run.windows.lock().unwrap().clone();
+    // When each holder's death was written (the last status write of a
+    // dying holder; the first set it Running), or its pod deleted for good.
+    let died = a.deaths(all);
+    let reclaimed = a.janitor_deletes(&run.user, all, &died, &mut report);
+    // Every lock the janitor must reclaim was, within the bound outside
+    // faults (a fault in the way extends it by the fault's length).
+    a.reclaims(all, &died, &reclaimed, &windows, &gone, &mut report);
+    // The heirs' locks live on (their holders run), the heir of a
+    // reclaimed lock carries the opt-in label again.
+    heirs_hold(run, all, &mut report).await;
+    report
+}
+
+/// The locks that must be reclaimed and are gone now.
+async fn gone_locks(run: &Run, all: &[(usize, Fate)]) -> BTreeSet<usize> {
     let mut gone = BTreeSet::new();
     for &(i, fate) in all {
         if fate.must_be_reclaimed()
@@ -869,216 +932,259 @@ async fn judge(run: &Run, plan: &Plan, all: &[(usize, Fate)]) -> Report {
             gone.insert(i);
         }
     }
-    let events = audit::read(run.cp.audit_log_path());
-    let ns = run.ns.as_str();
-    let mine = |e: &&AuditEvent, user: &str, verb: &str, resource: &str, sub: Option<&str>| {
+    gone
+}
+
+/// The audit log of a run, in the run's namespace.
+struct Audit<'a> {
+    events: &'a [AuditEvent],
+    ns: &'a str,
+}
+
+impl Audit<'_> {
+    /// `user`'s `verb` on `resource` (and subresource) in the namespace.
+    fn mine(
+        &self,
+        e: &AuditEvent,
+        user: &str,
+        verb: &str,
+        resource: &str,
+        sub: Option<&str>,
+    ) -> bool {
         e.effective_user() == user
             && e.verb == verb
-            && e.namespace.as_deref() == Some(ns)
+            && e.namespace.as_deref() == Some(self.ns)
             && e.resource.as_deref() == Some(resource)
             && e.subresource.as_deref() == sub
-    };
-    let mut report = Report {
-        locks: plan.fates.len(),
-        ..Default::default()
-    };
-    for f in &plan.fates {
-        *report.fates.entry(format!("{f:?}")).or_default() += 1;
     }
-    let windows = run.windows.lock().unwrap().clone();
-    let by_name: BTreeMap<String, (usize, Fate)> =
-        all.iter().map(|&(i, f)| (lock_name(i), (i, f))).collect();
-    let pods_by_name: BTreeMap<String, (usize, Fate)> =
-        all.iter().map(|&(i, f)| (pod_name(i), (i, f))).collect();
 
-    // When each holder's death was written (the last status write of a
-    // dying holder; the first set it Running), or its pod deleted for good.
-    let mut died: BTreeMap<usize, Timestamp> = BTreeMap::new();
-    for &(i, fate) in all {
-        let name = pod_name(i);
-        let at = if matches!(fate, Fate::DeletedForGood | Fate::RecreatedSameName) {
-            events
-                .iter()
-                .filter(|e| mine(e, ADMIN_USER, "delete", "pods", None))
-                .filter(|e| e.name.as_deref() == Some(&name) && e.code == Some(200))
-                .map(ts)
-                .next()
-        } else if fate.death().is_some() {
-            events
-                .iter()
-                .filter(|e| mine(e, ADMIN_USER, "patch", "pods", Some("status")))
-                .filter(|e| e.name.as_deref() == Some(&name) && e.code == Some(200))
-                .map(ts)
-                .next_back()
-        } else {
-            None
-        };
-        if let Some(at) = at {
-            died.insert(i, at);
+    /// When each holder's death was written (the last status write of a
+    /// dying holder; the first set it Running), or its pod deleted for good.
+    fn deaths(&self, all: &[(usize, Fate)]) -> BTreeMap<usize, Timestamp> {
+        let events = self.events;
+        let mut died: BTreeMap<usize, Timestamp> = BTreeMap::new();
+        for &(i, fate) in all {
+            let name = pod_name(i);
+            let at = if matches!(fate, Fate::DeletedForGood | Fate::RecreatedSameName) {
+                events
+                    .iter()
+                    .filter(|e| self.mine(e, ADMIN_USER, "delete", "pods", None))
+                    .filter(|e| e.name.as_deref() == Some(&name) && e.code == Some(200))
+                    .map(ts)
+                    .next()
+            } else if fate.death().is_some() {
+                events
+                    .iter()
+                    .filter(|e| self.mine(e, ADMIN_USER, "patch", "pods", Some("status")))
+                    .filter(|e| e.name.as_deref() == Some(&name) && e.code == Some(200))
+                    .map(ts)
+                    .next_back()
+            } else {
+                None
+            };
+            if let Some(at) = at {
+                died.insert(i, at);
+            }
         }
+        died
     }
-    // When an heir created the lock again; whether the label removal won.
-    let heir_at = |name: &str| {
-        events
+
+    /// When an heir created the lock again.
+    fn heir_at(&self, name: &str) -> Option<Timestamp> {
+        self.events
             .iter()
-            .filter(|e| mine(e, ADMIN_USER, "create", "configmaps", None))
+            .filter(|e| self.mine(e, ADMIN_USER, "create", "configmaps", None))
             .filter(|e| e.name.as_deref() == Some(name) && e.code == Some(201))
             .map(ts)
             .nth(1)
-    };
-    let unlabeled = |name: &str| {
-        events
-            .iter()
-            .filter(|e| mine(e, ADMIN_USER, "patch", "configmaps", None))
-            .any(|e| e.name.as_deref() == Some(name) && e.code == Some(200))
-    };
-
-    let mut reclaimed: BTreeMap<usize, Timestamp> = BTreeMap::new();
-    for d in events
-        .iter()
-        .filter(|e| e.effective_user() == run.user && e.verb == "delete")
-    {
-        let name = d.name.clone().unwrap_or_default();
-        let what = format!(
-            "{} {}/{name}",
-            d.resource.as_deref().unwrap_or("?"),
-            d.namespace.as_deref().unwrap_or("-")
-        );
-        match d.code {
-            Some(200) => {}
-            Some(409) => {
-                report.conflicts += 1;
-                continue;
-            }
-            Some(404) => {
-                report.not_found += 1;
-                continue;
-            }
-            _ => continue,
-        }
-        let at = ts(d);
-        match d.resource.as_deref() {
-            Some("configmaps") => {
-                let Some(&(i, fate)) = by_name.get(&name) else {
-                    report
-                        .wrong_deletes
-                        .push(format!("{what}: not a lock of this run, at {at}"));
-                    continue;
-                };
-                if !fate.may_be_deleted() {
-                    report.wrong_deletes.push(format!(
-                        "{what} ({fate:?}): its holder may run, deleted at {at}"
-                    ));
-                } else if died.get(&i).is_none_or(|&t| at <= t) {
-                    report.wrong_deletes.push(format!(
-                        "{what} ({fate:?}): deleted at {at}, before its holder's death ({:?})",
-                        died.get(&i)
-                    ));
-                } else if heir_at(&name).is_some_and(|h| at > h) {
-                    report.wrong_deletes.push(format!(
-                        "{what} ({fate:?}): the heir's lock deleted at {at}"
-                    ));
-                } else if fate == Fate::LabelRemovedRace && unlabeled(&name) {
-                    report.wrong_deletes.push(format!(
-                        "{what}: deleted at {at} although its opt-in label was removed"
-                    ));
-                } else {
-                    reclaimed.entry(i).or_insert(at);
-                }
-            }
-            Some("pods") => {
-                let Some(&(i, fate)) = pods_by_name.get(&name) else {
-                    report
-                        .wrong_deletes
-                        .push(format!("{what}: not a dead holder, at {at}"));
-                    continue;
-                };
-                let dead_before = fate.death().is_some() && died.get(&i).is_some_and(|&t| at > t);
-                if !dead_before {
-                    report.wrong_deletes.push(format!(
-                        "{what} ({fate:?}): a pod deleted at {at} that was not terminal"
-                    ));
-                }
-            }
-            _ => report
-                .wrong_deletes
-                .push(format!("{what}: deleted at {at}")),
-        }
     }
 
-    // Every lock the janitor must reclaim was, within the bound outside
-    // faults (a fault in the way extends it by the fault's length).
-    for &(i, fate) in all {
-        if !fate.must_be_reclaimed() {
-            continue;
-        }
-        let Some(&death) = died.get(&i) else {
-            report.missed.push(format!(
-                "{}: its death is not in the audit log",
-                lock_name(i)
-            ));
-            continue;
-        };
-        // A fault in the way extends the bound by its length.
-        let mut allowed = SignedDuration::try_from(RECLAIM_WITHIN).unwrap();
-        for w in &windows {
-            if w.to > death && w.from < death + allowed {
-                allowed += w.to.duration_since(w.from.max(death));
+    /// Whether the label removal won.
+    fn unlabeled(&self, name: &str) -> bool {
+        self.events
+            .iter()
+            .filter(|e| self.mine(e, ADMIN_USER, "patch", "configmaps", None))
+            .any(|e| e.name.as_deref() == Some(name) && e.code == Some(200))
+    }
+
+    /// The janitors' DELETEs: each freed what it may have (a lock after its
+    /// holder's death and before an heir's lock; a terminal holder pod), or
+    /// it is a wrong delete. Returns when each lock was first reclaimed.
+    fn janitor_deletes(
+        &self,
+        user: &str,
+        all: &[(usize, Fate)],
+        died: &BTreeMap<usize, Timestamp>,
+        report: &mut Report,
+    ) -> BTreeMap<usize, Timestamp> {
+        let by_name: BTreeMap<String, (usize, Fate)> =
+            all.iter().map(|&(i, f)| (lock_name(i), (i, f))).collect();
+        let pods_by_name: BTreeMap<String, (usize, Fate)> =
+            all.iter().map(|&(i, f)| (pod_name(i), (i, f))).collect();
+        let mut reclaimed: BTreeMap<usize, Timestamp> = BTreeMap::new();
+        for d in self
+            .events
+            .iter()
+            .filter(|e| e.effective_user() == user && e.verb == "delete")
+        {
+            let name = d.name.clone().unwrap_or_default();
+            let what = format!(
+                "{} {}/{name}",
+                d.resource.as_deref().unwrap_or("?"),
+                d.namespace.as_deref().unwrap_or("-")
+            );
+            match d.code {
+                Some(200) => {}
+                Some(409) => {
+                    report.conflicts += 1;
+                    continue;
+                }
+                Some(404) => {
+                    report.not_found += 1;
+                    continue;
+                }
+                _ => continue,
+            }
+            let at = ts(d);
+            match d.resource.as_deref() {
+                Some("configmaps") => {
+                    let Some(&(i, fate)) = by_name.get(&name) else {
+                        report
+                            .wrong_deletes
+                            .push(format!("{what}: not a lock of this run, at {at}"));
+                        continue;
+                    };
+                    if !fate.may_be_deleted() {
+                        report.wrong_deletes.push(format!(
+                            "{what} ({fate:?}): its holder may run, deleted at {at}"
+                        ));
+                    } else if died.get(&i).is_none_or(|&t| at <= t) {
+                        report.wrong_deletes.push(format!(
+                            "{what} ({fate:?}): deleted at {at}, before its holder's death ({:?})",
+                            died.get(&i)
+                        ));
+                    } else if self.heir_at(&name).is_some_and(|h| at > h) {
+                        report.wrong_deletes.push(format!(
+                            "{what} ({fate:?}): the heir's lock deleted at {at}"
+                        ));
+                    } else if fate == Fate::LabelRemovedRace && self.unlabeled(&name) {
+                        report.wrong_deletes.push(format!(
+                            "{what}: deleted at {at} although its opt-in label was removed"
+                        ));
+                    } else {
+                        reclaimed.entry(i).or_insert(at);
+                    }
+                }
+                Some("pods") => {
+                    let Some(&(i, fate)) = pods_by_name.get(&name) else {
+                        report
+                            .wrong_deletes
+                            .push(format!("{what}: not a dead holder, at {at}"));
+                        continue;
+                    };
+                    let dead_before =
+                        fate.death().is_some() && died.get(&i).is_some_and(|&t| at > t);
+                    if !dead_before {
+                        report.wrong_deletes.push(format!(
+                            "{what} ({fate:?}): a pod deleted at {at} that was not terminal"
+                        ));
+                    }
+                }
+                _ => report
+                    .wrong_deletes
+                    .push(format!("{what}: deleted at {at}")),
             }
         }
-        // An API server killed between carrying out a DELETE and writing
-        // its audit record leaves a lock gone with no record: accepted
-        // only when such a restart fell within the bound and none after
-        // it, no DELETE of the lock by anyone is in the audit log, and the
-        // lock is gone (or its heir made it again: the heir's create is
-        // audited, and only the janitor deletes these locks while their
-        // pods stay).
-        let restart = |w: &&Window| w.what == API_SERVER_RESTART;
-        let lost_within = windows
-            .iter()
-            .filter(restart)
-            .any(|w| w.to > death && w.from < death + allowed)
-            && !windows
+        reclaimed
+    }
+
+    /// Every lock the janitor must reclaim was, within the bound outside
+    /// faults (a fault in the way extends it by the fault's length); the
+    /// latencies outside faults.
+    fn reclaims(
+        &self,
+        all: &[(usize, Fate)],
+        died: &BTreeMap<usize, Timestamp>,
+        reclaimed: &BTreeMap<usize, Timestamp>,
+        windows: &[Window],
+        gone: &BTreeSet<usize>,
+        report: &mut Report,
+    ) {
+        for &(i, fate) in all {
+            if !fate.must_be_reclaimed() {
+                continue;
+            }
+            let Some(&death) = died.get(&i) else {
+                report.missed.push(format!(
+                    "{}: its death is not in the audit log",
+                    lock_name(i)
+                ));
+                continue;
+            };
+            // A fault in the way extends the bound by its length.
+            let mut allowed = SignedDuration::try_from(RECLAIM_WITHIN).unwrap();
+            for w in windows {
+                if w.to > death && w.from < death + allowed {
+                    allowed += w.to.duration_since(w.from.max(death));
+                }
+            }
+            // An API server killed between carrying out a DELETE and writing
+            // its audit record leaves a lock gone with no record: accepted
+            // only when such a restart fell within the bound and none after
+            // it, no DELETE of the lock by anyone is in the audit log, and the
+            // lock is gone (or its heir made it again: the heir's create is
+            // audited, and only the janitor deletes these locks while their
+            // pods stay).
+            let restart = |w: &&Window| w.what == API_SERVER_RESTART;
+            let lost_within = windows
                 .iter()
                 .filter(restart)
-                .any(|w| w.from >= death + allowed);
-        let name = lock_name(i);
-        let no_delete = !events.iter().any(|e| {
-            e.verb == "delete"
-                && e.namespace.as_deref() == Some(ns)
-                && e.resource.as_deref() == Some("configmaps")
-                && e.name.as_deref() == Some(name.as_str())
-        });
-        let went = gone.contains(&i) || heir_at(&name).is_some();
-        match reclaimed.get(&i) {
-            None if lost_within && no_delete && went => report.unaudited.push(format!(
-                "{} ({fate:?}): gone with no DELETE in the audit log (died {death})",
-                lock_name(i)
-            )),
-            None => report.missed.push(format!(
-                "{} ({fate:?}): never reclaimed (died {death})",
-                lock_name(i)
-            )),
-            Some(&at) => {
-                let took = at.duration_since(death);
-                if took > allowed {
-                    report.missed.push(format!(
-                        "{} ({fate:?}): reclaimed {:.1}s after the death, allowed {:.1}s",
-                        lock_name(i),
-                        secs(took),
-                        secs(allowed)
-                    ));
-                }
-                // Outside faults: no fault window between death and reclaim.
-                let faulted = windows.iter().any(|w| w.to > death && w.from < at);
-                if !faulted && i < RECOVERY_BASE {
-                    report.latencies.push(secs(took));
+                .any(|w| w.to > death && w.from < death + allowed)
+                && !windows
+                    .iter()
+                    .filter(restart)
+                    .any(|w| w.from >= death + allowed);
+            let name = lock_name(i);
+            let no_delete = !self.events.iter().any(|e| {
+                e.verb == "delete"
+                    && e.namespace.as_deref() == Some(self.ns)
+                    && e.resource.as_deref() == Some("configmaps")
+                    && e.name.as_deref() == Some(name.as_str())
+            });
+            let went = gone.contains(&i) || self.heir_at(&name).is_some();
+            match reclaimed.get(&i) {
+                None if lost_within && no_delete && went => report.unaudited.push(format!(
+                    "{} ({fate:?}): gone with no DELETE in the audit log (died {death})",
+                    lock_name(i)
+                )),
+                None => report.missed.push(format!(
+                    "{} ({fate:?}): never reclaimed (died {death})",
+                    lock_name(i)
+                )),
+                Some(&at) => {
+                    let took = at.duration_since(death);
+                    if took > allowed {
+                        report.missed.push(format!(
+                            "{} ({fate:?}): reclaimed {:.1}s after the death, allowed {:.1}s",
+                            lock_name(i),
+                            secs(took),
+                            secs(allowed)
+                        ));
+                    }
+                    // Outside faults: no fault window between death and reclaim.
+                    let faulted = windows.iter().any(|w| w.to > death && w.from < at);
+                    if !faulted && i < RECOVERY_BASE {
+                        report.latencies.push(secs(took));
+                    }
                 }
             }
         }
     }
-    // The heirs' locks live on (their holders run), the heir of a
-    // reclaimed lock carries the opt-in label again.
+}
+
+/// The heirs' locks live on (their holders run), the heir of a reclaimed
+/// lock carries the opt-in label again.
+async fn heirs_hold(run: &Run, all: &[(usize, Fate)], report: &mut Report) {
     let cms: Api<ConfigMap> = run.api();
     for &(i, fate) in all {
         if !matches!(fate, Fate::TakeoverRace | Fate::HeirWithoutLabel) {
@@ -1108,7 +1214,6 @@ async fn judge(run: &Run, plan: &Plan, all: &[(usize, Fate)]) -> Report {
             }
         }
     }
-    report
 }
 
 /// Copies the audit log and the janitors' logs out of the control plane's

@@ -2,7 +2,7 @@
 //! ServiceAccount and RBAC applied for real, and a kubeconfig that acts as
 //! that ServiceAccount (impersonation with the groups a token carries).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 pub fn chart_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/lock-janitor")
+    crate::repo_root().join("charts/lock-janitor")
 }
 
 pub fn helm() -> PathBuf {
