@@ -415,6 +415,25 @@ impl Observer {
             .await
     }
 
+    /// Judges a lock of a kind judged by renewals as read (`scan`), with
+    /// what was seen of its renewals; the pods its holder could name are
+    /// listed live unless given.
+    pub async fn judge_renewed(
+        &self,
+        key: LockKey,
+        o: Object<'_>,
+        pods: Option<&[Pod]>,
+        renewals: &Renewals,
+    ) -> Result<Judgement, Error> {
+        let lease = match o {
+            Object::Lease(l) => Some(l.clone()),
+            _ => None,
+        };
+        let record = kinds::of(o).record(o);
+        self.judge_record(key, o.meta().clone(), lease, record, pods, || *renewals)
+            .await
+    }
+
     /// A Lease held for life (`lock::lease::held_for_life`) is judged as a
     /// ConfigMap lock is, from its metadata: its owner by name and uid, read
     /// live unless given (`holder`), on the same clock.

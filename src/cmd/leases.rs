@@ -148,6 +148,25 @@ pub async fn judge_all(
     Ok(out)
 }
 
+/// A report row for a ConfigMap whose leader record names its holder (the
+/// identity's host), judged as a Lease is.
+pub fn record_row(c: &super::Candidate, j: &Judgement, now: Timestamp) -> Row {
+    let o = crate::kinds::Object::ConfigMapMeta(&c.meta);
+    let holder = crate::kinds::of(o).holder(o).map(|h| h.name);
+    Row {
+        holder_found: holder.as_ref().map(|_| j.holder.is_some()),
+        ..row(
+            "configmap",
+            &c.meta,
+            c.labeled,
+            holder,
+            j.holder.as_ref(),
+            &j.verdict,
+            now,
+        )
+    }
+}
+
 /// A report row for a Lease (the holder is the identity's host).
 pub fn lease_row(c: &LeaseCandidate, j: &Judgement, now: Timestamp) -> Row {
     let holder = lock::lease::parse(&c.lease).ok().and_then(|p| p.host);

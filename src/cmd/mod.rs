@@ -18,6 +18,7 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 
 use crate::cli::Scope;
+use crate::kinds;
 use crate::lock::{holds_data, looks_like_lock};
 use crate::{call, Error, Paged};
 
@@ -268,14 +269,17 @@ async fn keep_lock_shaped(cluster: &Cluster, listing: &mut Listing) -> Result<()
         // Gone since the list: nothing to report.
         let Some(cm) = cm else { continue };
         let holds_data = holds_data(&cm);
-        if !labeled && holds_data {
-            listing.skipped_with_data += 1;
+        let shaped = kinds::configmap_candidate(&cm).is_some();
+        if !labeled && !shaped {
+            if holds_data && looks_like_lock(&cm.metadata) {
+                listing.skipped_with_data += 1;
+            }
             continue;
         }
         let mut meta = cm.metadata;
         meta.managed_fields = None;
         // Re-read: it may have been labeled (or lost its owner) meanwhile.
-        if labeled || looks_like_lock(&meta) {
+        {
             listing.candidates.push(Candidate {
                 meta,
                 labeled,
@@ -312,11 +316,12 @@ async fn list_namespace(
             meta.managed_fields = None;
             let labeled = scope.selector.matches(meta.labels.as_ref());
             let left_out = || scope.leaves_out(meta.namespace.as_deref().unwrap_or_default());
-            if !labeled && looks_like_lock(&meta) && left_out() {
+            let shaped = kinds::candidate(kinds::Object::ConfigMapMeta(&meta)).is_some();
+            if !labeled && shaped && left_out() {
                 excluded += 1;
                 continue;
             }
-            if labeled || looks_like_lock(&meta) {
+            if labeled || shaped {
                 found.push(Candidate {
                     meta,
                     labeled,

@@ -50,8 +50,9 @@ use super::{
     Listing, CONCURRENCY,
 };
 use crate::cli::{Output, ScanArgs};
+use crate::kinds::{self, Judged, Object};
 use crate::lock::{self, Lock, LockKey, Unmanageable};
-use crate::observe::{LockAge, Observer, Purpose};
+use crate::observe::{Judgement, LockAge, Observer, Purpose};
 use crate::verdict::{LockState, Policy, Verdict};
 use crate::{call, Error};
 
@@ -125,7 +126,7 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
         },
     );
     let now = Timestamp::now();
-    let verdicts = judge_configmaps(&observer, &listing.candidates, &parsed, &holders)
+    let judged = judge_configmaps(&observer, &listing.candidates, &parsed, &holders)
         .await
         .map_err(|e| explain(e, cluster, needs))?;
 
@@ -133,10 +134,13 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
         .candidates
         .iter()
         .zip(&parsed)
-        .zip(&verdicts)
-        .map(|((c, p), v)| build_row(c, p, holder_found(&holders, p), v, now))
+        .zip(&judged)
+        .map(|((c, p), j)| match renewed(c) {
+            true => super::leases::record_row(c, j, now),
+            false => build_row(c, p, holder_found(&holders, p), &j.verdict, now),
+        })
         .collect();
-    let mut verdicts = verdicts;
+    let mut verdicts: Vec<Verdict> = judged.into_iter().map(|j| j.verdict).collect();
     // The Lease locks, judged the same way. A janitor installed for
     // ConfigMaps only may not list Leases: said, and left out.
     let lease_needs = "list on leases and list on pods";
@@ -157,15 +161,24 @@ pub(crate) async fn build_report(cluster: &Cluster, args: &ScanArgs) -> anyhow::
     })
 }
 
+/// Whether a ConfigMap candidate's kind judges it by renewals (a leader
+/// record), not by its owner.
+fn renewed(c: &Candidate) -> bool {
+    let o = Object::ConfigMapMeta(&c.meta);
+    kinds::of(o).judged() == Judged::ByRenewals
+}
+
 /// Judges each ConfigMap candidate with its holder as read, in order. The
 /// holders are read; only a lock whose holder is missing past the grace
-/// makes one more read (is its uid alive in another namespace?).
+/// makes one more read (is its uid alive in another namespace?). A leader
+/// record is judged as a Lease is: the pods its holder could name are
+/// listed, and a one-shot scan has seen none of its renewals.
 async fn judge_configmaps(
     observer: &Observer,
     candidates: &[Candidate],
     parsed: &[Result<Lock, Unmanageable>],
     holders: &Holders,
-) -> Result<Vec<Verdict>, Error> {
+) -> Result<Vec<Judgement>, Error> {
     futures::stream::iter(candidates.iter().zip(parsed))
         .map(|(c, p)| {
             let holder = match holder_found(holders, p) {
@@ -177,6 +190,11 @@ async fn judge_configmaps(
                 c.meta.name.clone().unwrap_or_default(),
             );
             async move {
+                if renewed(c) {
+                    let renewals = crate::verdict::Renewals::default();
+                    let o = Object::ConfigMapMeta(&c.meta);
+                    return observer.judge_renewed(key, o, None, &renewals).await;
+                }
                 observer
                     .judge(
                         key,
@@ -187,7 +205,6 @@ async fn judge_configmaps(
                         Purpose::Report,
                     )
                     .await
-                    .map(|j| j.verdict)
             }
         })
         .buffered(CONCURRENCY)
