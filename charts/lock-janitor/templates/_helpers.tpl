@@ -109,9 +109,11 @@ Rules shared by the ClusterRole and the per-namespace Roles: exactly what
 */}}
 {{- define "lock-janitor.rules" -}}
 # Watch the opted-in locks; delete the stale ones (with uid+resourceVersion
-# preconditions); after a takeover, patch the opt-in label onto the lock the
-# new leader created (operator-lib creates it without labels; the merge patch
-# carries the resourceVersion it read, so it never overwrites a change).
+# preconditions); release a stale leader record annotation (a merge patch of
+# that annotation carrying the resourceVersion judged); after a takeover,
+# patch the opt-in label onto the lock the new leader created (operator-lib
+# creates it without labels; the merge patch carries the resourceVersion it
+# read, so it never overwrites a change).
 {{- if has "configmap" .Values.lockKinds }}
 - apiGroups: [""]
   resources: ["configmaps"]
