@@ -308,22 +308,8 @@ async fn follow(
     why: Awaited,
     mut first: Option<Look>,
 ) {
-    let labels = [key.namespace.as_str(), key.name.as_str()];
-    let mut workload = match why {
-        Awaited::Freed(w) => Some(w),
-        Awaited::Gone => None,
-    };
-    // Born at 0 while awaited, so that increase() counts a first timeout;
-    // removed at the end unless one was counted.
-    let timeouts = workload.is_some().then(|| {
-        s.metrics
-            .awaiting_takeover
-            .with_label_values(&labels)
-            .set(1);
-        s.metrics.takeover_timeouts.with_label_values(&labels)
-    });
+    let mut f = Following::new(s, key, old, since, why);
     let started = Instant::now();
-    let (mut counted, mut said) = (false, false);
     let mut wait = FIRST_LOOK;
     let outcome = loop {
         if started.elapsed() >= FOLLOW_FOR {
@@ -331,77 +317,153 @@ async fn follow(
         }
         let look = match first.take() {
             Some(look) => Ok(look),
-            None => {
-                tokio::time::sleep(wait).await;
-                // Past the timeout (NoTakeover said), a follower looks only
-                // every few minutes: the young ones, whose takeover is due
-                // any second, must not queue behind it for the budget.
-                let longest = if seconds_since(since) >= s.timeout.as_secs_f64() {
-                    LONGEST_WAIT_LATE
-                } else {
-                    LONGEST_WAIT
-                };
-                wait = (wait * 2).min(longest);
-                s.limiter.until_ready().await;
-                look(&s, &key, &old).await
-            }
+            None => f.look_after(&mut wait).await,
         };
-        let (at, lock_ref, new, made) = match look {
+        match look {
             Ok(Look::Waiting) => {
-                // Still nobody. Is anyone meant to take it?
-                s.limiter.until_ready().await;
-                let wanted = workload::wanted(&s.client, &key.namespace, &old, workload.as_mut());
-                match wanted.await {
-                    workload::Wanted::Yes => {}
-                    workload::Wanted::NoNamespace(why) => {
-                        info!(namespace = %key.namespace, lock = %key.name, why,
-                              "no takeover awaited any more: the namespace is going");
-                        break why;
-                    }
-                    workload::Wanted::NoWorkload(why) if workload.is_some() => {
-                        workload = None;
-                        let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
-                        if timeouts.as_ref().is_some_and(|t| t.get() == 0) {
-                            let _ = s.metrics.takeover_timeouts.remove_label_values(&labels);
-                        }
-                        info!(namespace = %key.namespace, lock = %key.name, holder = %old.name, why,
-                              "no takeover awaited any more: nobody wants the operator to run");
-                    }
-                    workload::Wanted::NoWorkload(_) => {}
+                if let Some(why) = f.still_waiting().await {
+                    break why;
                 }
-                // Past the timeout, nobody took over.
-                if let Some(timeouts) = timeouts.as_ref().filter(|_| workload.is_some()) {
-                    if !said && seconds_since(since) >= s.timeout.as_secs_f64() {
-                        if !counted {
-                            counted = true;
-                            timeouts.inc();
-                        }
-                        // A standby writes no Event: it tries again at its
-                        // next look, and says it once it leads.
-                        said = no_takeover(&s, &key, &old, since).await;
-                    }
-                }
-                continue;
             }
             Ok(Look::Done(why)) => break why,
             Ok(Look::Taken(t)) => {
-                let t = *t;
-                (t.at, t.lock, t.holder, t.new)
+                if f.taken(*t).await {
+                    break "taken over";
+                }
             }
             Err(e) => {
-                debug!(namespace = %key.namespace, lock = %key.name, error = %e, "waiting for the takeover");
-                continue;
+                debug!(namespace = %f.key.namespace, lock = %f.key.name, error = %e, "waiting for the takeover");
             }
+        }
+    };
+    f.done(outcome);
+}
+
+/// One follower's state: the lock, the holder it was freed from and when,
+/// the workload that wants a new holder (none: nothing is awaited, only the
+/// label carried), and what it counted and said.
+struct Following {
+    s: Arc<Shared>,
+    key: LockKey,
+    old: Holder,
+    since: Timestamp,
+    workload: Option<Workload>,
+    /// Born at 0 while awaited, so that increase() counts a first timeout;
+    /// removed at the end unless one was counted.
+    timeouts: Option<prometheus::IntCounter>,
+    counted: bool,
+    said: bool,
+}
+
+impl Following {
+    fn new(s: Arc<Shared>, key: LockKey, old: Holder, since: Timestamp, why: Awaited) -> Self {
+        let workload = match why {
+            Awaited::Freed(w) => Some(w),
+            Awaited::Gone => None,
         };
+        let labels = [key.namespace.as_str(), key.name.as_str()];
+        let timeouts = workload.is_some().then(|| {
+            s.metrics
+                .awaiting_takeover
+                .with_label_values(&labels)
+                .set(1);
+            s.metrics.takeover_timeouts.with_label_values(&labels)
+        });
+        Following {
+            s,
+            key,
+            old,
+            since,
+            workload,
+            timeouts,
+            counted: false,
+            said: false,
+        }
+    }
+
+    fn labels(&self) -> [&str; 2] {
+        [self.key.namespace.as_str(), self.key.name.as_str()]
+    }
+
+    /// The next look, `wait` after the last (doubling).
+    async fn look_after(&self, wait: &mut Duration) -> Result<Look, crate::Error> {
+        tokio::time::sleep(*wait).await;
+        // Past the timeout (NoTakeover said), a follower looks only every
+        // few minutes: the young ones, whose takeover is due any second,
+        // must not queue behind it for the budget.
+        let longest = if seconds_since(self.since) >= self.s.timeout.as_secs_f64() {
+            LONGEST_WAIT_LATE
+        } else {
+            LONGEST_WAIT
+        };
+        *wait = (*wait * 2).min(longest);
+        self.s.limiter.until_ready().await;
+        look(&self.s, &self.key, &self.old).await
+    }
+
+    /// Still nobody. Is anyone meant to take it? The reason to stop
+    /// awaiting, if any; past the timeout, nobody took over (`NoTakeover`).
+    async fn still_waiting(&mut self) -> Option<&'static str> {
+        let (s, key, old) = (&self.s, &self.key, &self.old);
+        s.limiter.until_ready().await;
+        let wanted = workload::wanted(&s.client, &key.namespace, old, self.workload.as_mut());
+        match wanted.await {
+            workload::Wanted::Yes => {}
+            workload::Wanted::NoNamespace(why) => {
+                info!(namespace = %key.namespace, lock = %key.name, why,
+                      "no takeover awaited any more: the namespace is going");
+                return Some(why);
+            }
+            workload::Wanted::NoWorkload(why) if self.workload.is_some() => {
+                self.workload = None;
+                let labels = [key.namespace.as_str(), key.name.as_str()];
+                let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
+                if self.timeouts.as_ref().is_some_and(|t| t.get() == 0) {
+                    let _ = s.metrics.takeover_timeouts.remove_label_values(&labels);
+                }
+                info!(namespace = %key.namespace, lock = %key.name, holder = %old.name, why,
+                      "no takeover awaited any more: nobody wants the operator to run");
+            }
+            workload::Wanted::NoWorkload(_) => {}
+        }
+        let Some(timeouts) = self.timeouts.as_ref().filter(|_| self.workload.is_some()) else {
+            return None;
+        };
+        if !self.said && seconds_since(self.since) >= s.timeout.as_secs_f64() {
+            if !self.counted {
+                self.counted = true;
+                timeouts.inc();
+            }
+            // A standby writes no Event: it tries again at its next look,
+            // and says it once it leads.
+            self.said = no_takeover(s, key, old, self.since).await;
+        }
+        None
+    }
+
+    /// A new holder leads: measured, logged, the label carried over to a
+    /// lock made again, and said. False when the new lock was gone before
+    /// its label was written: the next holder is awaited.
+    async fn taken(&mut self, t: TakenBy) -> bool {
+        let (s, key, old) = (&self.s, &self.key, &self.old);
+        let TakenBy {
+            at,
+            lock: lock_ref,
+            holder: new,
+            new: made,
+        } = t;
         let after = at
             .map(|c| {
-                Duration::try_from(c.duration_since(since))
+                Duration::try_from(c.duration_since(self.since))
                     .unwrap_or_default()
                     .as_secs_f64()
             })
-            .unwrap_or_else(|| seconds_since(since));
+            .unwrap_or_else(|| seconds_since(self.since));
         s.metrics.takeover.observe(after);
-        let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
+        let _ = s
+            .metrics
+            .awaiting_takeover
+            .remove_label_values(&self.labels());
         info!(namespace = %key.namespace, lock = %key.name, kind = %key.kind, holder = %new.holder.name,
               after_seconds = after, "takeover: a new holder leads");
         // The words of the kind the lock was freed as: a lock made again
@@ -423,11 +485,11 @@ async fn follow(
         let gone = match made {
             Some(New::ConfigMap(cm)) => {
                 let cms: Api<ConfigMap> = Api::namespaced(s.client.clone(), &key.namespace);
-                carry::carry_label_over(&s, &cms, &key, cm, &new.holder.name).await
+                carry::carry_label_over(s, &cms, key, cm, &new.holder.name).await
             }
             Some(New::Lease(lease)) => {
                 let leases: Api<Lease> = Api::namespaced(s.client.clone(), &key.namespace);
-                carry::carry_label_over(&s, &leases, &key, lease, &new.holder.name).await
+                carry::carry_label_over(s, &leases, key, lease, &new.holder.name).await
             }
             None => false,
         };
@@ -437,13 +499,13 @@ async fn follow(
             // led): the next holder's lock is awaited, and labeled.
             info!(namespace = %key.namespace, lock = %key.name,
                   "the new lock was gone before its label was written; awaiting the next holder");
-            if workload.is_some() {
+            if self.workload.is_some() {
                 s.metrics
                     .awaiting_takeover
-                    .with_label_values(&labels)
+                    .with_label_values(&self.labels())
                     .set(1);
             }
-            continue;
+            return false;
         }
         // Said after the carry-over, which waits for the lead when it has a
         // label to carry: a replica that saw the takeover while the lead
@@ -453,13 +515,26 @@ async fn follow(
         s.events
             .publish(&lock_ref, Some(events::holder_ref(&new)), say)
             .await;
-        break "taken over";
-    };
-    let _ = s.metrics.awaiting_takeover.remove_label_values(&labels);
-    if timeouts.is_some_and(|t| t.get() == 0) {
-        let _ = s.metrics.takeover_timeouts.remove_label_values(&labels);
+        true
     }
-    debug!(namespace = %key.namespace, lock = %key.name, outcome, "no longer awaiting a takeover");
+
+    /// The follower ends: its series go, unless a timeout was counted.
+    fn done(&self, outcome: &str) {
+        let labels = self.labels();
+        let _ = self
+            .s
+            .metrics
+            .awaiting_takeover
+            .remove_label_values(&labels);
+        if self.timeouts.as_ref().is_some_and(|t| t.get() == 0) {
+            let _ = self
+                .s
+                .metrics
+                .takeover_timeouts
+                .remove_label_values(&labels);
+        }
+        debug!(namespace = %self.key.namespace, lock = %self.key.name, outcome, "no longer awaiting a takeover");
+    }
 }
 
 /// Nobody created the lock again within the timeout: the waiting replica
