@@ -426,9 +426,7 @@ impl Following {
             }
             workload::Wanted::NoWorkload(_) => {}
         }
-        let Some(timeouts) = self.timeouts.as_ref().filter(|_| self.workload.is_some()) else {
-            return None;
-        };
+        let timeouts = self.timeouts.as_ref().filter(|_| self.workload.is_some())?;
         if !self.said && seconds_since(self.since) >= s.timeout.as_secs_f64() {
             if !self.counted {
                 self.counted = true;
