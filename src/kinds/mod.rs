@@ -248,6 +248,41 @@ fn owner(o: Object<'_>) -> Option<Holder> {
     crate::lock::parse(o.meta()).ok().map(|l| l.holder)
 }
 
+/// The freeing write of a lock held for life: a DELETE of the object judged,
+/// with its uid and resourceVersion as preconditions (`what` names it in
+/// the action: "lock", "lease").
+pub async fn delete<K>(client: &Client, t: Target<'_>, what: &str) -> Result<Answer, Error>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: kube::Api<K> = kube::Api::namespaced(client.clone(), t.namespace());
+    let action = format!("deleting {what} {}/{}", t.namespace(), t.name());
+    crate::call(action, api.delete(t.name(), &guarded_delete(&t)))
+        .await
+        .map(|answer| deleted(answer.left().map(|o| o.meta().clone())))
+}
+
+/// What a look finds at a renewed record released in place (`lock`, as
+/// read, taken at `at` when it says): nobody yet, the freed holder again
+/// (its pod name, or the hostname it was matched by: not a new holder), or
+/// a new holder, whose lock keeps its label (nothing to carry).
+pub fn looked_in_place(lock: LeaseLock, old: &Holder, at: Option<Timestamp>) -> Took {
+    match lock.host.as_deref() {
+        None => Took::Waiting,
+        Some(h) if h == old.name || crate::lock::lease::host_of_name(&old.name) == h => {
+            Took::Done("held again under the same identity")
+        }
+        Some(_) => Took::Taken(Box::new(Taken {
+            at,
+            holder: lock.as_lock(None),
+            carry: false,
+        })),
+    }
+}
+
 /// A DELETE with the uid and resourceVersion judged as preconditions.
 pub fn guarded_delete(t: &Target<'_>) -> DeleteParams {
     DeleteParams {

@@ -22,9 +22,9 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use super::{Answer, Judged, Kind, Object, Taken, Target, Took, Words};
+use super::{Answer, Judged, Kind, Object, Target, Took, Words};
 use crate::lock::candidate::Shape;
-use crate::lock::lease::{host_of, host_of_name, LeaseLock};
+use crate::lock::lease::{host_of, LeaseLock};
 use crate::lock::{object_id, Holder, LockKind, Renewal, Unmanageable};
 use crate::{call, Error};
 use record::{Record, ANNOTATION};
@@ -131,17 +131,8 @@ impl Kind for LeaderAnnotation {
         let Some(Ok(lock)) = self.record(o) else {
             return Took::Done("not a lock");
         };
-        match lock.host.as_deref() {
-            None => Took::Waiting,
-            Some(h) if h == old.name || host_of_name(&old.name) == h => {
-                Took::Done("held again under the same identity")
-            }
-            Some(_) => Took::Taken(Box::new(Taken {
-                at: lock.renewed,
-                holder: lock.as_lock(None),
-                carry: false,
-            })),
-        }
+        let at = lock.renewed;
+        super::looked_in_place(lock, old, at)
     }
 
     /// A merge patch of the annotation alone, to the released record, with

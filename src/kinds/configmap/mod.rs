@@ -5,12 +5,12 @@
 
 use futures::future::{BoxFuture, FutureExt};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{Api, Client};
+use kube::Client;
 
-use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Taken, Target, Took, Words};
+use super::{Answer, Judged, Kind, Object, Taken, Target, Took, Words};
 use crate::lock::candidate::{one_pod_owner, Shape};
 use crate::lock::{self, Holder, LockKind};
-use crate::{call, Error};
+use crate::Error;
 
 pub struct ConfigMapHeldForLife;
 
@@ -89,13 +89,6 @@ impl Kind for ConfigMapHeldForLife {
         client: &'a Client,
         t: Target<'a>,
     ) -> BoxFuture<'a, Result<Answer, Error>> {
-        async move {
-            let cms: Api<ConfigMap> = Api::namespaced(client.clone(), t.namespace());
-            let action = format!("deleting lock {}/{}", t.namespace(), t.name());
-            call(action, cms.delete(t.name(), &guarded_delete(&t)))
-                .await
-                .map(|answer| deleted(answer.left().map(|cm| cm.metadata)))
-        }
-        .boxed()
+        super::delete::<ConfigMap>(client, t, "lock").boxed()
     }
 }

@@ -10,7 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::{Api, Client};
 
-use super::{Answer, Judged, Kind, Object, Taken, Target, Took, Words};
+use super::{Answer, Judged, Kind, Object, Target, Took, Words};
 use crate::lock::candidate::Shape;
 use k8s_openapi::jiff::Timestamp;
 
@@ -120,22 +120,10 @@ impl Kind for RenewedLease {
         let Ok(parsed) = lease::parse(l) else {
             return Took::Done("not a lock");
         };
-        match parsed.host.as_deref() {
-            None => Took::Waiting,
-            // The same host as the released holder's (its pod name, or the
-            // hostname it was matched by): not a new holder.
-            Some(h) if h == old.name || lease::host_of_name(&old.name) == h => {
-                Took::Done("held again under the same identity")
-            }
-            Some(_) => Took::Taken(Box::new(Taken {
-                // When the new holder took it; its latest renewal only when
-                // it does not say: that is when the follower looked, not
-                // the takeover.
-                at: acquired(l).or(parsed.renewed),
-                holder: parsed.as_lock(None),
-                carry: false,
-            })),
-        }
+        // When the new holder took it; its latest renewal only when it
+        // does not say: that is when the follower looked, not the takeover.
+        let at = acquired(l).or(parsed.renewed);
+        super::looked_in_place(parsed, old, at)
     }
 
     fn free<'a>(

@@ -7,12 +7,12 @@
 
 use futures::future::{BoxFuture, FutureExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::{Api, Client};
+use kube::Client;
 
-use super::{deleted, guarded_delete, Answer, Judged, Kind, Object, Taken, Target, Took, Words};
+use super::{Answer, Judged, Kind, Object, Taken, Target, Took, Words};
 use crate::lock::candidate::Shape;
 use crate::lock::{lease, Holder, LockKind};
-use crate::{call, Error};
+use crate::Error;
 
 pub struct LeaseHeldForLife;
 
@@ -87,13 +87,6 @@ impl Kind for LeaseHeldForLife {
         client: &'a Client,
         t: Target<'a>,
     ) -> BoxFuture<'a, Result<Answer, Error>> {
-        async move {
-            let leases: Api<Lease> = Api::namespaced(client.clone(), t.namespace());
-            let action = format!("deleting lease {}/{}", t.namespace(), t.name());
-            call(action, leases.delete(t.name(), &guarded_delete(&t)))
-                .await
-                .map(|answer| deleted(answer.left().map(|l| l.metadata)))
-        }
-        .boxed()
+        super::delete::<Lease>(client, t, "lease").boxed()
     }
 }
