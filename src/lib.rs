@@ -59,8 +59,8 @@ pub enum Error {
     Timeout { action: String, after: Duration },
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
-    #[error("the API server runs Kubernetes {found}; lock-janitor supports Kubernetes 1.{} and later (docs/compatibility.md)", crate::preflight::OLDEST_MINOR)]
-    Unsupported { found: String },
+    #[error("the API server runs Kubernetes {found}; lock-janitor supports Kubernetes 1.{oldest} and later (docs/compatibility.md)")]
+    Unsupported { found: String, oldest: u32 },
     /// Every scope refused its list or watch at start-up (one refused
     /// scope among others is served around, and retried).
     #[error("every scope refused the janitor's list or watch ({scopes}): does RBAC grant list and watch on configmaps, leases and pods there, and do the namespaces exist? The first answer: {answer}")]

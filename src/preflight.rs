@@ -84,6 +84,7 @@ pub async fn preflight(
     match minor_of(&info) {
         Some(minor) if minor < OLDEST_MINOR => {
             return Err(Error::Unsupported {
+                oldest: OLDEST_MINOR,
                 found: info.git_version,
             })
         }
