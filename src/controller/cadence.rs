@@ -41,6 +41,10 @@ pub struct Cadence {
     /// Whether `since` is a change seen (not the first sighting): a gap on
     /// the janitor's own clock is learnt only between two changes.
     changed: bool,
+    /// The marks seen lately: one seen again (an older renewal, from a
+    /// re-list served from the API server's cache or a watch behind a live
+    /// read) restarts the silence but teaches no gap on the janitor's clock.
+    recent: [u64; GAPS],
     /// Recent gaps in milliseconds, newest last; 0 is none.
     gaps: [u32; GAPS],
 }
@@ -54,6 +58,7 @@ impl Cadence {
             renewed: r.renewed,
             since: at,
             changed: false,
+            recent: [r.mark; GAPS],
             gaps: [0; GAPS],
         }
     }
@@ -76,6 +81,11 @@ impl Cadence {
         self.mark = r.mark;
         let previous = std::mem::replace(&mut self.since, at);
         let seen_changing = std::mem::replace(&mut self.changed, true);
+        let seen_before = self.recent.contains(&r.mark);
+        if !seen_before {
+            self.recent.rotate_left(1);
+            self.recent[GAPS - 1] = r.mark;
+        }
         match (r.renewed, self.renewed) {
             (Some(new), Some(old)) => {
                 if new <= old {
@@ -87,7 +97,9 @@ impl Cadence {
                 self.renewed = Some(new);
             }
             (Some(new), None) => self.renewed = Some(new),
-            (None, _) if seen_changing => self.learn(at.saturating_duration_since(previous)),
+            (None, _) if seen_changing && !seen_before => {
+                self.learn(at.saturating_duration_since(previous))
+            }
             (None, _) => {}
         }
     }
@@ -230,5 +242,17 @@ mod tests {
         let r = c.renewals(i(10));
         assert_eq!(r.period, Some(Duration::from_secs(2)));
         assert_eq!(r.quiet_for, Some(Duration::from_secs(1)));
+        // An older renewal seen again (a re-list from the cache): the
+        // silence starts again, but no gap is learnt from it, nor from the
+        // newer one coming back right after.
+        c.observe(seen(2), i(10));
+        assert_eq!(c.renewals(i(10)).quiet_for, Some(Duration::ZERO));
+        c.observe(seen(3), i(10) + Duration::from_millis(1100));
+        c.observe(seen(4), i(12));
+        assert_eq!(
+            c.renewals(i(12)).period,
+            Some(Duration::from_secs(2)),
+            "no 1.1 s gap learnt"
+        );
     }
 }

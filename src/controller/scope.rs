@@ -81,6 +81,11 @@ impl Kind for Lease {
     }
 }
 
+/// The longest annotation value a watched ConfigMap keeps (a leader record
+/// is read up to 64 KiB); a longer one is kept as `TOO_LARGE`.
+const WATCHED_ANNOTATION_MAX: usize = 64 * 1024;
+const TOO_LARGE: &str = "(too large to keep in the watch's copy)";
+
 /// Keeps of a watched ConfigMap lock only what the cache is used for
 /// (identity, version, owner references, the annotation a kind is read
 /// from): a judgement reads the lock whole.
@@ -89,6 +94,14 @@ pub fn strip_cached(m: &mut LockMeta) {
     meta.managed_fields = None;
     meta.annotations = meta.annotations.take().and_then(|mut all| {
         all.retain(|k, _| kinds::watched_annotations().any(|w| w == k));
+        for v in all
+            .values_mut()
+            .filter(|v| v.len() > WATCHED_ANNOTATION_MAX)
+        {
+            // Larger than any record the janitor reads: kept as a value
+            // that reads as none (the lock stays its kind, unmanageable).
+            *v = TOO_LARGE.to_owned();
+        }
         (!all.is_empty()).then_some(all)
     });
     meta.labels = None;

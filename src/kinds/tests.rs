@@ -296,3 +296,27 @@ fn a_released_record_looks_like_a_takeover_only_under_another_holder() {
         other => panic!("{other:?}"),
     }
 }
+
+/// `scan` has watched nothing: a record whose times carry no zone cannot be
+/// called stale on its times; it is held for a window of watching. The
+/// controller's clock has watched, and its window runs from the death.
+#[test]
+fn untrusted_times_are_never_stale_without_watching() {
+    use crate::verdict::{judge_lease, HeldBecause, Renewals, Verdict};
+    let cm = annotated(&PYTHON.replace("op-a", "op-1"));
+    let o = Object::ConfigMap(&cm);
+    let lock = of(o).record(o).unwrap().unwrap();
+    let pod = crate::fixtures::evicted_pod();
+    let now = Timestamp::now();
+    let unwatched = judge_lease(&lock, std::slice::from_ref(&pod), now, &Renewals::default());
+    assert!(
+        matches!(unwatched, Verdict::Held(HeldBecause::RenewalWindow { .. })),
+        "{unwatched:?}"
+    );
+    let watched = Renewals {
+        period: Some(std::time::Duration::from_secs(2)),
+        quiet_for: Some(std::time::Duration::from_secs(600)),
+    };
+    let judged = judge_lease(&lock, std::slice::from_ref(&pod), now, &watched);
+    assert!(matches!(judged, Verdict::Stale { .. }), "{judged:?}");
+}

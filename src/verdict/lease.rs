@@ -103,6 +103,13 @@ pub fn judge_lease(lock: &LeaseLock, pods: &[Pod], now: Timestamp, renewals: &Re
         return Verdict::Held(HeldBecause::RenewedAfterDeath);
     }
     let window = renewal_window(lock, renewals);
+    if lock.renewed.is_none() && renewals.quiet_for.is_none() {
+        // A record whose renew times are not trusted (no zone), judged by
+        // one who did not watch it (`scan`): whether it was renewed after
+        // the death cannot be told. Held for a window of watching, as a
+        // janitor that starts now would hold it.
+        return Verdict::Held(HeldBecause::RenewalWindow { remaining: window });
+    }
     let silent_from = lock.renewed.map_or(died, |r| r.max(died));
     let Ok(until) = SignedDuration::try_from(window).and_then(|w| silent_from.checked_add(w))
     else {

@@ -317,6 +317,38 @@ async fn the_guard_admits_exactly_the_release_of_a_leader_record() {
     )
     .expect("the DELETE of a leader-record ConfigMap was let through");
     assert!(m.contains("lock-shaped ConfigMaps"), "{m}");
+    // Nor one that is lock-shaped besides (one Pod owner, no data): a record
+    // is released, never deleted, whatever else the ConfigMap is.
+    // Its owner exists (else the garbage collector would delete it first).
+    let owner = running_pod(&admin, &ns, "pod-a", "node-a").await;
+    let mut shaped = leader_cm("shaped", &[opt_in], PYTHON);
+    shaped.data = None;
+    shaped.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: "pod-a".into(),
+            uid: owner.metadata.uid.clone().unwrap(),
+            ..Default::default()
+        },
+    ]);
+    let shaped = cms.create(&PostParams::default(), &shaped).await.unwrap();
+    let m = denied(
+        as_janitor
+            .delete(
+                "shaped",
+                &DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: shaped.metadata.uid.clone(),
+                        resource_version: shaped.metadata.resource_version.clone(),
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await,
+    )
+    .expect("the DELETE of a lock-shaped ConfigMap with a leader record was let through");
+    assert!(m.contains("lock-shaped ConfigMaps"), "{m}");
 
     // The release itself: admitted, and the record reads back free for one
     // second, with every other field, annotation, label and data kept.

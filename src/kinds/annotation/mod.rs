@@ -79,16 +79,13 @@ impl Kind for LeaderAnnotation {
     }
 
     /// Its uid and holder identity: a renewal changes neither. A record
-    /// that does not read is judged again whenever the object changes.
+    /// that does not read stays one version while it does not (a holder
+    /// renewing it would otherwise repeat its report every few seconds).
     fn version(&self, o: Object<'_>) -> String {
-        let m = o.meta();
-        let uid = m.uid.as_deref().unwrap_or_default();
+        let uid = o.meta().uid.as_deref().unwrap_or_default();
         match read(&o) {
             Some(Ok(r)) => format!("{uid}/{}", r.holder.unwrap_or_default()),
-            _ => format!(
-                "{uid}/?{}",
-                m.resource_version.as_deref().unwrap_or_default()
-            ),
+            _ => format!("{uid}/?"),
         }
     }
 
@@ -103,9 +100,17 @@ impl Kind for LeaderAnnotation {
         &WORDS
     }
 
+    /// A held record is judged only if its release can be written (the
+    /// delete guard refuses one whose other fields name the two it
+    /// replaces, or that grows past 64 KiB): else it is unmanageable, never
+    /// judged stale only to be found unwritable.
     fn record(&self, o: Object<'_>) -> Option<Result<LeaseLock, Unmanageable>> {
         let r = read(&o)?;
-        Some(r.and_then(|r| leader_lock(&o, r)))
+        let releasable = |r: Record| match (&r.holder, value(&o).map(record::released)) {
+            (Some(_), Some(Err(e))) => Err(Unmanageable::BadLeaderRecord(e.to_string())),
+            _ => Ok(r),
+        };
+        Some(r.and_then(releasable).and_then(|r| leader_lock(&o, r)))
     }
 
     /// The renew time as written is the mark; it is trusted only with a zone.
