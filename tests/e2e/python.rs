@@ -397,8 +397,9 @@ async fn python_configmap_with_an_unparsable_record_is_reported_and_never_writte
 /// identity is a pod name no pod has (`nobody-here`), one whose identity
 /// cannot be a pod name (`10.0.0.7:8443`), their electors gone. The first
 /// is reported by `scan` with that holder and is not stale (a pod that is
-/// not there proves nothing dead: it expires by itself); the second is
-/// reported as unmanageable with its identity. Neither is ever written.
+/// not there proves nothing dead: it expires by itself), even with the
+/// shortest `--owner-gone-grace`; the second is reported as unmanageable
+/// with its identity. Neither is ever written.
 #[tokio::test]
 async fn python_configmap_records_naming_no_pod_are_reported_and_never_written() {
     let s = scenario("py-cm-nopod").await;
@@ -413,13 +414,39 @@ async fn python_configmap_records_naming_no_pod_are_reported_and_never_written()
         annotation(&s, "py-nobody").await,
         annotation(&s, "py-addr").await,
     );
-    let j = janitor_for_all_kinds(&s).await;
+    // The shortest owner-gone grace: a holder that names no pod must not
+    // pass for an operator-lib owner that is gone (reclaimed once the
+    // grace is over), however short the grace.
+    let kc = kubeconfig_as(s.cp, JANITOR_USER);
+    let j = Janitor::start(
+        &kc,
+        &[
+            "--namespace",
+            &s.ns,
+            "--resync",
+            "2s",
+            "--owner-gone-grace",
+            "1s",
+        ],
+    )
+    .await;
 
     let ev = wait_event(&s.client, &s.ns, "UnmanageableLock", "py-addr").await;
     let note = ev.note.unwrap_or_default();
     assert!(note.contains("10.0.0.7:8443"), "{note}");
-    let kc = kubeconfig_as(s.cp, JANITOR_USER);
-    let scan = run(&kc, &["scan", "-n", &s.ns, "-o", "json"]).await;
+    let scan = run(
+        &kc,
+        &[
+            "scan",
+            "-n",
+            &s.ns,
+            "--owner-gone-grace",
+            "1s",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
     let report = scan.json();
     let row = report["items"]
         .as_array()
