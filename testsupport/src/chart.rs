@@ -121,7 +121,15 @@ pub fn sa_kubeconfig(cp: &ControlPlane, ns: &str, sa: &str) -> PathBuf {
     );
     assert_ne!(text, admin, "kubeconfig layout changed: cannot impersonate");
     let path = cp.dir().join(format!("kubeconfig-{ns}"));
-    std::fs::write(&path, text).expect("write kubeconfig");
+    // Written whole, then renamed into place: a janitor started a moment
+    // ago may be reading the same file (one install spawns several), and a
+    // write in place would let it read a truncated one ("no current
+    // context", seen once under load).
+    let tmp = cp
+        .dir()
+        .join(format!("kubeconfig-{ns}.{}", crate::free_port()));
+    std::fs::write(&tmp, text).expect("write kubeconfig");
+    std::fs::rename(&tmp, &path).expect("put kubeconfig in place");
     path
 }
 
