@@ -26,6 +26,7 @@ mod support;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,9 +54,13 @@ struct Args {
     /// Bystander Leases, renewed every --renew-every by this process.
     #[arg(long, default_value_t = 2_000)]
     leases: usize,
-    /// Lock candidates created one at a time with --auto-opt-in.
+    /// Lock candidates created one at a time with --auto-opt-in (at idle).
     #[arg(long, default_value_t = 200)]
     candidates: usize,
+    /// Lock candidates created all at once after those (32 creates in
+    /// flight): the time to label with the janitor busy. 0: none.
+    #[arg(long, default_value_t = 200)]
+    burst: usize,
     /// Namespaces the objects are spread over.
     #[arg(long, default_value_t = 10)]
     namespaces: usize,
@@ -105,6 +110,22 @@ fn held_lease(ns: &str, name: &str, holder: &str) -> Lease {
     }
 }
 
+/// A process's CPU time so far (user and system, every thread), in
+/// seconds: /proc/<pid>/stat's utime and stime, in clock ticks of 1/100 s
+/// (Linux's USER_HZ).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command's ")": state is field 3, utime 14 and stime 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    match (ticks(11), ticks(12)) {
+        (Some(u), Some(s)) => (u + s) / 100.0,
+        _ => 0.0,
+    }
+}
+
 /// The janitor's requests so far (every verb and code).
 fn requests(metrics: &str) -> f64 {
     metrics
@@ -117,7 +138,13 @@ fn requests(metrics: &str) -> f64 {
 struct Run {
     rss: Mem,
     requests_per_second: f64,
+    /// The janitor's CPU time per second of the idle window.
+    cpu: f64,
+    /// Lease renewals answered per second in the idle window.
+    renewals_per_second: f64,
+    /// Creation to label, one at a time (at idle) and in the burst.
     labels: Vec<f64>,
+    burst_labels: Vec<f64>,
 }
 
 #[tokio::main]
@@ -176,20 +203,38 @@ async fn main() {
         .await;
     println!("set up in {}", secs(started.elapsed()));
 
-    // The renewals, spread evenly over each period, as long as the bench runs.
+    // The renewals, spread evenly over each period, as long as the bench
+    // runs; up to WRITERS in flight, so that one slow answer does not hold
+    // the others back. `renewed` counts those answered 200 (the idle
+    // windows report the rate reached).
+    let renewed = Arc::new(AtomicU64::new(0));
     let renewer = {
         let (client, leases, every) = (client.clone(), leases.clone(), args.renew_every);
+        let renewed = renewed.clone();
         tokio::spawn(async move {
             let gap = every.div_f64(leases.len().max(1) as f64);
             let mut tick = tokio::time::interval(gap);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let in_flight = Arc::new(tokio::sync::Semaphore::new(WRITERS));
             for (ns, name) in leases.iter().cycle() {
                 tick.tick().await;
+                let Ok(turn) = in_flight.clone().acquire_owned().await else {
+                    return;
+                };
                 let api: Api<Lease> = Api::namespaced(client.clone(), ns);
-                let p = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
-                let _ = api
-                    .patch(name, &PatchParams::default(), &Patch::Merge(&p))
-                    .await;
+                let (name, renewed) = (name.clone(), renewed.clone());
+                tokio::spawn(async move {
+                    let p =
+                        serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+                    if api
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&p))
+                        .await
+                        .is_ok()
+                    {
+                        renewed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(turn);
+                });
             }
         })
     };
@@ -199,12 +244,13 @@ async fn main() {
         "without --auto-opt-in: idle for {}",
         secs(args.idle)
     ));
-    let without = measure(&kubeconfig, &base, &args, None).await;
+    let without = measure(&kubeconfig, &base, &args, &renewed, None).await;
 
     step(&format!(
-        "with --auto-opt-in: {} candidates created {} apart, then idle for {}",
+        "with --auto-opt-in: {} candidates created {} apart, {} at once, then idle for {}",
         args.candidates,
         secs(args.create_every),
+        args.burst,
         secs(args.idle)
     ));
     let holders: Vec<String> = (0..10).map(|i| format!("holder-{i}")).collect();
@@ -216,6 +262,7 @@ async fn main() {
         &kubeconfig,
         &with_args,
         &args,
+        &renewed,
         Some((&client, &ns_of, &holders)),
     )
     .await;
@@ -235,11 +282,13 @@ async fn main() {
         ("with --auto-opt-in", &with),
     ] {
         println!(
-            "{name:<22} VmRSS {} MiB  VmHWM {} MiB  RssAnon {} MiB  requests/s at idle {:.2}",
+            "{name:<22} VmRSS {} MiB  VmHWM {} MiB  RssAnon {} MiB  requests/s at idle {:.2}  CPU at idle {:.1} %  (Lease renewals answered: {:.0}/s)",
             mib(r.rss.rss),
             mib(r.rss.hwm),
             mib(r.rss.anon),
-            r.requests_per_second
+            r.requests_per_second,
+            r.cpu * 100.0,
+            r.renewals_per_second
         );
     }
     println!(
@@ -248,8 +297,13 @@ async fn main() {
         (with.rss.hwm as f64 - without.rss.hwm as f64) / 1024.0
     );
     println!(
-        "creation to label, p50 / p99 / max: {}",
+        "creation to label, one at a time (idle), p50 / p99 / max: {}",
         median_p99_max(with.labels)
+    );
+    println!(
+        "creation to label, a burst of {} at once, p50 / p99 / max: {}",
+        args.burst,
+        median_p99_max(with.burst_labels)
     );
     drop(cp);
 }
@@ -262,21 +316,24 @@ async fn measure(
     kubeconfig: &std::path::Path,
     flags: &[&str],
     args: &Args,
+    renewed: &AtomicU64,
     candidates: Option<Candidates<'_>>,
 ) -> Run {
     let started = Instant::now();
     let j = Janitor::start(kubeconfig, flags).await;
     println!("ready in {}", secs(started.elapsed()));
-    let mut labels = Vec::new();
+    let (mut labels, mut burst_labels) = (Vec::new(), Vec::new());
     if let Some((client, ns_of, holders)) = candidates {
-        labels = label_times(client, ns_of, holders, args).await;
+        (labels, burst_labels) = label_times(client, ns_of, holders, args).await;
     }
     // Settle, then the idle window.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before = requests(&j.metrics().await);
+    let (cpu_before, renewed_before) = (cpu_seconds(j.pid()), renewed.load(Ordering::Relaxed));
     tokio::time::sleep(args.idle).await;
     let m = j.metrics().await;
     let after = requests(&m);
+    let (cpu_after, renewed_after) = (cpu_seconds(j.pid()), renewed.load(Ordering::Relaxed));
     let rss = mem(j.pid());
     if let Some(n) = sample(
         &m,
@@ -288,18 +345,22 @@ async fn measure(
     Run {
         rss,
         requests_per_second: (after - before) / args.idle.as_secs_f64(),
+        cpu: (cpu_after - cpu_before) / args.idle.as_secs_f64(),
+        renewals_per_second: (renewed_after - renewed_before) as f64 / args.idle.as_secs_f64(),
         labels,
+        burst_labels,
     }
 }
 
-/// Creates the candidates one at a time and returns, for each, the seconds
-/// from its create's answer to a watch here seeing it labeled.
+/// Creates the candidates one at a time, then the burst all at once, and
+/// returns for each the seconds from just before its create to a watch here
+/// seeing it labeled (one at a time, burst).
 async fn label_times(
     client: &Client,
     ns_of: &dyn Fn(usize) -> String,
     holders: &[String],
     args: &Args,
-) -> Vec<f64> {
+) -> (Vec<f64>, Vec<f64>) {
     let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let selector = format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1);
     let (synced_tx, mut synced_rx) = tokio::sync::mpsc::channel::<()>(2);
@@ -356,38 +417,69 @@ async fn label_times(
     for _ in 0..2 {
         synced_rx.recv().await;
     }
-    let mut created: Vec<(String, Instant)> = Vec::new();
+    // One at a time, at idle.
+    let mut idle: Vec<(String, Instant)> = Vec::new();
     for i in 0..args.candidates {
-        let ns = ns_of(i);
         let holder = &holders[i % holders.len()];
         // From before the create is sent: the answer may come after the label.
         let at = Instant::now();
-        let key = if i % 2 == 0 {
-            let pod: k8s_openapi::api::core::v1::Pod = Api::namespaced(client.clone(), &ns)
-                .get(holder)
-                .await
-                .unwrap_or_else(|e| die(&format!("holder {ns}/{holder}: {e}")));
-            let cm = support::lock_for(&format!("operator-{i}-lock"), &pod, false);
-            let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-            retry("creating a lock", || async {
-                api.create(&PostParams::default(), &cm).await
-            })
-            .await;
-            format!("configmap/{ns}/operator-{i}-lock")
-        } else {
-            let name = format!("operator-{i}-lease");
-            let api: Api<Lease> = Api::namespaced(client.clone(), &ns);
-            let l = held_lease(&ns, &name, holder);
-            retry("creating a Lease lock", || async {
-                api.create(&PostParams::default(), &l).await
-            })
-            .await;
-            format!("lease/{ns}/{name}")
-        };
-        created.push((key, at));
+        let key = create_candidate(client, &ns_of(i), holder, &format!("operator-{i}"), i).await;
+        idle.push((key, at));
         tokio::time::sleep(args.create_every).await;
     }
-    // Every label, or 60 s after the last creation.
+    let idle_times = wait_labels(&seen, &idle, "one at a time").await;
+    // Then all at once (WRITERS creates in flight): the janitor busy.
+    let burst: Vec<(String, Instant)> = futures::stream::iter(0..args.burst)
+        .map(|i| async move {
+            let holder = &holders[i % holders.len()];
+            let at = Instant::now();
+            let key = create_candidate(client, &ns_of(i), holder, &format!("burst-{i}"), i).await;
+            (key, at)
+        })
+        .buffer_unordered(WRITERS)
+        .collect()
+        .await;
+    let burst_times = wait_labels(&seen, &burst, "in the burst").await;
+    cms.abort();
+    leases.abort();
+    (idle_times, burst_times)
+}
+
+/// Creates candidate `i` (even: a ConfigMap lock of `holder`, odd: a Lease
+/// it holds) named after `name`; returns its key as the watches name it.
+async fn create_candidate(client: &Client, ns: &str, holder: &str, name: &str, i: usize) -> String {
+    if i % 2 == 0 {
+        let pod: k8s_openapi::api::core::v1::Pod = Api::namespaced(client.clone(), ns)
+            .get(holder)
+            .await
+            .unwrap_or_else(|e| die(&format!("holder {ns}/{holder}: {e}")));
+        let name = format!("{name}-lock");
+        let cm = support::lock_for(&name, &pod, false);
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        retry("creating a lock", || async {
+            api.create(&PostParams::default(), &cm).await
+        })
+        .await;
+        format!("configmap/{ns}/{name}")
+    } else {
+        let name = format!("{name}-lease");
+        let api: Api<Lease> = Api::namespaced(client.clone(), ns);
+        let l = held_lease(ns, &name, holder);
+        retry("creating a Lease lock", || async {
+            api.create(&PostParams::default(), &l).await
+        })
+        .await;
+        format!("lease/{ns}/{name}")
+    }
+}
+
+/// Waits for every label of `created` (or 60 s), then returns, for each
+/// labeled one, the seconds from before its create to the label seen.
+async fn wait_labels(
+    seen: &Mutex<HashMap<String, Instant>>,
+    created: &[(String, Instant)],
+    what: &str,
+) -> Vec<f64> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         let done = {
@@ -399,8 +491,6 @@ async fn label_times(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    cms.abort();
-    leases.abort();
     let seen = seen.lock().unwrap();
     let missing = created
         .iter()
@@ -408,7 +498,7 @@ async fn label_times(
         .count();
     if missing > 0 {
         println!(
-            "{missing} of {} candidates not labeled within 60 s of the last creation",
+            "{missing} of {} candidates created {what} not labeled within 60 s",
             created.len()
         );
     }
