@@ -235,7 +235,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         );
         info!(exclude_namespaces = %args.scope.exclude_namespaces,
               "auto opt-in on: labeling every unlabeled lock candidate in scope");
-        tokio::spawn(a.run(shutdown.clone()))
+        tokio::spawn(a.run(shared.left.listen(), shutdown.clone()))
     });
     let ctx = Context::with_clients(client, control.clone(), shared, settings, gate);
     // The drain after a signal is bounded: in-flight reclaims get DRAIN_BOUND

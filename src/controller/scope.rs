@@ -73,7 +73,10 @@ impl Kind for Lease {
     fn seen(ctx: &Context, key: &LockKey, lease: &Self) {
         ctx.memory.saw_lease(key, lease);
     }
+    /// Also told to auto opt-in: a Lease leaves this watch when it is
+    /// deleted or its opt-in label is removed or changed.
     fn gone(ctx: &Context, key: &LockKey, last: &Self) {
+        ctx.shared.left.tell(key);
         if lock::lease::held_for_life(last) {
             if let Ok(last) = lock::parse(&last.metadata) {
                 // Whose Lease it was, as it was last seen: its owner.
