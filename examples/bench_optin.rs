@@ -335,6 +335,24 @@ async fn measure(
     let after = requests(&m);
     let (cpu_after, renewed_after) = (cpu_seconds(j.pid()), renewed.load(Ordering::Relaxed));
     let rss = mem(j.pid());
+    if candidates.is_some() {
+        // Where the janitor's requests went (a re-list shows as lists),
+        // and what it warned of.
+        for l in m
+            .lines()
+            .filter(|l| {
+                l.starts_with("lock_janitor_api_requests_total{")
+                    || l.starts_with("lock_janitor_api_budget_wait_seconds_sum")
+                    || l.starts_with("lock_janitor_api_budget_wait_seconds_count")
+                    || l.starts_with("lock_janitor_opt_ins_total")
+            })
+        {
+            println!("  {l}");
+        }
+        for l in j.logs().lines().filter(|l| l.contains("WARN")).take(20) {
+            println!("  janitor: {l}");
+        }
+    }
     if let Some(n) = sample(
         &m,
         "lock_janitor_unprotected_locks",
@@ -418,28 +436,30 @@ async fn label_times(
         synced_rx.recv().await;
     }
     // One at a time, at idle.
-    let mut idle: Vec<(String, Instant)> = Vec::new();
+    let t0 = Instant::now();
+    println!("candidates from {} (the janitor's log times: UTC)", Timestamp::now());
+    let mut idle: Vec<Created> = Vec::new();
     for i in 0..args.candidates {
         let holder = &holders[i % holders.len()];
         // From before the create is sent: the answer may come after the label.
         let at = Instant::now();
         let key = create_candidate(client, &ns_of(i), holder, &format!("operator-{i}"), i).await;
-        idle.push((key, at));
+        idle.push((key, at, Instant::now()));
         tokio::time::sleep(args.create_every).await;
     }
-    let idle_times = wait_labels(&seen, &idle, "one at a time").await;
+    let idle_times = wait_labels(&seen, &idle, "one at a time", t0).await;
     // Then all at once (WRITERS creates in flight): the janitor busy.
-    let burst: Vec<(String, Instant)> = futures::stream::iter(0..args.burst)
+    let burst: Vec<Created> = futures::stream::iter(0..args.burst)
         .map(|i| async move {
             let holder = &holders[i % holders.len()];
             let at = Instant::now();
             let key = create_candidate(client, &ns_of(i), holder, &format!("burst-{i}"), i).await;
-            (key, at)
+            (key, at, Instant::now())
         })
         .buffer_unordered(WRITERS)
         .collect()
         .await;
-    let burst_times = wait_labels(&seen, &burst, "in the burst").await;
+    let burst_times = wait_labels(&seen, &burst, "in the burst", t0).await;
     cms.abort();
     leases.abort();
     (idle_times, burst_times)
@@ -473,18 +493,24 @@ async fn create_candidate(client: &Client, ns: &str, holder: &str, name: &str, i
     }
 }
 
+/// A candidate's key, when its create was sent and when it was answered.
+type Created = (String, Instant, Instant);
+
 /// Waits for every label of `created` (or 60 s), then returns, for each
 /// labeled one, the seconds from before its create to the label seen.
+/// Prints where the time went: the create's own answer, and the rest by
+/// kind (the janitor's part), with the slowest candidates.
 async fn wait_labels(
     seen: &Mutex<HashMap<String, Instant>>,
-    created: &[(String, Instant)],
+    created: &[Created],
     what: &str,
+    t0: Instant,
 ) -> Vec<f64> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         let done = {
             let seen = seen.lock().unwrap();
-            created.iter().all(|(k, _)| seen.contains_key(k))
+            created.iter().all(|(k, _, _)| seen.contains_key(k))
         };
         if done {
             break;
@@ -494,7 +520,7 @@ async fn wait_labels(
     let seen = seen.lock().unwrap();
     let missing = created
         .iter()
-        .filter(|(k, _)| !seen.contains_key(k))
+        .filter(|(k, _, _)| !seen.contains_key(k))
         .count();
     if missing > 0 {
         println!(
@@ -502,8 +528,37 @@ async fn wait_labels(
             created.len()
         );
     }
+    let answer: Vec<f64> = created
+        .iter()
+        .map(|(_, at, answered)| answered.saturating_duration_since(*at).as_secs_f64())
+        .collect();
+    println!("  {what}: the create's answer, p50 / p99 / max: {}", median_p99_max(answer));
+    for kind in ["configmap", "lease"] {
+        let after: Vec<f64> = created
+            .iter()
+            .filter(|(k, _, _)| k.starts_with(kind))
+            .filter_map(|(k, _, answered)| {
+                Some(seen.get(k)?.saturating_duration_since(*answered).as_secs_f64())
+            })
+            .collect();
+        println!(
+            "  {what}: {kind}s, the create's answer to the label, p50 / p99 / max: {}",
+            median_p99_max(after)
+        );
+    }
+    let mut slow: Vec<(f64, f64, &str)> = created
+        .iter()
+        .filter_map(|(k, at, _)| {
+            let took = seen.get(k)?.saturating_duration_since(*at).as_secs_f64();
+            Some((took, at.duration_since(t0).as_secs_f64(), k.as_str()))
+        })
+        .collect();
+    slow.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (took, at, k) in slow.iter().take(5) {
+        println!("  {what}: slow: {k} created at +{at:.1}s, labeled {took:.3}s later");
+    }
     created
         .iter()
-        .filter_map(|(k, at)| Some(seen.get(k)?.saturating_duration_since(*at).as_secs_f64()))
+        .filter_map(|(k, at, _)| Some(seen.get(k)?.saturating_duration_since(*at).as_secs_f64()))
         .collect()
 }
