@@ -224,8 +224,7 @@ async fn main() {
                 let api: Api<Lease> = Api::namespaced(client.clone(), ns);
                 let (name, renewed) = (name.clone(), renewed.clone());
                 tokio::spawn(async move {
-                    let p =
-                        serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+                    let p = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
                     if api
                         .patch(&name, &PatchParams::default(), &Patch::Merge(&p))
                         .await
@@ -338,15 +337,12 @@ async fn measure(
     if candidates.is_some() {
         // Where the janitor's requests went (a re-list shows as lists),
         // and what it warned of.
-        for l in m
-            .lines()
-            .filter(|l| {
-                l.starts_with("lock_janitor_api_requests_total{")
-                    || l.starts_with("lock_janitor_api_budget_wait_seconds_sum")
-                    || l.starts_with("lock_janitor_api_budget_wait_seconds_count")
-                    || l.starts_with("lock_janitor_opt_ins_total")
-            })
-        {
+        for l in m.lines().filter(|l| {
+            l.starts_with("lock_janitor_api_requests_total{")
+                || l.starts_with("lock_janitor_api_budget_wait_seconds_sum")
+                || l.starts_with("lock_janitor_api_budget_wait_seconds_count")
+                || l.starts_with("lock_janitor_opt_ins_total")
+        }) {
             println!("  {l}");
         }
         for l in j.logs().lines().filter(|l| l.contains("WARN")).take(20) {
@@ -437,7 +433,10 @@ async fn label_times(
     }
     // One at a time, at idle.
     let t0 = Instant::now();
-    println!("candidates from {} (the janitor's log times: UTC)", Timestamp::now());
+    println!(
+        "candidates from {} (the janitor's log times: UTC)",
+        Timestamp::now()
+    );
     let mut idle: Vec<Created> = Vec::new();
     for i in 0..args.candidates {
         let holder = &holders[i % holders.len()];
@@ -532,13 +531,20 @@ async fn wait_labels(
         .iter()
         .map(|(_, at, answered)| answered.saturating_duration_since(*at).as_secs_f64())
         .collect();
-    println!("  {what}: the create's answer, p50 / p99 / max: {}", median_p99_max(answer));
+    println!(
+        "  {what}: the create's answer, p50 / p99 / max: {}",
+        median_p99_max(answer)
+    );
     for kind in ["configmap", "lease"] {
         let after: Vec<f64> = created
             .iter()
             .filter(|(k, _, _)| k.starts_with(kind))
             .filter_map(|(k, _, answered)| {
-                Some(seen.get(k)?.saturating_duration_since(*answered).as_secs_f64())
+                Some(
+                    seen.get(k)?
+                        .saturating_duration_since(*answered)
+                        .as_secs_f64(),
+                )
             })
             .collect();
         println!(

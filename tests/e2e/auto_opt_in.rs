@@ -527,7 +527,13 @@ async fn a_lease_whose_label_was_removed_is_labeled_again() {
     let kc = kubeconfig_as(cp, JANITOR_USER);
     let janitor = Janitor::start(
         &kc,
-        &["--namespace", ns.as_str(), "--auto-opt-in", "--resync", "5m"],
+        &[
+            "--namespace",
+            ns.as_str(),
+            "--auto-opt-in",
+            "--resync",
+            "5m",
+        ],
     )
     .await;
     let now = MicroTime(Timestamp::now());
@@ -557,11 +563,7 @@ async fn a_lease_whose_label_was_removed_is_labeled_again() {
 
     let unlabel = serde_json::json!({"metadata": {"labels": {WATCH_LABEL.0: null}}});
     leases
-        .patch(
-            "op-lease",
-            &PatchParams::default(),
-            &Patch::Merge(&unlabel),
-        )
+        .patch("op-lease", &PatchParams::default(), &Patch::Merge(&unlabel))
         .await
         .expect("the label removed");
     let removed = Instant::now();
