@@ -499,7 +499,7 @@ async fn label_times(
 /// Creates candidate `i` (even: a ConfigMap lock of `holder`, odd: a Lease
 /// it holds) named after `name`; returns its key as the watches name it.
 async fn create_candidate(client: &Client, ns: &str, holder: &str, name: &str, i: usize) -> String {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         let pod: k8s_openapi::api::core::v1::Pod = Api::namespaced(client.clone(), ns)
             .get(holder)
             .await
