@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -48,9 +49,13 @@ struct Args {
     /// Bystander Leases, renewed every --renew-every by this process.
     #[arg(long, default_value_t = 2_000)]
     leases: usize,
-    /// Lock candidates created one at a time with --auto-opt-in.
+    /// Lock candidates created one at a time with --auto-opt-in (at idle).
     #[arg(long, default_value_t = 200)]
     candidates: usize,
+    /// Lock candidates created all at once after those (32 creates in
+    /// flight): the time to label with the janitor busy. 0: none.
+    #[arg(long, default_value_t = 200)]
+    burst: usize,
     /// Namespaces the objects are spread over.
     #[arg(long, default_value_t = 10)]
     namespaces: usize,
@@ -100,6 +105,22 @@ fn held_lease(ns: &str, name: &str, holder: &str) -> Lease {
     }
 }
 
+/// A process's CPU time so far (user and system, every thread), in
+/// seconds: /proc/<pid>/stat's utime and stime, in clock ticks of 1/100 s
+/// (Linux's USER_HZ).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command's ")": state is field 3, utime 14 and stime 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    match (ticks(11), ticks(12)) {
+        (Some(u), Some(s)) => (u + s) / 100.0,
+        _ => 0.0,
+    }
+}
+
 /// The janitor's requests so far (every verb and code).
 fn requests(metrics: &str) -> f64 {
     metrics
@@ -112,7 +133,13 @@ fn requests(metrics: &str) -> f64 {
 struct Run {
     rss: Mem,
     requests_per_second: f64,
+    /// The janitor's CPU time per second of the idle window.
+    cpu: f64,
+    /// Lease renewals answered per second in the idle window.
+    renewals_per_second: f64,
+    /// Creation to label, one at a time (at idle) and in the burst.
     labels: Vec<f64>,
+    burst_labels: Vec<f64>,
 }
 
 #[tokio::main]
@@ -124,7 +151,7 @@ async fn main() {
             args.bin.display()
         ));
     }
-    // lock_janitor_testsupport::Janitor runs LOCK_JANITOR_BIN.
+    // support::Janitor runs LOCK_JANITOR_BIN.
     std::env::set_var("LOCK_JANITOR_BIN", &args.bin);
     step(&format!(
         "control plane; {} bystander ConfigMaps (1 KiB), {} bystander Leases renewed every {}, in {} namespaces",
@@ -135,23 +162,22 @@ async fn main() {
     ));
     let (cp, client, kubeconfig, namespaces) = bench_plane("optin", args.namespaces).await;
     let ns_of = |i: usize| namespaces[i % namespaces.len()].clone();
-    let started = Instant::now();
     let leases = bystanders(&client, &args, &ns_of).await;
-    println!("set up in {}", secs(started.elapsed()));
-
-    let renewer = renew_all(&client, &leases, args.renew_every);
+    let renewed = Arc::new(AtomicU64::new(0));
+    let renewer = renew_all(&client, &leases, args.renew_every, renewed.clone());
 
     let base = ["--resync", "5m"];
     step(&format!(
         "without --auto-opt-in: idle for {}",
         secs(args.idle)
     ));
-    let without = measure(&kubeconfig, &base, &args, None).await;
+    let without = measure(&kubeconfig, &base, &args, &renewed, None).await;
 
     step(&format!(
-        "with --auto-opt-in: {} candidates created {} apart, then idle for {}",
+        "with --auto-opt-in: {} candidates created {} apart, {} at once, then idle for {}",
         args.candidates,
         secs(args.create_every),
+        args.burst,
         secs(args.idle)
     ));
     let holders: Vec<String> = (0..10).map(|i| format!("holder-{i}")).collect();
@@ -163,22 +189,23 @@ async fn main() {
         &kubeconfig,
         &with_args,
         &args,
+        &renewed,
         Some((&client, &ns_of, &holders)),
     )
     .await;
     renewer.abort();
-
     results(&args, &without, &with);
     drop(cp);
 }
 
-/// The bystanders: ConfigMaps (1 KiB) and renewed Leases that are no lock;
-/// returns the Leases (namespace, name).
+/// The bystanders: ConfigMaps that are not locks, and Leases held by no
+/// pod of theirs; the Leases' namespaces and names.
 async fn bystanders(
     client: &Client,
     args: &Args,
     ns_of: &dyn Fn(usize) -> String,
 ) -> Vec<(String, String)> {
+    let started = Instant::now();
     futures::stream::iter(0..args.configmaps)
         .map(|i| {
             let (client, ns) = (client.clone(), ns_of(i));
@@ -212,32 +239,50 @@ async fn bystanders(
         .buffer_unordered(WRITERS)
         .collect::<()>()
         .await;
+    println!("set up in {}", secs(started.elapsed()));
     leases
 }
 
-/// The renewals, spread evenly over each period, as long as the bench runs.
+/// The renewals, spread evenly over each period, as long as the bench
+/// runs; up to WRITERS in flight, so that one slow answer does not hold the
+/// others back. `renewed` counts those answered 200 (the idle windows
+/// report the rate reached).
 fn renew_all(
     client: &Client,
     leases: &[(String, String)],
     every: Duration,
+    renewed: Arc<AtomicU64>,
 ) -> tokio::task::JoinHandle<()> {
     let (client, leases) = (client.clone(), leases.to_vec());
     tokio::spawn(async move {
         let gap = every.div_f64(leases.len().max(1) as f64);
         let mut tick = tokio::time::interval(gap);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(WRITERS));
         for (ns, name) in leases.iter().cycle() {
             tick.tick().await;
+            let Ok(turn) = in_flight.clone().acquire_owned().await else {
+                return;
+            };
             let api: Api<Lease> = Api::namespaced(client.clone(), ns);
-            let p = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
-            let _ = api
-                .patch(name, &PatchParams::default(), &Patch::Merge(&p))
-                .await;
+            let (name, renewed) = (name.clone(), renewed.clone());
+            tokio::spawn(async move {
+                let p = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+                if api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&p))
+                    .await
+                    .is_ok()
+                {
+                    renewed.fetch_add(1, Ordering::Relaxed);
+                }
+                drop(turn);
+            });
         }
     })
 }
 
-/// The table: memory and idle requests with and without, and the label times.
+/// The table: memory, idle requests and CPU with and without, and the
+/// label times.
 fn results(args: &Args, without: &Run, with: &Run) {
     step("results");
     println!(
@@ -253,11 +298,13 @@ fn results(args: &Args, without: &Run, with: &Run) {
         ("with --auto-opt-in", with),
     ] {
         println!(
-            "{name:<22} VmRSS {} MiB  VmHWM {} MiB  RssAnon {} MiB  requests/s at idle {:.2}",
+            "{name:<22} VmRSS {} MiB  VmHWM {} MiB  RssAnon {} MiB  requests/s at idle {:.2}  CPU at idle {:.1} %  (Lease renewals answered: {:.0}/s)",
             mib(r.rss.rss),
             mib(r.rss.hwm),
             mib(r.rss.anon),
-            r.requests_per_second
+            r.requests_per_second,
+            r.cpu * 100.0,
+            r.renewals_per_second
         );
     }
     println!(
@@ -266,8 +313,13 @@ fn results(args: &Args, without: &Run, with: &Run) {
         (with.rss.hwm as f64 - without.rss.hwm as f64) / 1024.0
     );
     println!(
-        "creation to label, p50 / p99 / max: {}",
+        "creation to label, one at a time (idle), p50 / p99 / max: {}",
         median_p99_max(with.labels.clone())
+    );
+    println!(
+        "creation to label, a burst of {} at once, p50 / p99 / max: {}",
+        args.burst,
+        median_p99_max(with.burst_labels.clone())
     );
 }
 
@@ -279,22 +331,41 @@ async fn measure(
     kubeconfig: &std::path::Path,
     flags: &[&str],
     args: &Args,
+    renewed: &AtomicU64,
     candidates: Option<Candidates<'_>>,
 ) -> Run {
     let started = Instant::now();
     let j = Janitor::start(kubeconfig, flags).await;
     println!("ready in {}", secs(started.elapsed()));
-    let mut labels = Vec::new();
+    let (mut labels, mut burst_labels) = (Vec::new(), Vec::new());
     if let Some((client, ns_of, holders)) = candidates {
-        labels = label_times(client, ns_of, holders, args).await;
+        let ready = Instant::now();
+        (labels, burst_labels) = label_times(client, ns_of, holders, args, ready).await;
     }
     // Settle, then the idle window.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before = requests(&j.metrics().await);
+    let (cpu_before, renewed_before) = (cpu_seconds(j.pid()), renewed.load(Ordering::Relaxed));
     tokio::time::sleep(args.idle).await;
     let m = j.metrics().await;
     let after = requests(&m);
+    let (cpu_after, renewed_after) = (cpu_seconds(j.pid()), renewed.load(Ordering::Relaxed));
     let rss = mem(j.pid());
+    if candidates.is_some() {
+        // Where the janitor's requests went (a re-list shows as lists),
+        // and what it warned of.
+        for l in m.lines().filter(|l| {
+            l.starts_with("lock_janitor_api_requests_total{")
+                || l.starts_with("lock_janitor_api_budget_wait_seconds_sum")
+                || l.starts_with("lock_janitor_api_budget_wait_seconds_count")
+                || l.starts_with("lock_janitor_opt_ins_total")
+        }) {
+            println!("  {l}");
+        }
+        for l in j.logs().lines().filter(|l| l.contains("WARN")).take(20) {
+            println!("  janitor: {l}");
+        }
+    }
     if let Some(n) = sample(
         &m,
         "lock_janitor_unprotected_locks",
@@ -305,27 +376,154 @@ async fn measure(
     Run {
         rss,
         requests_per_second: (after - before) / args.idle.as_secs_f64(),
+        cpu: (cpu_after - cpu_before) / args.idle.as_secs_f64(),
+        renewals_per_second: (renewed_after - renewed_before) as f64 / args.idle.as_secs_f64(),
         labels,
+        burst_labels,
     }
 }
 
-/// Creates candidate `i`: a ConfigMap lock (even) or a Lease lock (odd)
-/// held by `holder`; returns its key as the watches write it.
-async fn create_candidate(client: &Client, ns: &str, holder: &str, i: usize) -> String {
+/// Creates the candidates one at a time, then the burst all at once, and
+/// returns for each the seconds from just before its create to a watch here
+/// seeing it labeled (one at a time, burst).
+async fn label_times(
+    client: &Client,
+    ns_of: &dyn Fn(usize) -> String,
+    holders: &[String],
+    args: &Args,
+    ready: Instant,
+) -> (Vec<f64>, Vec<f64>) {
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let (synced_tx, mut synced_rx) = tokio::sync::mpsc::channel::<()>(2);
+    let cms = watch_labeled::<ConfigMap>(client, "configmap", &seen, &synced_tx);
+    let leases = watch_labeled::<Lease>(client, "lease", &seen, &synced_tx);
+    for _ in 0..2 {
+        synced_rx.recv().await;
+    }
+    // Readiness does not wait for auto opt-in's start-up lists: first, a
+    // ConfigMap candidate whose key sorts after every other ConfigMap's
+    // (the last namespace, the last name) is labeled only once the list has
+    // reached its end (pages come in key order) or the watch after it has
+    // begun. Candidates created before that would time the start-up list,
+    // not the janitor at idle.
+    let t0 = Instant::now();
+    let last = (0..holders.len().min(args.namespaces))
+        .max_by_key(|&i| ns_of(i))
+        .unwrap_or(0);
+    let at = Instant::now();
+    let key = create_candidate(
+        client,
+        &ns_of(last),
+        &holders[last],
+        "zzzz-after-the-list",
+        0,
+    )
+    .await;
+    wait_labels(
+        &seen,
+        &[(key, at, Instant::now())],
+        "after the start-up list",
+        t0,
+    )
+    .await;
+    println!(
+        "the start-up list done: a candidate at its end labeled {} after the janitor was ready",
+        secs(ready.elapsed())
+    );
+
+    // One at a time, at idle.
+    println!(
+        "candidates from {} (the janitor's log times: UTC)",
+        Timestamp::now()
+    );
+    let mut idle: Vec<Created> = Vec::new();
+    for i in 0..args.candidates {
+        let holder = &holders[i % holders.len()];
+        // From before the create is sent: the answer may come after the label.
+        let at = Instant::now();
+        let key = create_candidate(client, &ns_of(i), holder, &format!("operator-{i}"), i).await;
+        idle.push((key, at, Instant::now()));
+        tokio::time::sleep(args.create_every).await;
+    }
+    let idle_times = wait_labels(&seen, &idle, "one at a time", t0).await;
+    // Then all at once (WRITERS creates in flight): the janitor busy.
+    let burst: Vec<Created> = futures::stream::iter(0..args.burst)
+        .map(|i| async move {
+            let holder = &holders[i % holders.len()];
+            let at = Instant::now();
+            let key = create_candidate(client, &ns_of(i), holder, &format!("burst-{i}"), i).await;
+            (key, at, Instant::now())
+        })
+        .buffer_unordered(WRITERS)
+        .collect()
+        .await;
+    let burst_times = wait_labels(&seen, &burst, "in the burst", t0).await;
+    cms.abort();
+    leases.abort();
+    (idle_times, burst_times)
+}
+
+/// Watches the opted-in objects of a kind (metadata only), noting when
+/// each was first seen labeled (`seen`, by `kind/namespace/name`); says on
+/// `synced` when its first list is done.
+fn watch_labeled<K>(
+    client: &Client,
+    kind: &'static str,
+    seen: &Arc<Mutex<HashMap<String, Instant>>>,
+    synced: &tokio::sync::mpsc::Sender<()>,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let (seen, tx) = (seen.clone(), synced.clone());
+    let api: Api<PartialObjectMeta<K>> = Api::all(client.clone());
+    let selector = format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1);
+    let config = watcher::Config::default().labels(&selector);
+    tokio::spawn(async move {
+        let stream = watcher(api, config);
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(watcher::Event::Apply(o)) => {
+                    let key = format!(
+                        "{kind}/{}/{}",
+                        o.namespace().unwrap_or_default(),
+                        o.name_any()
+                    );
+                    seen.lock().unwrap().entry(key).or_insert_with(Instant::now);
+                }
+                Ok(watcher::Event::InitDone) => {
+                    let _ = tx.send(()).await;
+                }
+                _ => {}
+            }
+        }
+    })
+}
+
+/// Creates candidate `i` (even: a ConfigMap lock of `holder`, odd: a Lease
+/// it holds) named after `name`; returns its key as the watches name it.
+async fn create_candidate(client: &Client, ns: &str, holder: &str, name: &str, i: usize) -> String {
     if i.is_multiple_of(2) {
         let pod: k8s_openapi::api::core::v1::Pod = Api::namespaced(client.clone(), ns)
             .get(holder)
             .await
             .unwrap_or_else(|e| die(&format!("holder {ns}/{holder}: {e}")));
-        let cm = lock_janitor_testsupport::lock_for(&format!("operator-{i}-lock"), &pod, false);
+        let name = format!("{name}-lock");
+        let cm = lock_janitor_testsupport::lock_for(&name, &pod, false);
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
         retry("creating a lock", || async {
             api.create(&PostParams::default(), &cm).await
         })
         .await;
-        format!("configmap/{ns}/operator-{i}-lock")
+        format!("configmap/{ns}/{name}")
     } else {
-        let name = format!("operator-{i}-lease");
+        let name = format!("{name}-lease");
         let api: Api<Lease> = Api::namespaced(client.clone(), ns);
         let l = held_lease(ns, &name, holder);
         retry("creating a Lease lock", || async {
@@ -336,120 +534,79 @@ async fn create_candidate(client: &Client, ns: &str, holder: &str, i: usize) -> 
     }
 }
 
-/// Waits for every label, or 60 s after the last creation.
-async fn wait_labeled(seen: &Mutex<HashMap<String, Instant>>, created: &[(String, Instant)]) {
+/// A candidate's key, when its create was sent and when it was answered.
+type Created = (String, Instant, Instant);
+
+/// Waits for every label of `created` (or 60 s), then returns, for each
+/// labeled one, the seconds from before its create to the label seen.
+/// Prints where the time went: the create's own answer, and the rest by
+/// kind (the janitor's part), with the slowest candidates.
+async fn wait_labels(
+    seen: &Mutex<HashMap<String, Instant>>,
+    created: &[Created],
+    what: &str,
+    t0: Instant,
+) -> Vec<f64> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         let done = {
             let seen = seen.lock().unwrap();
-            created.iter().all(|(k, _)| seen.contains_key(k))
+            created.iter().all(|(k, _, _)| seen.contains_key(k))
         };
         if done {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Each candidate's seconds from its create to its label; says how many
-/// were not labeled.
-fn label_seconds(
-    seen: &Mutex<HashMap<String, Instant>>,
-    created: &[(String, Instant)],
-) -> Vec<f64> {
     let seen = seen.lock().unwrap();
     let missing = created
         .iter()
-        .filter(|(k, _)| !seen.contains_key(k))
+        .filter(|(k, _, _)| !seen.contains_key(k))
         .count();
     if missing > 0 {
         println!(
-            "{missing} of {} candidates not labeled within 60 s of the last creation",
+            "{missing} of {} candidates created {what} not labeled within 60 s",
             created.len()
         );
     }
+    let answer: Vec<f64> = created
+        .iter()
+        .map(|(_, at, answered)| answered.saturating_duration_since(*at).as_secs_f64())
+        .collect();
+    println!(
+        "  {what}: the create's answer, p50 / p99 / max: {}",
+        median_p99_max(answer)
+    );
+    for kind in ["configmap", "lease"] {
+        let after: Vec<f64> = created
+            .iter()
+            .filter(|(k, _, _)| k.starts_with(kind))
+            .filter_map(|(k, _, answered)| {
+                Some(
+                    seen.get(k)?
+                        .saturating_duration_since(*answered)
+                        .as_secs_f64(),
+                )
+            })
+            .collect();
+        println!(
+            "  {what}: {kind}s, the create's answer to the label, p50 / p99 / max: {}",
+            median_p99_max(after)
+        );
+    }
+    let mut slow: Vec<(f64, f64, &str)> = created
+        .iter()
+        .filter_map(|(k, at, _)| {
+            let took = seen.get(k)?.saturating_duration_since(*at).as_secs_f64();
+            Some((took, at.duration_since(t0).as_secs_f64(), k.as_str()))
+        })
+        .collect();
+    slow.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (took, at, k) in slow.iter().take(5) {
+        println!("  {what}: slow: {k} created at +{at:.1}s, labeled {took:.3}s later");
+    }
     created
         .iter()
-        .filter_map(|(k, at)| Some(seen.get(k)?.saturating_duration_since(*at).as_secs_f64()))
+        .filter_map(|(k, at, _)| Some(seen.get(k)?.saturating_duration_since(*at).as_secs_f64()))
         .collect()
-}
-
-/// Creates the candidates one at a time and returns, for each, the seconds
-/// from its create's answer to a watch here seeing it labeled.
-async fn label_times(
-    client: &Client,
-    ns_of: &dyn Fn(usize) -> String,
-    holders: &[String],
-    args: &Args,
-) -> Vec<f64> {
-    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let selector = format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1);
-    let (synced_tx, mut synced_rx) = tokio::sync::mpsc::channel::<()>(2);
-    let cms = {
-        let (seen, tx) = (seen.clone(), synced_tx.clone());
-        let api: Api<PartialObjectMeta<ConfigMap>> = Api::all(client.clone());
-        let config = watcher::Config::default().labels(&selector);
-        tokio::spawn(async move {
-            let stream = watcher(api, config);
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(watcher::Event::Apply(o)) => {
-                        let key = format!(
-                            "configmap/{}/{}",
-                            o.namespace().unwrap_or_default(),
-                            o.name_any()
-                        );
-                        seen.lock().unwrap().entry(key).or_insert_with(Instant::now);
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        let _ = tx.send(()).await;
-                    }
-                    _ => {}
-                }
-            }
-        })
-    };
-    let leases = {
-        let (seen, tx) = (seen.clone(), synced_tx.clone());
-        let api: Api<PartialObjectMeta<Lease>> = Api::all(client.clone());
-        let config = watcher::Config::default().labels(&selector);
-        tokio::spawn(async move {
-            let stream = watcher(api, config);
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(watcher::Event::Apply(o)) => {
-                        let key = format!(
-                            "lease/{}/{}",
-                            o.namespace().unwrap_or_default(),
-                            o.name_any()
-                        );
-                        seen.lock().unwrap().entry(key).or_insert_with(Instant::now);
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        let _ = tx.send(()).await;
-                    }
-                    _ => {}
-                }
-            }
-        })
-    };
-    for _ in 0..2 {
-        synced_rx.recv().await;
-    }
-    let mut created: Vec<(String, Instant)> = Vec::new();
-    for i in 0..args.candidates {
-        let ns = ns_of(i);
-        let holder = &holders[i % holders.len()];
-        // From before the create is sent: the answer may come after the label.
-        let at = Instant::now();
-        let key = create_candidate(client, &ns, holder, i).await;
-        created.push((key, at));
-        tokio::time::sleep(args.create_every).await;
-    }
-    wait_labeled(&seen, &created).await;
-    cms.abort();
-    leases.abort();
-    label_seconds(&seen, &created)
 }

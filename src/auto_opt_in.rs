@@ -28,6 +28,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -113,9 +114,17 @@ impl AutoOptIn {
         })
     }
 
-    /// Watches every scope until `shutdown`.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Watches every scope until `shutdown`; `left` names the opted-in
+    /// Leases the lock watch saw leave (`Shared::left`).
+    pub async fn run(
+        self: Arc<Self>,
+        left: Option<UnboundedReceiver<LockKey>>,
+        shutdown: CancellationToken,
+    ) {
         let mut runs: Vec<futures::future::BoxFuture<'static, ()>> = Vec::new();
+        if let Some(left) = left {
+            runs.push(Box::pin(self.clone().judge_what_left(left)));
+        }
         for ns in crate::scopes(&self.settings.namespaces) {
             if self.settings.kinds.contains(&LockKind::ConfigMap) {
                 runs.push(Box::pin(self.clone().watch_configmaps(ns.clone())));
@@ -258,6 +267,19 @@ impl AutoOptIn {
                 _ => true,
             };
             if !known && due() {
+                self.clone().judge_soon(key, None);
+            }
+        }
+    }
+
+    /// Each Lease that left the lock watch is judged from a live read: one
+    /// whose opt-in key was removed is labeled again; one deleted (a 404),
+    /// opted out (the key set to another value) or no candidate any more
+    /// is left as it is. One read per opted-in Lease that leaves, nothing
+    /// per renewal or per bystander.
+    async fn judge_what_left(self: Arc<Self>, mut left: UnboundedReceiver<LockKey>) {
+        while let Some(key) = left.recv().await {
+            if key.kind == LockKind::Lease && self.settings.kinds.contains(&key.kind) {
                 self.clone().judge_soon(key, None);
             }
         }

@@ -310,7 +310,7 @@ fn start_auto_opt_in(
         );
         info!(exclude_namespaces = %args.scope.exclude_namespaces,
               "auto opt-in on: labeling every unlabeled lock candidate in scope");
-        tokio::spawn(a.run(shutdown.clone()))
+        tokio::spawn(a.run(shared.left.listen(), shutdown.clone()))
     })
 }
 

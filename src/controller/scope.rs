@@ -48,9 +48,13 @@ pub(super) trait Kind:
             ctx.memory.saw_renewal(key, r);
         }
     }
+    /// Who else hears that a lock left the watch (deleted, or its opt-in
+    /// label removed or changed).
+    fn left(_ctx: &Context, _key: &LockKey) {}
     /// What memory learns from a deleted one, before it is forgotten: the
     /// owner of a lock held for life, as it was last seen.
     fn gone(ctx: &Context, key: &LockKey, last: &Self) {
+        Self::left(ctx, key);
         let o = last.object();
         let kind = kinds::of(o);
         if kind.judged() == Judged::ByOwner {
@@ -78,6 +82,11 @@ impl Kind for Lease {
     /// never from this copy.
     fn trim(&mut self) {
         lock::lease::trim_for_watch(self)
+    }
+    /// Also told to auto opt-in: a Lease leaves this watch when it is
+    /// deleted or its opt-in label is removed or changed.
+    fn left(ctx: &Context, key: &LockKey) {
+        ctx.shared.left.tell(key);
     }
 }
 

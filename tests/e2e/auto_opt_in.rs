@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use lock_janitor_testenv::peers::Peer;
 use lock_janitor_testenv::{fresh_namespace, kubelet, shared, ControlPlane};
@@ -505,4 +505,117 @@ async fn label_all_namespaces_leaves_excluded_namespaces_out() {
     assert!(!all.contains(&format!("{excluded}/out-lock")), "{all:?}");
     let named = names(&["-n", excluded.as_str()]).await;
     assert_eq!(named, [format!("{excluded}/out-lock")], "named with -n");
+}
+
+/// A renewed Lease whose opt-in label someone removed (the key gone, not
+/// set to `false`) is labeled again from that change, not at the next
+/// re-list: the lock watch (by the opt-in selector) sees it leave and auto
+/// opt-in reads it again. The Lease's own watch event would not bring it
+/// back: the label is removed within 30 s of the janitor's judgement of the
+/// same holder, which the change-of-holder path does not repeat (as it
+/// does not look at a Lease acquired long ago); `--resync 5m`: no re-list
+/// within the test.
+#[tokio::test]
+async fn a_lease_whose_label_was_removed_is_labeled_again() {
+    let cp = shared().await;
+    let client = cp.client().await.expect("admin client");
+    grant_janitor(&client).await;
+    let ns = fresh_namespace(&client, "auto-opt-in-relabel").await;
+    let node = format!("node-{ns}");
+    kubelet::create_node(&client, &node).await.expect("node");
+    running_pod(&client, &ns, "op-0", &node).await;
+    let kc = kubeconfig_as(cp, JANITOR_USER);
+    let janitor = Janitor::start(
+        &kc,
+        &[
+            "--namespace",
+            ns.as_str(),
+            "--auto-opt-in",
+            "--resync",
+            "5m",
+        ],
+    )
+    .await;
+    let now = MicroTime(Timestamp::now());
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("op-lease".into()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("op-0".into()),
+            lease_duration_seconds: Some(15),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            ..Default::default()
+        }),
+    };
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("the Lease");
+    wait_opted_in("the new Lease labeled", WITHIN, || {
+        lease_label(&client, &ns, "op-lease")
+    })
+    .await;
+
+    let unlabel = serde_json::json!({"metadata": {"labels": {WATCH_LABEL.0: null}}});
+    leases
+        .patch("op-lease", &PatchParams::default(), &Patch::Merge(&unlabel))
+        .await
+        .expect("the label removed");
+    let removed = Instant::now();
+    wait_opted_in("the Lease labeled again", WITHIN, || {
+        lease_label(&client, &ns, "op-lease")
+    })
+    .await;
+    eprintln!(
+        "labeled again {:.2}s after the label was removed",
+        removed.elapsed().as_secs_f64()
+    );
+    let m = janitor.metrics().await;
+    assert_eq!(
+        sample(&m, "lock_janitor_opt_ins_total", &[("kind", "lease")]),
+        Some(2.0),
+        "{m}"
+    );
+
+    // Set to false by hand: an opt-out, left as it is. The same path
+    // reads it again (a GET by the janitor after the change) and finds the
+    // key with another value.
+    let gets = || {
+        lock_janitor_testenv::audit::read(cp.audit_log_path())
+            .into_iter()
+            .filter(|e| {
+                e.effective_user() == JANITOR_USER
+                    && e.namespace.as_deref() == Some(ns.as_str())
+                    && e.name.as_deref() == Some("op-lease")
+                    && e.verb == "get"
+            })
+            .count()
+    };
+    let read_before = gets();
+    let opt_out = serde_json::json!({"metadata": {"labels": {WATCH_LABEL.0: "false"}}});
+    leases
+        .patch("op-lease", &PatchParams::default(), &Patch::Merge(&opt_out))
+        .await
+        .expect("opted out");
+    wait_for("the opt-out read again", WITHIN, || async {
+        (gets() > read_before).then_some(())
+    })
+    .await;
+    assert_eq!(
+        lease_label(&client, &ns, "op-lease").await.as_deref(),
+        Some("false"),
+        "{}",
+        janitor.logs()
+    );
+    let m = janitor.metrics().await;
+    assert_eq!(
+        sample(&m, "lock_janitor_opt_ins_total", &[("kind", "lease")]),
+        Some(2.0),
+        "{m}"
+    );
 }
