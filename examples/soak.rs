@@ -138,6 +138,12 @@ struct Sample {
     minute: u64,
     port: u16,
     rss_kib: u64,
+    /// VmRSS split: anonymous pages (the heap, stacks) and file pages (the
+    /// binary's code and data as far as it has been paged in).
+    rss_anon_kib: u64,
+    rss_file_kib: u64,
+    /// Series of the per-lock metric families, from its /metrics.
+    series: PerLockSeries,
     fds: usize,
     threads: u64,
     remembered: Option<u64>,
@@ -146,6 +152,37 @@ struct Sample {
     reconcile_errors: f64,
     reclaims: f64,
     leader: bool,
+}
+
+/// How many series each per-lock metric family has (one line each in the
+/// text exposition): the metrics memory that follows locks.
+#[derive(Clone, Copy, Debug, Default)]
+struct PerLockSeries {
+    /// `lock_janitor_reclaims_total{kind,lock_namespace,lock,reason}`.
+    reclaims: usize,
+    /// `lock_janitor_last_reclaim_timestamp_seconds{...}`, the same labels.
+    last_reclaim: usize,
+    /// `lock_janitor_stale_locks{...}`.
+    stale: usize,
+    /// `lock_janitor_awaiting_takeover` and
+    /// `lock_janitor_takeover_timeouts_total` (`lock_namespace`, `lock`).
+    takeover: usize,
+}
+
+impl PerLockSeries {
+    fn of(metrics: &str) -> Self {
+        let count = |family: &str| {
+            let prefix = format!("{family}{{");
+            metrics.lines().filter(|l| l.starts_with(&prefix)).count()
+        };
+        PerLockSeries {
+            reclaims: count("lock_janitor_reclaims_total"),
+            last_reclaim: count("lock_janitor_last_reclaim_timestamp_seconds"),
+            stale: count("lock_janitor_stale_locks"),
+            takeover: count("lock_janitor_awaiting_takeover")
+                + count("lock_janitor_takeover_timeouts_total"),
+        }
+    }
 }
 
 /// Retries a write through API server restarts for up to two minutes; API
@@ -514,6 +551,9 @@ impl Soak {
                 minute,
                 port,
                 rss_kib: field("VmRSS:"),
+                rss_anon_kib: field("RssAnon:"),
+                rss_file_kib: field("RssFile:"),
+                series: PerLockSeries::of(&metrics),
                 fds,
                 threads: field("Threads:"),
                 remembered: number("remembered"),
@@ -531,11 +571,17 @@ impl Soak {
         for s in samples {
             let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
             println!(
-                "soak: min {:>3} janitor :{:<5} {} rss {:>7} KiB  fds {:>3}  threads {:>3}  remembered {:>4}  awaited {:>3}  reclaims {:>6}  watch errors {:>3}  reconcile errors {:>3}",
+                "soak: min {:>3} janitor :{:<5} {} rss {:>7} KiB (anon {:>6}, file {:>6})  series reclaims {:>4} last {:>4} stale {:>3} takeover {:>3}  fds {:>3}  threads {:>3}  remembered {:>4}  awaited {:>3}  reclaims {:>6}  watch errors {:>3}  reconcile errors {:>3}",
                 s.minute,
                 s.port,
                 if s.leader { "leader " } else { "standby" },
                 s.rss_kib,
+                s.rss_anon_kib,
+                s.rss_file_kib,
+                s.series.reclaims,
+                s.series.last_reclaim,
+                s.series.stale,
+                s.series.takeover,
                 s.fds,
                 s.threads,
                 opt(s.remembered),
@@ -906,8 +952,11 @@ fn judge(soak: &Soak, minutes: u64) -> bool {
             }
             let g = growth(first, last);
             println!(
-                "soak: janitor :{port} as {role} (from minute {}): RSS {} KiB at minute {} -> {} KiB at minute {} ({g:+.1} %)",
-                st[0].minute, first.rss_kib, first.minute, last.rss_kib, last.minute
+                "soak: janitor :{port} as {role} (from minute {}): RSS {} KiB at minute {} -> {} KiB at minute {} ({g:+.1} %); anon {} -> {} KiB, file {} -> {} KiB; reclaim series {} -> {}",
+                st[0].minute, first.rss_kib, first.minute, last.rss_kib, last.minute,
+                first.rss_anon_kib, last.rss_anon_kib, first.rss_file_kib, last.rss_file_kib,
+                first.series.reclaims + first.series.last_reclaim,
+                last.series.reclaims + last.series.last_reclaim,
             );
             if g >= 5.0 && minutes >= 10 {
                 grew = true;
