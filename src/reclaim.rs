@@ -51,6 +51,8 @@ const INTENT_WITHIN: Duration = Duration::from_millis(500);
 
 #[cfg(test)]
 mod mocked;
+#[cfg(test)]
+mod mocked_stopped;
 
 /// What the janitor may write.
 #[derive(Clone, Copy, Debug, Default)]
