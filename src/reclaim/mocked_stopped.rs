@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::jiff::SignedDuration;
 use serde_json::Value;
 
 use super::*;
@@ -22,7 +23,6 @@ use crate::observe::LockAge;
 use crate::selector::Selector;
 use crate::shared::Shared;
 use crate::verdict::Policy;
-use k8s_openapi::jiff::SignedDuration;
 
 const CM_PATH: &str = "/api/v1/namespaces/ops/configmaps/op-lock";
 const LEASE_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/op-lease";
