@@ -111,13 +111,15 @@ chaos: testenv-build
 
 ## The soak run: 300 opted-in locks of the three kinds under churn (a holder dies every 3 s and
 ## a new one takes its lock), renewed Leases renewing, two API server restarts and a killed
-## leader; prints RSS, fds, threads, per-lock state and error counters every minute, then
-## wrong writes (audit log), missed reclaims and RSS growth after minute 5; exits 1 on any.
-## SOAK_MINUTES=30 by default; not part of make test. docs/performance.md keeps a run.
+## leader; prints RSS, fds, threads, per-lock state and series and error counters every
+## minute, then wrong writes (audit log), missed reclaims and RSS growth within a role after
+## its minute 5, net of the per-lock reclaim series; exits 1 on any. The janitor is the
+## image's musl build (a glibc build's arenas keep freed memory). SOAK_MINUTES=30 by default;
+## not part of make test. docs/performance.md keeps a run.
 SOAK_MINUTES ?= 30
-soak: testenv-build
-	$(CARGO) build --locked --release --bin lock-janitor --example soak
-	LOCK_JANITOR_BIN=$(CURDIR)/target/release/lock-janitor SOAK_MINUTES=$(SOAK_MINUTES) target/release/examples/soak $(SOAK_ARGS)
+soak: testenv-build janitor-musl
+	$(CARGO) build --locked --release --example soak
+	LOCK_JANITOR_BIN=$(CURDIR)/$(NODE_MUSL_BIN) SOAK_MINUTES=$(SOAK_MINUTES) target/release/examples/soak $(SOAK_ARGS)
 
 ## Benchmarks: they report numbers (not part of make test).
 ## make bench: memory, idle API load and reclaim latency at 0, 1,000 and 10,000 locks

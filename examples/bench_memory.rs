@@ -1,7 +1,8 @@
 //! Heap bytes per watched ConfigMap lock, by part: the lock watch's cache
 //! (kube-runtime's reflector store, as the janitor strips it), the holder
-//! index, and the per-lock memory of a settled lock. No control plane: the
-//! parts are fed 10,000 locks shaped like operator-lib's and a counting
+//! index, the per-lock memory of a settled lock, and the metric series of
+//! a reclaimed lock (one reason; kept an hour). No control plane: the parts
+//! are fed 10,000 locks shaped like operator-lib's and a counting
 //! allocator says what each keeps. It tells where the resident memory that
 //! `make bench` measures goes (that also counts the allocator's own overhead,
 //! kube-runtime's Controller and the fixed costs).
@@ -50,6 +51,22 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static COUNTING: Counting = Counting;
 
+/// This process's resident anonymous memory (RssAnon), in bytes: what a
+/// part costs with the allocator's own overhead (0 off Linux).
+fn resident() -> isize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("RssAnon:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse::<isize>()
+                .ok()
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
 fn live() -> (isize, isize) {
     (
         BYTES.load(Ordering::Relaxed),
@@ -92,13 +109,16 @@ struct Args {
 fn main() {
     let Args { n } = clap::Parser::parse();
     let metas: Vec<_> = (0..n).map(lock_meta).collect();
-    println!("heap kept per watched lock, {n} locks (requested bytes; the allocator adds its own)");
-    let mut at = live();
+    println!("heap kept per watched lock, {n} locks (requested bytes; the allocator adds its own, in the resident column)");
+    // Made before counting starts: its fixed cost is no lock's.
+    let metrics = lock_janitor::metrics::Metrics::new().expect("metrics");
+    let mut at = (live(), resident());
     let mut report = |part: &str| {
-        let now = live();
+        let now = (live(), resident());
         println!(
-            "  {part:<32} {:>6.0} B/lock {:>5.1} allocations/lock",
-            (now.0 - at.0) as f64 / n as f64,
+            "  {part:<34} {:>6.0} B/lock {:>5.1} allocations/lock {:>6.0} B/lock resident",
+            (now.0 .0 - at.0 .0) as f64 / n as f64,
+            (now.0 .1 - at.0 .1) as f64 / n as f64,
             (now.1 - at.1) as f64 / n as f64
         );
         at = now;
@@ -125,5 +145,17 @@ fn main() {
         memory.seed_held(&key, &l.resource_version, &l.holder);
     }
     report("memory of a settled lock");
-    drop((reader, writer, index, memory));
+
+    // A reclaimed lock's series: `lock_janitor_reclaims_total` and
+    // `lock_janitor_last_reclaim_timestamp_seconds`, one each per (lock,
+    // reason) reclaimed within `RECLAIM_SERIES_TTL`, and the time each was
+    // touched (what the soak's RSS follows while locks are reclaimed for
+    // the first time).
+    for m in &metas {
+        let l = lock::parse(&m.metadata).expect("a lock");
+        let key = LockKey::configmap(l.namespace.clone(), l.name.clone());
+        metrics.reclaimed(&key, lock_janitor::verdict::StaleReason::Evicted);
+    }
+    report("reclaim series of a reclaimed lock");
+    drop((reader, writer, index, memory, metrics));
 }

@@ -49,6 +49,8 @@ const INTENT_WITHIN: Duration = Duration::from_millis(500);
 
 #[cfg(test)]
 mod mocked;
+#[cfg(test)]
+mod mocked_stopped;
 
 pub use crate::decide::{Done, Freed};
 
