@@ -12,13 +12,14 @@ use k8s_openapi::jiff::SignedDuration;
 use serde_json::Value;
 
 use super::*;
-use crate::controller::{decide, Context, Settings};
+use crate::controller::{Context, Settings};
+use crate::decide;
 use crate::events::{REASON_RECLAIMED, REASON_RECLAIMING, REASON_STOPPED};
 use crate::fixtures::{
-    cm_lock, evicted_pod, lease_for_life, list_of, renewed_lease, to_json, Answer, ApiServer,
-    Expect,
+    cm_lock, evicted_pod, lease_for_life, list_of, record_lock, renewed_lease, to_json, Answer,
+    ApiServer, Expect,
 };
-use crate::lock::LockKey;
+use crate::lock::{LockKey, LockKind};
 use crate::observe::LockAge;
 use crate::selector::Selector;
 use crate::shared::Shared;
@@ -28,10 +29,12 @@ const CM_PATH: &str = "/api/v1/namespaces/ops/configmaps/op-lock";
 const LEASE_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/op-lease";
 const POD_PATH: &str = "/api/v1/namespaces/ops/pods/op-1";
 const PODS_PATH: &str = "/api/v1/namespaces/ops/pods";
+const RECORD_PATH: &str = "/api/v1/namespaces/ops/configmaps/op-record";
 
 /// Each kind of lock (a ConfigMap held for life, a Lease held for life, a
-/// renewed Lease last renewed 570 s ago, past 5/6 of its 600 s), its
-/// path and the live reads its judgement makes before the intent Event.
+/// renewed Lease and a ConfigMap's leader record last renewed 570 s ago,
+/// past 5/6 of their 600 s), its path and the live reads its judgement
+/// makes before the intent Event.
 fn kinds() -> Vec<(&'static str, LockKey, Vec<Expect>)> {
     let pod = evicted_pod();
     let by_name = |path: &str, lock: Value| {
@@ -56,6 +59,18 @@ fn kinds() -> Vec<(&'static str, LockKey, Vec<Expect>)> {
             LockKey::lease("ops", "op-lease"),
             vec![
                 Expect::get(LEASE_PATH).answer(Answer::Ok(to_json(&renewed_lease(
+                    SignedDuration::from_secs(570),
+                )))),
+                Expect::get(PODS_PATH)
+                    .query("limit=100")
+                    .answer(Answer::Ok(list_of("PodList", vec![to_json(&pod)]))),
+            ],
+        ),
+        (
+            "leader record",
+            LockKey::configmap("ops", "op-record"),
+            vec![
+                Expect::get(RECORD_PATH).answer(Answer::Ok(to_json(&record_lock(
                     SignedDuration::from_secs(570),
                 )))),
                 Expect::get(PODS_PATH)
