@@ -196,11 +196,14 @@ mod tests {
         }
     }
 
-    #[test]
-    fn verdicts() {
+    type Case = (&'static str, LeaseLock, Vec<Pod>, Verdict);
+
+    /// Who holds it: released or expired, and whether the pod its identity
+    /// names is there, alive, and the only one.
+    fn holder_cases() -> Vec<Case> {
         let cr = "op-a_0c3e5a12-4b1f-4a2e-9d7c-1f2e3d4c5b6a";
         let long = format!("{}-x7k2p", "o".repeat(60));
-        let cases: Vec<(&str, LeaseLock, Vec<Pod>, Verdict)> = vec![
+        vec![
             (
                 "released",
                 lease(None, 40),
@@ -285,6 +288,12 @@ mod tests {
                 vec![pod(&long, None, "Failed", Some("Preempting"))],
                 stale(StaleReason::Preempted),
             ),
+        ]
+    }
+
+    /// When its holder died, against the renewals seen.
+    fn death_cases() -> Vec<Case> {
+        vec![
             (
                 "died a second ago: the renewal window is still open",
                 lease(Some("op-a"), 40),
@@ -337,7 +346,12 @@ mod tests {
                 vec![pod("op-a", None, "Failed", Some("Evicted"))],
                 Verdict::Held(HeldBecause::RenewedAfterDeath),
             ),
-        ];
+        ]
+    }
+
+    #[test]
+    fn verdicts() {
+        let cases = holder_cases().into_iter().chain(death_cases());
         // A client-go holder renewing every 2 s, watched for 40 s.
         let seen = Renewals {
             period: Some(Duration::from_secs(2)),

@@ -65,41 +65,16 @@ fn stale(reason: StaleReason) -> Verdict {
     }
 }
 
-#[test]
-fn design_table() {
-    let terminating = {
-        let mut p = pod("pod-uid", Some("Running"), None);
-        p.metadata.deletion_timestamp = Some(Time(t("2026-01-01T00:00:00Z")));
-        p
-    };
+type Case = (&'static str, Pod, Verdict);
+
+/// Pods that can no longer run: stale, by the reason their status gives.
+fn terminal_cases() -> Vec<Case> {
     let failed_and_terminating = {
         let mut p = pod("pod-uid", Some("Failed"), Some("Evicted"));
         p.metadata.deletion_timestamp = Some(Time(t("2026-01-01T00:00:00Z")));
         p
     };
-    let no_status = Pod {
-        status: None,
-        ..pod("pod-uid", None, None)
-    };
-    let running = |name: &str| ContainerStatus {
-        name: name.into(),
-        state: Some(ContainerState {
-            running: Some(ContainerStateRunning::default()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let still_running = |phase: &str, reason: Option<&str>, at: usize| {
-        let mut p = pod("pod-uid", Some(phase), reason);
-        let st = p.status.as_mut().unwrap();
-        match at {
-            0 => st.init_container_statuses = Some(vec![running("init")]),
-            1 => st.container_statuses = Some(vec![running("app")]),
-            _ => st.ephemeral_container_statuses = Some(vec![running("debug")]),
-        }
-        p
-    };
-    let cases: Vec<(&str, Pod, Verdict)> = vec![
+    vec![
         (
             "evicted",
             pod("pod-uid", Some("Failed"), Some("Evicted")),
@@ -145,6 +120,17 @@ fn design_table() {
             failed_and_terminating,
             stale(StaleReason::Evicted),
         ),
+    ]
+}
+
+/// Pods that may run, in any phase but the terminal ones, or terminating.
+fn live_cases() -> Vec<Case> {
+    let terminating = {
+        let mut p = pod("pod-uid", Some("Running"), None);
+        p.metadata.deletion_timestamp = Some(Time(t("2026-01-01T00:00:00Z")));
+        p
+    };
+    vec![
         (
             "pending",
             pod("pod-uid", Some("Pending"), None),
@@ -175,6 +161,34 @@ fn design_table() {
             terminating,
             Verdict::Held(HeldBecause::Terminating),
         ),
+    ]
+}
+
+/// What a status leaves unsaid, a container still running, another pod.
+fn doubtful_cases() -> Vec<Case> {
+    let no_status = Pod {
+        status: None,
+        ..pod("pod-uid", None, None)
+    };
+    let running = |name: &str| ContainerStatus {
+        name: name.into(),
+        state: Some(ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let still_running = |phase: &str, reason: Option<&str>, at: usize| {
+        let mut p = pod("pod-uid", Some(phase), reason);
+        let st = p.status.as_mut().unwrap();
+        match at {
+            0 => st.init_container_statuses = Some(vec![running("init")]),
+            1 => st.container_statuses = Some(vec![running("app")]),
+            _ => st.ephemeral_container_statuses = Some(vec![running("debug")]),
+        }
+        p
+    };
+    vec![
         ("no status", no_status, Verdict::Held(HeldBecause::NoStatus)),
         (
             "failed, but an init container still runs",
@@ -223,7 +237,15 @@ fn design_table() {
                 other_uid: String::new(),
             },
         ),
-    ];
+    ]
+}
+
+#[test]
+fn design_table() {
+    let cases = terminal_cases()
+        .into_iter()
+        .chain(live_cases())
+        .chain(doubtful_cases());
     for (name, p, want) in cases {
         assert_eq!(judge_pod(&p), want, "{name}");
     }
