@@ -47,11 +47,6 @@ use crate::{api_code, call, words, Error};
 /// the write.
 const INTENT_WITHIN: Duration = Duration::from_millis(500);
 
-#[cfg(test)]
-mod mocked;
-#[cfg(test)]
-mod mocked_stopped;
-
 pub use crate::decide::{Done, Freed};
 
 /// What the janitor may write.

@@ -547,5 +547,11 @@ mod scope;
 mod wiring;
 pub use scope::strip_cached;
 use wiring::{drive, queue_unsettled, terminal_pods, Wiring};
+/// Every freeing write of every kind, request by request, on a mocked API
+/// server, through the reconcile's own judgement and write.
+#[cfg(test)]
+mod reclaims;
+#[cfg(test)]
+mod reclaims_stopped;
 #[cfg(test)]
 mod tests;

@@ -16,7 +16,6 @@ use kube::core::PartialObjectMetaExt;
 use kube::Client;
 use serde_json::{json, Value};
 
-use super::*;
 use crate::controller::{self, Context, LockMeta, Settings};
 use crate::decide;
 use crate::events::{
@@ -30,9 +29,13 @@ use crate::fixtures::{
 use crate::kinds::annotation::record::ANNOTATION;
 use crate::lock::LockKey;
 use crate::observe::LockAge;
+use crate::reclaim::*;
 use crate::selector::Selector;
 use crate::shared::Shared;
+use crate::verdict::{self, StaleReason, Verdict};
 use crate::verdict::{HeldBecause, Policy};
+use crate::Error;
+use std::time::Duration;
 
 const CM_PATH: &str = "/api/v1/namespaces/ops/configmaps/op-lock";
 const LEASE_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/op-lease";

@@ -11,8 +11,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::SignedDuration;
 use serde_json::Value;
 
-use super::*;
-use crate::controller::{Context, Settings};
+use super::{Context, Settings};
 use crate::decide;
 use crate::events::{REASON_RECLAIMED, REASON_RECLAIMING, REASON_STOPPED};
 use crate::fixtures::{
@@ -21,9 +20,13 @@ use crate::fixtures::{
 };
 use crate::lock::{LockKey, LockKind};
 use crate::observe::LockAge;
+use crate::reclaim::*;
 use crate::selector::Selector;
 use crate::shared::Shared;
 use crate::verdict::Policy;
+use crate::verdict::{StaleReason, Verdict};
+use crate::Error;
+use kube::Client;
 
 const CM_PATH: &str = "/api/v1/namespaces/ops/configmaps/op-lock";
 const LEASE_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/op-lease";
