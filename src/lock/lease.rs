@@ -278,11 +278,13 @@ pub fn is_whole(l: &Lease) -> bool {
 /// gone. Metadata stays as read: the update carries the judged
 /// resourceVersion (a change means 409).
 ///
-/// The holder is left out, where client-go writes `""`: every elector reads
-/// both as no holder, but the official Java client takes a Lease at once
-/// only when it names none at all (`null`), and waits a whole lease from
-/// when it saw a `""` (its own release writes none). The times stay:
-/// fabric8 cannot read a Lease without them.
+/// The holder is `""`, as client-go writes it, not left out: fabric8 before
+/// 6.x cannot read a Lease without a holder (its record requires one), and
+/// its follower would never lead. The price: the official Java client
+/// takes a Lease at once only when it names no holder at all, so after a
+/// `""` its follower waits its own lease from when it saw the release (a
+/// Lease does not say which client wrote it). The times stay: fabric8
+/// cannot read a Lease without them.
 pub fn released(mut lease: Lease, now: Timestamp) -> Lease {
     let t = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now);
     let transitions = lease
@@ -291,7 +293,7 @@ pub fn released(mut lease: Lease, now: Timestamp) -> Lease {
         .and_then(|s| s.lease_transitions)
         .unwrap_or(0);
     lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-        holder_identity: None,
+        holder_identity: Some(String::new()),
         lease_duration_seconds: Some(1),
         acquire_time: Some(t.clone()),
         renew_time: Some(t),
@@ -564,7 +566,7 @@ mod tests {
         assert_eq!(
             out.spec,
             Some(LeaseSpec {
-                holder_identity: None,
+                holder_identity: Some(String::new()),
                 lease_duration_seconds: Some(1),
                 acquire_time: Some(MicroTime(now)),
                 renew_time: Some(MicroTime(now)),

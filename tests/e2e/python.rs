@@ -12,8 +12,8 @@
 //!
 //! The Python client's follower waits out its own 60 s from the moment it
 //! last saw the record change; it takes a record at once only if the record
-//! names no holder (holderIdentity "" or null: a release writes none) or is
-//! missing.
+//! names no holder (holderIdentity "" or null: a Lease release writes "",
+//! a record release null) or is missing.
 
 use std::time::{Duration, Instant};
 
@@ -218,7 +218,7 @@ async fn python_lease_candidate_leads_within_15s_after_its_leaders_death() {
     );
     assert!(received(&writes[0]) >= died_at, "{writes:#?}");
     let body = writes[0].request_object.as_ref().expect("request body");
-    assert_eq!(body["spec"].get("holderIdentity"), None, "{body}");
+    assert_eq!(body["spec"]["holderIdentity"], "", "{body}");
     assert_eq!(body["spec"]["leaseDurationSeconds"], 1, "{body}");
     let m = metrics_reclaimed(&j, &[("kind", "lease"), ("lock", "py-lease")], 1.0).await;
     assert_eq!(

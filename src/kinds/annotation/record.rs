@@ -75,14 +75,18 @@ pub const MAX_DURATION: SignedDuration = SignedDuration::from_secs(365 * 24 * 60
 /// How much of a bad value an error quotes, in characters.
 const QUOTE_MAX: usize = 80;
 
-/// What every released record starts with: no holder. `null`, not `""`:
-/// every client reads both as no holder, but the official Java client
-/// takes a record at once only when its holder is `null` (its own release
-/// writes none), and waits a whole lease from when it saw a `""`.
-const RELEASED_HOLDER: &str = r#"{"holderIdentity":null"#;
 /// What a released record of a writer that knows `leaseDurationSeconds`
-/// starts with (no holder, one second); `,` or `}` follows.
+/// (client-go, the Java and Python clients) starts with: no holder, one
+/// second; `,` or `}` follows. `null`, not `""`: every client reads both as
+/// no holder, but the official Java client takes a record at once only
+/// when its holder is `null` (its own release writes none), and waits a
+/// whole lease from when it saw a `""`.
 const RELEASED_PREFIX: &str = r#"{"holderIdentity":null,"leaseDurationSeconds":1"#;
+/// What a released fabric8 record starts with: an empty holder, and no
+/// `leaseDurationSeconds` (a field fabric8's reader refuses). `""`, not
+/// `null`: fabric8 before 6.x cannot read a record without a holder (its
+/// follower would never lead); from 6.1 on it takes `""` at once.
+const RELEASED_FABRIC8: &str = r#"{"holderIdentity":"""#;
 
 const HOLDER: &str = "holderIdentity";
 const DURATION: &str = "leaseDurationSeconds";
@@ -363,17 +367,20 @@ fn renew(v: &Value) -> Result<(Option<Timestamp>, Option<String>), RecordError> 
 }
 
 /// The released record: compact JSON that starts exactly with
-/// `{"holderIdentity":null`, then `,"leaseDurationSeconds":1` unless the
-/// record is fabric8's, then `,` or `}`; then every other top-level field
+/// `{"holderIdentity":null,"leaseDurationSeconds":1` or, for fabric8's
+/// record, `{"holderIdentity":""`; then `,` or `}`; then every other top-level field
 /// of the original object kept with its value unchanged. Err when `value`
 /// does not parse as a JSON object.
 ///
-/// A record is fabric8's when it has `leaseDuration` and names
-/// `leaseDurationSeconds` nowhere (in any case, as the guard checks it): fabric8 reads its record with a strict mapper,
-/// to which `leaseDurationSeconds` is an unknown field that makes the whole
-/// record unreadable (its elector would then never take the lock), so its
-/// release names no holder and nothing more (fabric8 takes a record with
-/// no holder at once, as every elector does).
+/// A record is fabric8's when it has `leaseDuration` and no key that reads
+/// as `leaseDurationSeconds`. fabric8 reads its record with a strict
+/// mapper, to which `leaseDurationSeconds` is an unknown field that makes
+/// the whole record unreadable (its elector would then never take the
+/// lock), so its release empties the holder and adds nothing (fabric8 6.1
+/// on takes it at once; before, at the record's renewTime plus its lease,
+/// as without a release). A fabric8 record that mentions
+/// `leaseDurationSeconds` anywhere else (in a value) is not released at
+/// all: the guard, which parses no JSON, could not tell it is fabric8's.
 ///
 /// The other fields are copied as written, in their order (whitespace
 /// outside strings dropped): numbers keep their digits and strings their
@@ -388,12 +395,17 @@ pub fn released(value: &str) -> Result<String, RecordError> {
         found: "empty",
         value: quote(value),
     })?;
-    // As the guard tells it (it parses no JSON): `leasedurationseconds`
-    // nowhere in the record, in any case.
     let fabric8 = members.iter().any(|m| m.key == FABRIC8_DURATION)
-        && !fold(value).contains("leasedurationseconds");
+        && !members.iter().any(|m| folds_to(&m.key, DURATION));
+    // The guard tells fabric8's record by `leasedurationseconds` nowhere
+    // in it, in any case (it parses no JSON).
+    if fabric8 && fold(value).contains("leasedurationseconds") {
+        return Err(RecordError::Unreleasable {
+            why: "it is fabric8's (leaseDuration) yet mentions leaseDurationSeconds, so the delete guard could not tell it is fabric8's".into(),
+        });
+    }
     let prefix = if fabric8 {
-        RELEASED_HOLDER
+        RELEASED_FABRIC8
     } else {
         RELEASED_PREFIX
     };
@@ -428,19 +440,20 @@ pub fn released(value: &str) -> Result<String, RecordError> {
 /// released: see [`is_release_of`]).
 pub fn is_released(value: &str) -> bool {
     value.len() <= MAX_LEN
-        && (after_prefix(value, RELEASED_PREFIX) || after_prefix(value, RELEASED_HOLDER))
+        && (after_prefix(value, RELEASED_PREFIX) || after_prefix(value, RELEASED_FABRIC8))
 }
 
 /// Whether the delete guard admits `new` as the release of the record
 /// `old`: its rule, in Rust (the guard's CEL parses no JSON), used by
 /// tests to say what the guard does.
 ///
-/// `old` is held: not empty, and not released already (neither prefix
-/// below, nor client-go's own release, whose holder is `""`). `new` is at
-/// most [`MAX_LEN`] bytes and starts with `{"holderIdentity":null`, then
-/// either `,"leaseDurationSeconds":1`, or nothing more when `old` is
-/// fabric8's (it names `leasedurationseconds` nowhere, in any case) and
-/// `new` keeps its `"leaseDuration":`; then `,` or `}`. The rest never
+/// `old` is held: not empty, and not released already (it does not start
+/// with a holder `""` or `null` then `,` or `}`: the janitor's release,
+/// fabric8's, client-go's own). `new` is at most [`MAX_LEN`] bytes and
+/// starts with `{"holderIdentity":null,"leaseDurationSeconds":1`, or, when
+/// `old` is fabric8's (it names `leasedurationseconds` nowhere, in any
+/// case) and `new` keeps its `"leaseDuration":`, with
+/// `{"holderIdentity":""`; then `,` or `}`. The rest never
 /// names either field again in any spelling a JSON reader takes for it:
 /// neither `holderidentity` nor `leasedurationseconds` in any case (also
 /// with `ſ` for `s`, which Go folds to `s`), and no `\u` escape of an
@@ -456,7 +469,7 @@ pub fn is_release_of(old: &str, new: &str) -> bool {
         && (after_prefix(new, RELEASED_PREFIX)
             || (fabric8
                 && new.contains(r#""leaseDuration":"#)
-                && after_prefix(new, RELEASED_HOLDER)))
+                && after_prefix(new, RELEASED_FABRIC8)))
 }
 
 /// `value` starts with `prefix`, then `,` or `}`, and the rest is one the
@@ -470,7 +483,7 @@ fn after_prefix(value: &str, prefix: &str) -> bool {
 /// A record released already, as the guard tells one: it starts with no
 /// holder (`""` or `null`), then `,` or `}`.
 fn was_released(old: &str) -> bool {
-    [r#"{"holderIdentity":"""#, RELEASED_HOLDER]
+    [r#"{"holderIdentity":"""#, r#"{"holderIdentity":null"#]
         .iter()
         .any(|prefix| {
             old.strip_prefix(prefix)
@@ -492,10 +505,14 @@ fn refused_rest(rest: &str) -> Option<String> {
     let b = folded.as_bytes();
     for i in 0..b.len() {
         if b[i] == b'\\' && b.get(i + 1) == Some(&b'u') {
-            let hex = b.get(i + 2..i + 6).unwrap_or_default();
-            let letter = hex.len() == 4
-                && ((hex[0] == b'0' && hex[1] == b'0' && (b'4'..=b'7').contains(&hex[2]))
-                    || hex == b"017f");
+            // As the guard's `\\u00[4-7]|\\u017f`: three characters after
+            // `\u` suffice for the first (also at the very end).
+            let hex = &b[(i + 2).min(b.len())..(i + 6).min(b.len())];
+            let letter = (hex.len() >= 3
+                && hex[0] == b'0'
+                && hex[1] == b'0'
+                && (b'4'..=b'7').contains(&hex[2]))
+                || hex == b"017f";
             if letter {
                 return Some(format!(
                     "its other fields write a letter as a \\u escape ({})",

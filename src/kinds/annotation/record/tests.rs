@@ -351,7 +351,7 @@ fn is_released_is_the_prefix_rule() {
         CLIENT_GO,
         r#"{"holderIdentity":"pod-b","leaseDurationSeconds":1}"#,
         r#"{"holderIdentity":"","leaseDurationSeconds":1}"#,
-        r#"{"holderIdentity":""}"#,
+        r#"{"holderIdentity":null}"#,
         r#"{"holderIdentity":null,"leaseDurationSeconds":10}"#,
         r#"{"holderIdentity":null,"leaseDurationSeconds":1.5}"#,
         r#"{"holderIdentity": "", "leaseDurationSeconds": 1}"#,
@@ -434,12 +434,18 @@ fn fabric8_record_is_released_without_a_field_fabric8_does_not_know() {
     let out = released(FABRIC8).unwrap();
     assert_eq!(
         out,
-        r#"{"holderIdentity":null,"leaseDuration":"PT15S","acquireTime":"2026-12-06T23:30:00.000000Z","renewTime":"2026-12-06T23:30:02.123456Z","leaderTransitions":0}"#
+        r#"{"holderIdentity":"","leaseDuration":"PT15S","acquireTime":"2026-12-06T23:30:00.000000Z","renewTime":"2026-12-06T23:30:02.123456Z","leaderTransitions":0}"#
     );
     assert!(is_released(&out), "{out}");
     let r = parse(&out).unwrap();
     assert_eq!((r.holder, r.duration), (None, secs(15)));
-    // A record with both fields is released as client-go's is.
+    // A record with both fields is released as client-go's is; one that
+    // mentions leaseDurationSeconds in a value is not released at all (the
+    // guard could not tell it is fabric8's).
+    assert!(matches!(
+        released(r#"{"holderIdentity":"a","leaseDuration":"PT15S","note":"leaseDurationSeconds"}"#),
+        Err(RecordError::Unreleasable { .. })
+    ));
     let both = r#"{"holderIdentity":"pod-a","leaseDurationSeconds":15,"leaseDuration":"PT15S"}"#;
     assert_eq!(
         released(both).unwrap(),
@@ -448,23 +454,23 @@ fn fabric8_record_is_released_without_a_field_fabric8_does_not_know() {
 }
 
 #[test]
-fn is_released_also_takes_no_holder_alone() {
+fn is_released_also_takes_fabric8s_empty_holder_alone() {
     for v in [
-        r#"{"holderIdentity":null}"#,
-        r#"{"holderIdentity":null,"leaseDuration":"PT15S"}"#,
-        r#"{"holderIdentity":null,"renewTime":"2026-12-06T23:30:02Z"}"#,
+        r#"{"holderIdentity":""}"#,
+        r#"{"holderIdentity":"","leaseDuration":"PT15S"}"#,
+        r#"{"holderIdentity":"","renewTime":"2026-12-06T23:30:02Z"}"#,
     ] {
         assert!(is_released(v), "{v}");
     }
     for v in [
         r#"{"holderIdentity":"pod-b"}"#,
-        r#"{"holderIdentity":null ,"leaseDuration":"PT15S"}"#,
-        r#"{"holderIdentity":null,"leaseDurationSeconds":15}"#,
-        r#"{"holderIdentity":null,"leaseDuration":"PT15S","leaseDurationSeconds":1}"#,
-        r#"{"holderIdentity":null,"holderIdentity":"pod-b"}"#,
-        r#"{"holderIdentity":null,"HOLDERIDENTITY":"pod-b"}"#,
-        r#"{"holderIdentity":null,"h\u006flderIdentity":"pod-b"}"#,
-        r#"{"holderIdentity":null"#,
+        r#"{"holderIdentity":"" ,"leaseDuration":"PT15S"}"#,
+        r#"{"holderIdentity":"","leaseDurationSeconds":15}"#,
+        r#"{"holderIdentity":"","leaseDuration":"PT15S","leaseDurationSeconds":1}"#,
+        r#"{"holderIdentity":"","holderIdentity":"pod-b"}"#,
+        r#"{"holderIdentity":"","HOLDERIDENTITY":"pod-b"}"#,
+        r#"{"holderIdentity":"","h\u006flderIdentity":"pod-b"}"#,
+        r#"{"holderIdentity":"""#,
         r#"{"holderIdentity":"x"}"#,
     ] {
         assert!(!is_released(v), "{v}");
@@ -477,12 +483,16 @@ fn is_release_of_asks_the_record_released_too() {
         let out = released(old).unwrap();
         assert!(is_release_of(old, &out), "{old} -> {out}");
     }
-    let f8_kept = r#"{"holderIdentity":null,"leaseDuration":"PT15S"}"#;
+    let f8_kept = r#"{"holderIdentity":"","leaseDuration":"PT15S"}"#;
     assert!(is_release_of(FABRIC8, f8_kept));
     // The short form only for fabric8's record, and with its duration kept.
-    assert!(!is_release_of(PYTHON, r#"{"holderIdentity":null,"x":1}"#));
+    assert!(!is_release_of(PYTHON, r#"{"holderIdentity":"","x":1}"#));
+    assert!(!is_release_of(
+        FABRIC8,
+        r#"{"holderIdentity":null,"leaseDuration":"PT15S"}"#
+    ));
     assert!(!is_release_of(CLIENT_GO, f8_kept));
-    assert!(!is_release_of(FABRIC8, r#"{"holderIdentity":null}"#));
+    assert!(!is_release_of(FABRIC8, r#"{"holderIdentity":""}"#));
     assert!(!is_release_of(
         r#"{"holderIdentity":"a","leaseDuration":"PT15S","note":"leaseDurationSeconds"}"#,
         f8_kept
