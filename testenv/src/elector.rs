@@ -1,6 +1,7 @@
 //! What the real leader-election peers that nobody here wrote have in
 //! common ([`crate::python_peer`]: the official Python client;
-//! [`crate::fabric8_peer`]: fabric8's Java client): each is one candidate
+//! [`crate::fabric8_peer`]: fabric8's Java client; [`crate::java_peer`]:
+//! the official Java client): each is one candidate
 //! program, built once by a script under `hack/` into the cache, that takes
 //! `configmap|lease NAMESPACE LOCK IDENTITY LEASE RENEW RETRY`, reads its
 //! cluster from `$KUBECONFIG`, prints `LEADING IDENTITY` on stdout once it
@@ -54,15 +55,18 @@ pub const TIMINGS: [Duration; 3] = [
 /// The file that `hack/<script>` prints on its last line (a peer's
 /// program, which the script builds if it is missing), asked for once per
 /// process: `once` keeps the answer (the script is quick when the build is
-/// there, and takes a lock while it makes one).
+/// there, and takes a lock while it makes one). `script` is the script's
+/// name, then any arguments, separated by spaces (`java-peer.sh java`).
 pub(crate) fn built_by(
     once: &'static OnceLock<Result<PathBuf, String>>,
     script: &str,
     what: &str,
 ) -> Result<PathBuf, Error> {
     once.get_or_init(|| {
-        let script = repo().join("hack").join(script);
+        let mut words = script.split_whitespace();
+        let script = repo().join("hack").join(words.next().unwrap_or_default());
         let out = Command::new(&script)
+            .args(words)
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("running {}: {e}", script.display()))?;

@@ -27,6 +27,7 @@ mod docs;
 mod fabric8;
 mod ha;
 mod janitor;
+mod java;
 mod lease_safety;
 mod leases;
 mod operator_lib;
