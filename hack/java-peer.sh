@@ -27,6 +27,9 @@
 #
 #   hack/java-peer.sh NAME           build it if missing, print its launcher
 #   hack/java-peer.sh NAME --print   only print where its launcher is (or will be)
+#   hack/java-peer.sh NAME PROPERTY=VALUE...   with Maven properties of the pom
+#       overridden (another release of its library: fabric8.version=7.9.0);
+#       they are in the key, so each set is a build of its own
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 name="${1:-}"
@@ -35,14 +38,24 @@ if [ -z "$name" ] || [ ! -f "$src/pom.xml" ] || [ ! -f "$src/Elector.java" ]; th
   echo "usage: hack/java-peer.sh NAME [--print] (NAME a directory of testenv/peers/ with pom.xml and Elector.java: $(cd "$root/testenv/peers" && ls -d */pom.xml 2>/dev/null | cut -d/ -f1 | xargs))" >&2
   exit 2
 fi
+shift
+print=false
+props=()
+for arg in "$@"; do
+  case "$arg" in
+    --print) print=true ;;
+    ?*=*) props+=("-D$arg") ;;
+    *) echo "java-peer.sh: $arg is neither --print nor PROPERTY=VALUE" >&2; exit 2 ;;
+  esac
+done
 sources=("$src"/*.java)
-key="$(cat "$src/pom.xml" "${sources[@]}" | sha256sum | cut -c1-16)"
+key="$( (cat "$src/pom.xml" "${sources[@]}"; [ ${#props[@]} -eq 0 ] || printf '%s\n' "${props[@]}") | sha256sum | cut -c1-16)"
 base="${LOCK_JANITOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lock-janitor}/$name-peer"
 dir="$base/$key"
 launcher="$dir/bin/elector"
 say() { echo "$name-peer: $*" >&2; }
 
-if [ "${2:-}" = "--print" ]; then echo "$launcher"; exit 0; fi
+if $print; then echo "$launcher"; exit 0; fi
 ready() { [ -f "$dir/.complete" ] && [ -x "$launcher" ]; }
 if ready; then echo "$launcher"; exit 0; fi
 
@@ -63,10 +76,10 @@ tmp="$base/.new-$key-$$"
 rm -rf "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/lib" "$tmp/classes" "$tmp/bin"
-say "building the peer testenv/peers/$name ($(javac -version 2>&1)) in $dir"
+say "building the peer testenv/peers/$name${props[*]:+ (${props[*]})} ($(javac -version 2>&1)) in $dir"
 # -f: the pom where it is (this goal writes nothing beside it). Its output
 # (colour codes even with -B) is shown only if it fails.
-mvn -B -q -f "$src/pom.xml" -Dmaven.repo.local="$base/m2" \
+mvn -B -q -f "$src/pom.xml" -Dmaven.repo.local="$base/m2" ${props[@]+"${props[@]}"} \
   dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp/lib" >"$tmp/mvn.log" 2>&1 \
   || { cat "$tmp/mvn.log" >&2; say "mvn could not fetch the dependencies of $src/pom.xml (Maven Central reachable?)"; exit 1; }
 rm -f "$tmp/mvn.log"

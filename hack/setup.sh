@@ -4,7 +4,9 @@
 #   - Debian packages: prometheus (promtool and a server for tests/e2e/prometheus.rs),
 #     musl-tools (the image's static build), file (checks that it is static),
 #     jq (the README's one-liner, run by tests/e2e/docs.rs), python3 and
-#     python3-venv when missing (the Python peer's venv, hack/python-peer.sh);
+#     python3-venv when missing (the Python peer's venv, hack/python-peer.sh),
+#     openjdk-17-jdk-headless and maven when missing (the Java peers' builds,
+#     hack/java-peer.sh);
 #   - rustup: rustfmt, clippy and the x86_64-unknown-linux-musl target.
 # apt-get runs as root (or through sudo when available); otherwise it names the
 # command to run. Idempotent: nothing is installed twice.
@@ -24,6 +26,10 @@ command -v jq >/dev/null 2>&1 || need_apt+=(jq)
 # with venv and ensurepip (Debian splits them into python3-venv).
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1 && need_apt+=(python3-venv)
+# The Java peers' builds (hack/java-peer.sh, tests/e2e/java.rs): a JDK
+# (javac >= 17) and Maven.
+command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt_get() { apt-get "$@"; }
