@@ -20,10 +20,14 @@
 #
 #   hack/fabric8-peer.sh           build it if missing, print its launcher
 #   hack/fabric8-peer.sh --print   only print where its launcher is (or will be)
+#   FABRIC8_VERSION=7.9.0 hack/fabric8-peer.sh   another release of the client
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 src="$root/testenv/peers/fabric8"
-key="$(cat "$src/pom.xml" "$src/Elector.java" | sha256sum | cut -c1-16)"
+# FABRIC8_VERSION overrides the pom's fabric8.version (another release of the
+# client, e.g. 7.9.0: Jackson 2 where 8 has Jackson 3); it is in the key.
+version="${FABRIC8_VERSION:-}"
+key="$( (cat "$src/pom.xml" "$src/Elector.java"; echo "$version") | sha256sum | cut -c1-16)"
 base="${LOCK_JANITOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lock-janitor}/fabric8-peer"
 dir="$base/$key"
 launcher="$dir/bin/elector"
@@ -50,11 +54,11 @@ tmp="$base/.new-$key-$$"
 rm -rf "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/lib" "$tmp/classes" "$tmp/bin"
-fabric8="$(sed -n 's:.*<fabric8.version>\(.*\)</fabric8.version>.*:\1:p' "$src/pom.xml")"
+fabric8="${version:-$(sed -n 's:.*<fabric8.version>\(.*\)</fabric8.version>.*:\1:p' "$src/pom.xml")}"
 say "building the peer (io.fabric8:kubernetes-client $fabric8, $(javac -version 2>&1)) in $dir"
 # -f: the pom where it is (this goal writes nothing beside it). Its output
 # (colour codes even with -B) is shown only if it fails.
-mvn -B -q -f "$src/pom.xml" -Dmaven.repo.local="$base/m2" \
+mvn -B -q -f "$src/pom.xml" -Dmaven.repo.local="$base/m2" -Dfabric8.version="$fabric8" \
   dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp/lib" >"$tmp/mvn.log" 2>&1 \
   || { cat "$tmp/mvn.log" >&2; say "mvn could not fetch the dependencies of $src/pom.xml (Maven Central reachable?)"; exit 1; }
 rm -f "$tmp/mvn.log"
