@@ -32,6 +32,8 @@ const OPT_IN_KEY: &str = "lock-janitor.io/watch";
 
 /// The Python client's record, as `json.dumps` writes it.
 const PYTHON: &str = r#"{"holderIdentity": "pod-a", "leaseDurationSeconds": "60", "acquireTime": "2026-12-06 23:30:00.123456", "renewTime": "2026-12-06 23:30:02.345678"}"#;
+/// fabric8's record: `leaseDuration`, never `leaseDurationSeconds`.
+const FABRIC8: &str = r#"{"holderIdentity":"pod-a","leaseDuration":"PT15S","acquireTime":"2026-12-06T23:30:00.000000Z","renewTime":"2026-12-06T23:30:02.123456Z","leaderTransitions":0}"#;
 
 /// The rendered guard, installed, and a client acting as the janitor's
 /// ServiceAccount.
@@ -374,6 +376,54 @@ async fn the_guard_admits_exactly_the_release_of_a_leader_record() {
     let m = denied(as_janitor.patch("held", &pp, &merge(&patch)).await)
         .expect("a second release was let through");
     assert!(m.contains(&guard.policy), "{m}");
+
+    // fabric8's record: released with the holder emptied alone (its
+    // reader refuses a field it does not know), and only so.
+    let f8 = cms
+        .create(
+            &PostParams::default(),
+            &leader_cm("fabric8", &[opt_in], FABRIC8),
+        )
+        .await
+        .unwrap();
+    for (what, value) in [
+        (
+            "a second holderIdentity",
+            r#"{"holderIdentity":"","leaseDuration":"PT15S","holderIdentity":"pod-b"}"#,
+        ),
+        (
+            "a holder in another case",
+            r#"{"holderIdentity":"","HOLDERIDENTITY":"pod-b"}"#,
+        ),
+        (
+            "a longer lease after the holder",
+            r#"{"holderIdentity":"","leaseDurationSeconds":60}"#,
+        ),
+        ("spacing", r#"{"holderIdentity":"" }"#),
+    ] {
+        assert!(!record::is_released(value), "{what}");
+        let patch = record_patch(&f8, value);
+        let m = denied(as_janitor.patch("fabric8", &pp, &merge(&patch)).await)
+            .unwrap_or_else(|| panic!("fabric8's record set to {what} was let through"));
+        assert!(m.contains(&guard.policy), "{what}: {m}");
+    }
+    let patch = release_patch(&f8, json!({}));
+    let after = as_janitor
+        .patch("fabric8", &pp, &merge(&patch))
+        .await
+        .expect("the guard admits the release of fabric8's record");
+    let value = after.metadata.annotations.clone().unwrap()[ANNOTATION].clone();
+    assert!(!value.contains("leaseDurationSeconds"), "{value}");
+    let r = record::parse(&value).unwrap();
+    assert_eq!(
+        (r.holder, r.duration),
+        (None, Some(SignedDuration::from_secs(15)))
+    );
+    let patch = release_patch(&after, json!({}));
+    assert!(
+        denied(as_janitor.patch("fabric8", &pp, &merge(&patch)).await).is_some(),
+        "a second release of fabric8's record was let through"
+    );
 
     // A record never written (the Python client's "" before its first):
     // nothing to release.

@@ -6,6 +6,7 @@
 //! ```text
 //! client-go: {"holderIdentity":"pod-a","leaseDurationSeconds":15,"acquireTime":"2026-12-06T23:30:00Z","renewTime":"2026-12-06T23:30:02Z","leaderTransitions":3}
 //! Python:    {"holderIdentity": "pod-a", "leaseDurationSeconds": "60", "acquireTime": "2026-12-06 23:30:00.123456", "renewTime": "2026-12-06 23:30:02.345678"}
+//! fabric8:   {"holderIdentity":"pod-a","leaseDuration":"PT15S","acquireTime":"2026-12-06T23:30:00.000000Z","renewTime":"2026-12-06T23:30:02.000000Z","leaderTransitions":0}
 //! ```
 //!
 //! This module is pure: it reads a record ([`parse`]) and writes the
@@ -29,6 +30,10 @@
 //!   longer than the holder's own lease. Zero, negative, more than one year
 //!   ([`MAX_DURATION`]), an exponent (`"6e1"`), a sign, spaces, `NaN` or any
 //!   other type is an error. `null` or absent is `None`.
+//! - `leaseDuration` (fabric8, which never writes `leaseDurationSeconds`):
+//!   the same rules, and also an ISO 8601 duration of hours, minutes and
+//!   seconds (`"PT15S"`, Java's `Duration`, as fabric8's mapper writes it).
+//!   A record with both is judged by the longer.
 //! - `renewTime`: a string. RFC 3339 with a zone (client-go, fabric8) gives
 //!   [`Record::renewed`]; a date and time without a zone (the Python
 //!   client's `str(datetime)`, local time on the holder's machine) gives
@@ -40,14 +45,18 @@
 //! - `acquireTime`, `leaderTransitions` (a number or a string) and any
 //!   unknown field are not read here: they are ignored and [`released`]
 //!   keeps them as they are.
-//! - A key that spells `holderIdentity`, `leaseDurationSeconds` or
-//!   `renewTime` in another case (`HolderIdentity`) is an error: Go's
+//! - A key that spells `holderIdentity`, `leaseDurationSeconds`,
+//!   `leaseDuration` or `renewTime` in another case (`HolderIdentity`) is an error: Go's
 //!   `encoding/json` matches field names ignoring case, so a client-go
 //!   holder would read it as the field while a strict reader would not.
-//!   One of these three written twice is an error as well.
+//!   One of these four written twice is an error as well.
+
+mod json;
 
 use k8s_openapi::jiff::{civil, SignedDuration, Timestamp};
 use serde_json::Value;
+
+use json::{compact_into, object};
 
 /// The annotation that holds the leader record.
 pub const ANNOTATION: &str = "control-plane.alpha.kubernetes.io/leader";
@@ -64,21 +73,31 @@ pub const MAX_DURATION: SignedDuration = SignedDuration::from_secs(365 * 24 * 60
 /// How much of a bad value an error quotes, in characters.
 const QUOTE_MAX: usize = 80;
 
-/// What every released record starts with; `,` or `}` follows.
+/// What every released record starts with: the holder emptied.
+const RELEASED_HOLDER: &str = r#"{"holderIdentity":"""#;
+/// What a released record of a writer that knows `leaseDurationSeconds`
+/// starts with (the holder emptied, one second); `,` or `}` follows.
 const RELEASED_PREFIX: &str = r#"{"holderIdentity":"","leaseDurationSeconds":1"#;
 
 const HOLDER: &str = "holderIdentity";
 const DURATION: &str = "leaseDurationSeconds";
+/// fabric8's name for the duration: a Java `Duration`, which its Jackson
+/// mapper writes as an ISO 8601 string (`"PT15S"`) or, configured so, as a
+/// number of seconds (`15.000000000`).
+const FABRIC8_DURATION: &str = "leaseDuration";
 const RENEW: &str = "renewTime";
+/// The fields read, in the order of `parse`'s slots.
+const FIELDS: [&str; 4] = [HOLDER, DURATION, FABRIC8_DURATION, RENEW];
 
 /// A leader record as it was read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     /// holderIdentity; None when empty, null or absent (the lock is free).
     pub holder: Option<String>,
-    /// leaseDurationSeconds: a JSON integer or a string of decimal digits
-    /// ("60"); a fraction is rounded up to whole seconds. None when absent
-    /// or null.
+    /// leaseDurationSeconds, or fabric8's leaseDuration (the longer if
+    /// both): a JSON number or a string of decimal digits ("60"), or for
+    /// fabric8 an ISO 8601 duration ("PT15S"); a fraction is rounded up to
+    /// whole seconds. None when absent or null.
     pub duration: Option<SignedDuration>,
     /// renewTime when it is RFC 3339 with a zone (client-go, fabric8); None
     /// when absent, or written without a zone (Python's str(datetime):
@@ -179,18 +198,18 @@ pub fn parse(value: &str) -> Result<Record, RecordError> {
         return Ok(Record::FREE);
     };
     let mut record = Record::FREE;
-    let mut seen = [false; 3];
+    let mut seen = [false; FIELDS.len()];
+    // Each duration as written: a record with both is judged by the longer
+    // (each reader takes its own, and the janitor waits out either).
+    let mut durations = [None, None];
     for m in &members {
-        let slot = match [HOLDER, DURATION, RENEW].iter().position(|f| *f == m.key) {
+        let slot = match FIELDS.iter().position(|f| *f == m.key) {
             Some(i) => i,
             None => {
-                if let Some(f) = [HOLDER, DURATION, RENEW]
-                    .iter()
-                    .find(|f| folds_to(&m.key, f))
-                {
+                if let Some(f) = FIELDS.iter().find(|f| folds_to(&m.key, f)) {
                     return Err(bad(
                         &m.key,
-                        format!("it differs from {f} only in case, and client-go reads it as {f}; write {f}"),
+                        format!("it differs from {f} only in case, and a reader that matches names ignoring case (Go's) takes it for {f}; write {f}"),
                     ));
                 }
                 continue;
@@ -202,10 +221,12 @@ pub fn parse(value: &str) -> Result<Record, RecordError> {
         let v: Value = serde_json::from_str(m.value).map_err(|e| bad(&m.key, e.to_string()))?;
         match slot {
             0 => record.holder = holder(&v)?,
-            1 => record.duration = duration(&v)?,
+            1 => durations[0] = duration(DURATION, &v)?,
+            2 => durations[1] = duration(FABRIC8_DURATION, &v)?,
             _ => (record.renewed, record.renew_mark) = renew(&v)?,
         }
     }
+    record.duration = durations.into_iter().flatten().max();
     Ok(record)
 }
 
@@ -224,10 +245,12 @@ fn holder(v: &Value) -> Result<Option<String>, RecordError> {
     }
 }
 
-fn duration(v: &Value) -> Result<Option<SignedDuration>, RecordError> {
+/// A duration in seconds: a JSON number, or a string of decimal digits;
+/// for fabric8's field also an ISO 8601 string (`"PT15S"`).
+fn duration(field: &str, v: &Value) -> Result<Option<SignedDuration>, RecordError> {
     let why_range = |shown: &str| {
         bad(
-            DURATION,
+            field,
             format!("{shown} seconds; a lease lasts more than 0 seconds and at most one year ({} seconds)", MAX_DURATION.as_secs()),
         )
     };
@@ -242,15 +265,22 @@ fn duration(v: &Value) -> Result<Option<SignedDuration>, RecordError> {
                 n.as_f64().unwrap_or(f64::NAN)
             }
         }
+        Value::String(s) if field == FABRIC8_DURATION && s.starts_with('P') => iso8601(s)
+            .ok_or_else(|| {
+                bad(
+                    field,
+                    format!("{} is not an ISO 8601 duration of hours, minutes and seconds (such as \"PT15S\")", quote(s)),
+                )
+            })?,
         Value::String(s) => decimal(s).ok_or_else(|| {
             bad(
-                DURATION,
+                field,
                 format!("{} is not a number of seconds (digits, and an optional fraction such as \"15.5\")", quote(s)),
             )
         })?,
         other => {
             return Err(bad(
-                DURATION,
+                field,
                 format!("{} ({}), not a number of seconds", type_name(other), quote(&other.to_string())),
             ))
         }
@@ -265,6 +295,17 @@ fn duration(v: &Value) -> Result<Option<SignedDuration>, RecordError> {
         return Err(why_range(&shown));
     }
     Ok(Some(SignedDuration::from_secs(secs.ceil() as i64)))
+}
+
+/// `s` as an ISO 8601 duration in seconds (`PT15S`, `PT1M30.5S`), as
+/// Java's `Duration.toString()` writes one: `PT`, then hours, minutes and
+/// seconds, no sign.
+fn iso8601(s: &str) -> Option<f64> {
+    if !s.starts_with("PT") || s.contains('-') {
+        return None;
+    }
+    let d: SignedDuration = s.parse().ok()?;
+    Some(d.as_secs_f64())
 }
 
 /// `s` as a decimal number: digits, optionally `.` and more digits; no
@@ -315,10 +356,17 @@ fn renew(v: &Value) -> Result<(Option<Timestamp>, Option<String>), RecordError> 
 }
 
 /// The released record: compact JSON that starts exactly with
-/// `{"holderIdentity":"","leaseDurationSeconds":1` followed by `,` or `}`,
-/// then every other top-level field of the original object kept with its
-/// value unchanged (any order after the first two). Err when `value` does
-/// not parse as a JSON object.
+/// `{"holderIdentity":""`, then `,"leaseDurationSeconds":1` unless the
+/// record is fabric8's, then `,` or `}`; then every other top-level field
+/// of the original object kept with its value unchanged. Err when `value`
+/// does not parse as a JSON object.
+///
+/// A record is fabric8's when it has `leaseDuration` and no
+/// `leaseDurationSeconds`: fabric8 reads its record with a strict mapper,
+/// to which `leaseDurationSeconds` is an unknown field that makes the whole
+/// record unreadable (its elector would then never take the lock), so its
+/// release empties the holder alone (fabric8 takes a record with no holder
+/// at once, as every elector does).
 ///
 /// The other fields are copied as written, in their order (whitespace
 /// outside strings dropped): numbers keep their digits and strings their
@@ -333,8 +381,15 @@ pub fn released(value: &str) -> Result<String, RecordError> {
         found: "empty",
         value: quote(value),
     })?;
-    let mut out = String::with_capacity(value.len() + RELEASED_PREFIX.len());
-    out.push_str(RELEASED_PREFIX);
+    let fabric8 = members.iter().any(|m| m.key == FABRIC8_DURATION)
+        && !members.iter().any(|m| folds_to(&m.key, DURATION));
+    let prefix = if fabric8 {
+        RELEASED_HOLDER
+    } else {
+        RELEASED_PREFIX
+    };
+    let mut out = String::with_capacity(value.len() + prefix.len());
+    out.push_str(prefix);
     for m in members
         .iter()
         .filter(|m| !folds_to(&m.key, HOLDER) && !folds_to(&m.key, DURATION))
@@ -353,7 +408,7 @@ pub fn released(value: &str) -> Result<String, RecordError> {
             ),
         });
     }
-    if let Some(why) = refused_rest(&out[RELEASED_PREFIX.len()..]) {
+    if let Some(why) = refused_rest(&out[prefix.len()..]) {
         return Err(RecordError::Unreleasable { why });
     }
     Ok(out)
@@ -363,10 +418,10 @@ pub fn released(value: &str) -> Result<String, RecordError> {
 /// prefix rule) — used by tests and by the delete guard's mirror.
 ///
 /// The rule, as the delete guard's CEL checks it (it parses no JSON): at
-/// most [`MAX_LEN`] bytes; the prefix
-/// `{"holderIdentity":"","leaseDurationSeconds":1` then `,` or `}`; and the
-/// rest never names either field again in any spelling a JSON reader takes
-/// for it: neither `holderidentity` nor `leasedurationseconds` in any case
+/// most [`MAX_LEN`] bytes; the prefix `{"holderIdentity":""`, optionally
+/// followed by `,"leaseDurationSeconds":1`, then `,` or `}`; and the rest
+/// never names either field again in any spelling a JSON reader takes for
+/// it: neither `holderidentity` nor `leasedurationseconds` in any case
 /// (also with `ſ` for `s`, which Go folds to `s`), and no `\u` escape of an
 /// ASCII letter or of `ſ`. So a record that names a holder after the
 /// prefix (`..."leaseDurationSeconds":1,"holderIdentity":"pod-b"}`, where
@@ -374,10 +429,12 @@ pub fn released(value: &str) -> Result<String, RecordError> {
 /// not checked (CEL parses none). The guard counts the 64 KiB in
 /// characters, this in bytes: it admits at least what this accepts.
 pub fn is_released(value: &str) -> bool {
-    value.len() <= MAX_LEN
-        && value.strip_prefix(RELEASED_PREFIX).is_some_and(|rest| {
+    let after = |prefix: &str| {
+        value.strip_prefix(prefix).is_some_and(|rest| {
             (rest.starts_with(',') || rest.starts_with('}')) && refused_rest(rest).is_none()
         })
+    };
+    value.len() <= MAX_LEN && (after(RELEASED_PREFIX) || after(RELEASED_HOLDER))
 }
 
 /// What in the part of a released record after its prefix the delete guard
@@ -426,165 +483,6 @@ fn fold(s: &str) -> String {
 /// `encoding/json`) takes `key` for `field`.
 fn folds_to(key: &str, field: &str) -> bool {
     fold(key) == fold(field)
-}
-
-/// One top-level member of a JSON object, as written.
-struct Member<'a> {
-    /// The key, decoded.
-    key: String,
-    /// The key as written, quotes and escapes included.
-    raw_key: &'a str,
-    /// The value as written.
-    value: &'a str,
-}
-
-/// The members of the JSON object `value`, in order, duplicates kept; `None`
-/// for an empty (or whitespace only) value.
-fn object(value: &str) -> Result<Option<Vec<Member<'_>>>, RecordError> {
-    if value.len() > MAX_LEN {
-        return Err(RecordError::TooLarge { len: value.len() });
-    }
-    if value.trim().is_empty() {
-        return Ok(None);
-    }
-    // serde_json says whether it is JSON at all (its depth limit keeps a
-    // deeply nested value from overflowing the stack); the scan below then
-    // only walks a valid document.
-    let whole: Value = serde_json::from_str(value).map_err(|e| RecordError::NotJson {
-        why: e.to_string(),
-        value: quote(value),
-    })?;
-    if !whole.is_object() {
-        return Err(RecordError::NotAnObject {
-            found: type_name(&whole),
-            value: quote(value),
-        });
-    }
-    members(value)
-        .map(Some)
-        .ok_or_else(|| RecordError::NotJson {
-            why: "its object could not be walked".into(),
-            value: quote(value),
-        })
-}
-
-/// The members of a valid JSON object, by scanning its text; `None` only if
-/// the text is not one after all.
-fn members(s: &str) -> Option<Vec<Member<'_>>> {
-    let b = s.as_bytes();
-    let mut out = Vec::new();
-    let mut i = skip_ws(b, 0);
-    if b.get(i) != Some(&b'{') {
-        return None;
-    }
-    i = skip_ws(b, i + 1);
-    if b.get(i) == Some(&b'}') {
-        return Some(out);
-    }
-    loop {
-        let key_end = string_end(b, i)?;
-        let raw_key = s.get(i..key_end)?;
-        let key: String = serde_json::from_str(raw_key).ok()?;
-        i = skip_ws(b, key_end);
-        if b.get(i) != Some(&b':') {
-            return None;
-        }
-        i = skip_ws(b, i + 1);
-        let value_end = value_end(b, i)?;
-        out.push(Member {
-            key,
-            raw_key,
-            value: s.get(i..value_end)?,
-        });
-        i = skip_ws(b, value_end);
-        match b.get(i) {
-            Some(b',') => i = skip_ws(b, i + 1),
-            Some(b'}') => return Some(out),
-            _ => return None,
-        }
-    }
-}
-
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
-    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-        i += 1;
-    }
-    i
-}
-
-/// The index just past the string that starts (with `"`) at `i`.
-fn string_end(b: &[u8], i: usize) -> Option<usize> {
-    if b.get(i) != Some(&b'"') {
-        return None;
-    }
-    let mut j = i + 1;
-    loop {
-        match b.get(j)? {
-            b'"' => return Some(j + 1),
-            b'\\' => j += 2,
-            _ => j += 1,
-        }
-    }
-}
-
-/// The index just past the value that starts at `i`.
-fn value_end(b: &[u8], i: usize) -> Option<usize> {
-    match b.get(i)? {
-        b'"' => string_end(b, i),
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut j = i;
-            loop {
-                match b.get(j)? {
-                    b'"' => {
-                        j = string_end(b, j)?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth = depth.checked_sub(1)?;
-                        if depth == 0 {
-                            return Some(j + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                j += 1;
-            }
-        }
-        _ => {
-            let mut j = i;
-            while !matches!(
-                b.get(j),
-                None | Some(b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
-            ) {
-                j += 1;
-            }
-            (j > i).then_some(j)
-        }
-    }
-}
-
-/// Appends the valid JSON `v` to `out` without whitespace outside strings.
-fn compact_into(v: &str, out: &mut String) {
-    let mut in_string = false;
-    let mut escaped = false;
-    for c in v.chars() {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                in_string = false;
-            }
-        } else if c == '"' {
-            in_string = true;
-        } else if matches!(c, ' ' | '\t' | '\n' | '\r') {
-            continue;
-        }
-        out.push(c);
-    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,10 @@ const PYTHON: &str = r#"{"holderIdentity": "pod-a", "leaseDurationSeconds": "60"
 /// client-go's ConfigMapLock record.
 const CLIENT_GO: &str = r#"{"holderIdentity":"pod-a_4f0c","leaseDurationSeconds":15,"acquireTime":"2026-12-06T23:30:00Z","renewTime":"2026-12-06T23:30:02.5+01:00","leaderTransitions":3}"#;
 
+/// fabric8's ConfigMapLock record: `leaseDuration`, a Java `Duration` its
+/// mapper writes in ISO 8601, and times to the microsecond in UTC.
+const FABRIC8: &str = r#"{"holderIdentity":"pod-a","leaseDuration":"PT15S","acquireTime":"2026-12-06T23:30:00.000000Z","renewTime":"2026-12-06T23:30:02.123456Z","leaderTransitions":0}"#;
+
 fn secs(s: i64) -> Option<SignedDuration> {
     Some(SignedDuration::from_secs(s))
 }
@@ -387,6 +391,7 @@ fn json() -> impl Strategy<Value = Value> {
         Just(Value::from("2026-12-06 23:30:02.345678")),
         Just(Value::from("2026-12-06T23:30:02Z")),
         Just(Value::from("60")),
+        Just(Value::from("PT15S")),
     ];
     leaf.prop_recursive(3, 24, 4, |inner| {
         prop_oneof![
@@ -401,6 +406,7 @@ fn key() -> impl Strategy<Value = String> {
     prop_oneof![
         Just(HOLDER.to_owned()),
         Just(DURATION.to_owned()),
+        Just(FABRIC8_DURATION.to_owned()),
         Just(RENEW.to_owned()),
         Just("acquireTime".to_owned()),
         Just("leaderTransitions".to_owned()),
@@ -437,18 +443,124 @@ proptest! {
             Ok(out) => {
                 prop_assert!(is_released(&out), "{}", out);
                 let mut want = obj(&text);
+                let fabric8 = want.contains_key(FABRIC8_DURATION)
+                    && !want.keys().any(|k| folds_to(k, DURATION));
+                let knows_fabric8 = want.contains_key(FABRIC8_DURATION);
                 want.retain(|k, _| !folds_to(k, HOLDER) && !folds_to(k, DURATION));
                 let mut got = obj(&out);
                 prop_assert_eq!(got.remove(HOLDER), Some(Value::from("")));
-                prop_assert_eq!(got.remove(DURATION), Some(Value::from(1)));
+                if fabric8 {
+                    prop_assert!(!out.contains(DURATION), "{}", out);
+                } else {
+                    prop_assert_eq!(got.remove(DURATION), Some(Value::from(1)));
+                }
                 prop_assert_eq!(got, want);
-                let r = parse(&out);
-                if let Ok(r) = r {
-                    prop_assert_eq!((r.holder, r.duration), (None, secs(1)));
+                if let Ok(r) = parse(&out) {
+                    prop_assert_eq!(r.holder, None);
+                    if !knows_fabric8 {
+                        prop_assert_eq!(r.duration, secs(1));
+                    }
                 }
             }
             Err(RecordError::Unreleasable { .. }) => {}
             Err(e) => prop_assert!(false, "{}: {}", text, e),
         }
+    }
+}
+
+#[test]
+fn fabric8_record_is_read_with_its_iso_duration_and_zoned_time() {
+    let r = parse(FABRIC8).unwrap();
+    assert_eq!(
+        r,
+        Record {
+            holder: Some("pod-a".into()),
+            duration: secs(15),
+            renewed: Some("2026-12-06T23:30:02.123456Z".parse().unwrap()),
+            renew_mark: Some("2026-12-06T23:30:02.123456Z".into()),
+        }
+    );
+    let d = |v: &str| parse(&format!(r#"{{"leaseDuration":{v}}}"#)).map(|r| r.duration);
+    // A mapper that writes durations as numbers: seconds, nanoseconds after
+    // the point.
+    assert_eq!(d("15.000000000"), Ok(secs(15)));
+    assert_eq!(d("15"), Ok(secs(15)));
+    assert_eq!(d(r#""PT1M30.5S""#), Ok(secs(91)));
+    assert_eq!(d(r#""PT2H""#), Ok(secs(7200)));
+    assert_eq!(d(r#""60""#), Ok(secs(60)));
+    // Both written: the longer, whichever it is.
+    let both = |a: &str, b: &str| {
+        parse(&format!(
+            r#"{{"leaseDurationSeconds":{a},"leaseDuration":{b}}}"#
+        ))
+        .map(|r| r.duration)
+    };
+    assert_eq!(both("10", r#""PT15S""#), Ok(secs(15)));
+    assert_eq!(both("60", r#""PT15S""#), Ok(secs(60)));
+}
+
+#[test]
+fn bad_fabric8_durations_are_errors() {
+    for v in [
+        r#""PT0S""#,
+        r#""PT-15S""#,
+        r#""-PT15S""#,
+        r#""P1D""#,
+        r#""PT""#,
+        r#""PTS""#,
+        r#""15s""#,
+        r#""PT15S ""#,
+        r#""P""#,
+        "0",
+        "true",
+    ] {
+        let why = field_err(&format!(r#"{{"holderIdentity":"a","leaseDuration":{v}}}"#));
+        assert!(why.starts_with("leaseDuration: "), "{v}: {why}");
+    }
+    let why = field_err(r#"{"holderIdentity":"a","LeaseDuration":"PT15S"}"#);
+    assert!(why.contains("only in case"), "{why}");
+    let why = field_err(r#"{"leaseDuration":"PT15S","leaseDuration":"PT1S"}"#);
+    assert!(why.contains("written twice"), "{why}");
+}
+
+#[test]
+fn fabric8_record_is_released_without_a_field_fabric8_does_not_know() {
+    let out = released(FABRIC8).unwrap();
+    assert_eq!(
+        out,
+        r#"{"holderIdentity":"","leaseDuration":"PT15S","acquireTime":"2026-12-06T23:30:00.000000Z","renewTime":"2026-12-06T23:30:02.123456Z","leaderTransitions":0}"#
+    );
+    assert!(is_released(&out), "{out}");
+    let r = parse(&out).unwrap();
+    assert_eq!((r.holder, r.duration), (None, secs(15)));
+    // A record with both fields is released as client-go's is.
+    let both = r#"{"holderIdentity":"pod-a","leaseDurationSeconds":15,"leaseDuration":"PT15S"}"#;
+    assert_eq!(
+        released(both).unwrap(),
+        r#"{"holderIdentity":"","leaseDurationSeconds":1,"leaseDuration":"PT15S"}"#
+    );
+}
+
+#[test]
+fn is_released_also_takes_the_holder_emptied_alone() {
+    for v in [
+        r#"{"holderIdentity":""}"#,
+        r#"{"holderIdentity":"","leaseDuration":"PT15S"}"#,
+        r#"{"holderIdentity":"","renewTime":"2026-12-06T23:30:02Z"}"#,
+    ] {
+        assert!(is_released(v), "{v}");
+    }
+    for v in [
+        r#"{"holderIdentity":"pod-b"}"#,
+        r#"{"holderIdentity":"" ,"leaseDuration":"PT15S"}"#,
+        r#"{"holderIdentity":"","leaseDurationSeconds":15}"#,
+        r#"{"holderIdentity":"","leaseDuration":"PT15S","leaseDurationSeconds":1}"#,
+        r#"{"holderIdentity":"","holderIdentity":"pod-b"}"#,
+        r#"{"holderIdentity":"","HOLDERIDENTITY":"pod-b"}"#,
+        r#"{"holderIdentity":"","h\u006flderIdentity":"pod-b"}"#,
+        r#"{"holderIdentity":"""#,
+        r#"{"holderIdentity":"x"}"#,
+    ] {
+        assert!(!is_released(v), "{v}");
     }
 }
