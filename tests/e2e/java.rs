@@ -187,7 +187,10 @@ async fn java_lease_candidate_leads_within_15s_after_its_leaders_death() {
     let writes = s.lease_writes();
     let w = the_one_write(&writes, died_at);
     let body = w.request_object.as_ref().expect("request body");
-    eprintln!("the janitor's release of the Java client's Lease: {}", body["spec"]);
+    eprintln!(
+        "the janitor's release of the Java client's Lease: {}",
+        body["spec"]
+    );
     assert_eq!(holder(&body["spec"]["holderIdentity"]), None, "{body}");
     // What the Java client's LeaseLock unboxes into ints on every read.
     assert!(body["spec"]["leaseDurationSeconds"].is_i64(), "{body}");
@@ -242,7 +245,9 @@ async fn java_configmap_candidate_leads_within_15s_after_its_leaders_death() {
     s.pod("java-b").await;
     let mut a = elector(&s, JavaLock::ConfigMap, "java-cm-lock", "java-a");
     leads(&mut a, "java-a").await;
-    let written = annotation(&s, "java-cm-lock").await.expect("a leader record");
+    let written = annotation(&s, "java-cm-lock")
+        .await
+        .expect("a leader record");
     eprintln!("the Java client's ConfigMapLock record: {written}");
     let rec: Value = serde_json::from_str(&written).expect("a JSON leader record");
     assert_java_record(&rec, "java-a");
