@@ -220,16 +220,18 @@ async fn java_lease_candidate_leads_within_15s_after_its_leaders_death() {
     no_lock_errors(&b);
 }
 
-/// Every distinct leader record of the ConfigMap `cm`, polled every 50 ms,
-/// until one names `last` (within the lease and [`TAKEOVER`]).
-async fn records_until(s: &Scenario, cm: &str, last: &str) -> Vec<Value> {
+/// Every distinct leader record of the ConfigMap `cm` (verbatim, and as
+/// JSON), polled every 50 ms, until one names `last` (within the lease and
+/// [`TAKEOVER`]).
+async fn records_until(s: &Scenario, cm: &str, last: &str) -> Vec<(String, Value)> {
     let deadline = Instant::now() + LEASE + TAKEOVER;
-    let mut seen: Vec<Value> = Vec::new();
+    let mut seen: Vec<(String, Value)> = Vec::new();
     while Instant::now() < deadline {
-        if let Some(r) = record(s, cm).await {
+        if let Some(a) = annotation(s, cm).await {
+            let r: Value = serde_json::from_str(&a).unwrap_or_default();
             let done = r["holderIdentity"] == last;
-            if seen.last() != Some(&r) {
-                seen.push(r);
+            if seen.last().map(|(was, _)| was) != Some(&a) {
+                seen.push((a, r));
             }
             if done {
                 break;
@@ -318,13 +320,13 @@ async fn java_configmap_candidate_leads_within_15s_after_its_leaders_death() {
     assert_eq!(w.name.as_deref(), Some("java-cm-lock"), "{w:?}");
     // The audit log keeps no body of a ConfigMap write: the release is the
     // record seen between java-a's and java-b's, one that names no holder.
-    let released: Vec<&Value> = records
+    let released: Vec<&(String, Value)> = records
         .iter()
-        .filter(|r| !matches!(holder(&r["holderIdentity"]), Some("java-a" | "java-b")))
+        .filter(|(_, r)| !matches!(holder(&r["holderIdentity"]), Some("java-a" | "java-b")))
         .collect();
-    eprintln!("the records between java-a's and java-b's: {released:?}");
     assert!(!released.is_empty(), "no record between: {records:?}");
-    for r in released {
+    for (a, r) in released {
+        eprintln!("a record between java-a's and java-b's: {a}");
         assert_eq!(holder(&r["holderIdentity"]), None, "{r}");
         assert_eq!(r["leaderTransitions"], 0, "java-a's fields kept: {r}");
     }
