@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use crate::peer_locks::*;
 use crate::support::lease::*;
 use crate::support::*;
+use futures::TryStreamExt;
 use k8s_openapi::jiff::Timestamp;
+use kube::api::{WatchEvent, WatchParams};
 use lock_janitor_testenv::audit::AuditEvent;
 use lock_janitor_testenv::java_peer::{JavaLock, JavaPeer};
 use lock_janitor_testenv::kubelet;
@@ -220,26 +222,36 @@ async fn java_lease_candidate_leads_within_15s_after_its_leaders_death() {
     no_lock_errors(&b);
 }
 
-/// Every distinct leader record of the ConfigMap `cm` (verbatim, and as
-/// JSON), polled every 50 ms, until one names `last` (within the lease and
-/// [`TAKEOVER`]).
-async fn records_until(s: &Scenario, cm: &str, last: &str) -> Vec<(String, Value)> {
-    let deadline = Instant::now() + LEASE + TAKEOVER;
-    let mut seen: Vec<(String, Value)> = Vec::new();
-    while Instant::now() < deadline {
-        if let Some(a) = annotation(s, cm).await {
-            let r: Value = serde_json::from_str(&a).unwrap_or_default();
-            let done = r["holderIdentity"] == last;
-            if seen.last().map(|(was, _)| was) != Some(&a) {
-                seen.push((a, r));
-            }
-            if done {
-                break;
-            }
+/// Every leader record the ConfigMap `cm` held after resourceVersion
+/// `from`, verbatim and in order, up to the first that names `last`: a
+/// watch from `from` (the API server replays every change since), so no
+/// record is missed however briefly it stood.
+async fn records_since(s: &Scenario, cm: &str, from: &str, last: &str) -> Vec<String> {
+    let wp = WatchParams::default()
+        .fields(&format!("metadata.name={cm}"))
+        .timeout(30);
+    let stream = configmaps(s)
+        .watch(&wp, from)
+        .await
+        .expect("watch the ConfigMap");
+    let mut stream = std::pin::pin!(stream);
+    let mut seen = Vec::new();
+    while let Some(ev) = stream.try_next().await.expect("a watch event") {
+        let c = match ev {
+            WatchEvent::Added(c) | WatchEvent::Modified(c) => c,
+            WatchEvent::Error(e) => panic!("watching {cm} from {from}: {e:?}"),
+            _ => continue,
+        };
+        let Some(a) = c.metadata.annotations.and_then(|mut a| a.remove(LEADER)) else {
+            continue;
+        };
+        let done = serde_json::from_str::<Value>(&a).is_ok_and(|r| r["holderIdentity"] == last);
+        seen.push(a);
+        if done {
+            return seen;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    seen
+    panic!("{cm} named no {last} within the watch: {seen:#?}");
 }
 
 /// The record the Java client's ConfigMapLock wrote for `holder`: client-go's
@@ -290,18 +302,18 @@ async fn java_configmap_candidate_leads_within_15s_after_its_leaders_death() {
     );
     assert!(!b.is_leading(), "{}", b.logs());
 
+    let from = configmaps(&s).get("java-cm-lock").await.unwrap();
+    let from = from.metadata.resource_version.expect("a resourceVersion");
     let (died, died_at) = evict(&s, &mut a, "java-a").await;
-    let (secs, records) = tokio::join!(
-        takes_over(&mut b, died, async || {
-            format!(
-                "the record now: {:?}\nthe janitor's writes: {:#?}\njanitor:\n{}",
-                annotation(&s, "java-cm-lock").await,
-                janitor_writes(&s),
-                j.logs()
-            )
-        }),
-        records_until(&s, "java-cm-lock", "java-b")
-    );
+    let secs = takes_over(&mut b, died, async || {
+        format!(
+            "the record now: {:?}\nthe janitor's writes: {:#?}\njanitor:\n{}",
+            annotation(&s, "java-cm-lock").await,
+            janitor_writes(&s),
+            j.logs()
+        )
+    })
+    .await;
     eprintln!(
         "java-b (Java ConfigMapLock) leads {secs:.1}s after java-a's eviction (lease {}s)",
         LEASE.as_secs()
@@ -320,13 +332,15 @@ async fn java_configmap_candidate_leads_within_15s_after_its_leaders_death() {
     assert_eq!(w.name.as_deref(), Some("java-cm-lock"), "{w:?}");
     // The audit log keeps no body of a ConfigMap write: the release is the
     // record seen between java-a's and java-b's, one that names no holder.
-    let released: Vec<&(String, Value)> = records
+    let records = records_since(&s, "java-cm-lock", &from, "java-b").await;
+    let released: Vec<(&String, Value)> = records
         .iter()
+        .map(|a| (a, serde_json::from_str::<Value>(a).expect("JSON")))
         .filter(|(_, r)| !matches!(holder(&r["holderIdentity"]), Some("java-a" | "java-b")))
         .collect();
-    assert!(!released.is_empty(), "no record between: {records:?}");
+    assert_eq!(released.len(), 1, "one release: {records:#?}");
     for (a, r) in released {
-        eprintln!("a record between java-a's and java-b's: {a}");
+        eprintln!("the record between java-a's and java-b's: {a}");
         assert_eq!(holder(&r["holderIdentity"]), None, "{r}");
         assert_eq!(r["leaderTransitions"], 0, "java-a's fields kept: {r}");
     }
