@@ -277,6 +277,12 @@ pub fn is_whole(l: &Lease) -> bool {
 /// times now, the transitions kept; `preferredHolder` and `strategy` are
 /// gone. Metadata stays as read: the update carries the judged
 /// resourceVersion (a change means 409).
+///
+/// The holder is left out, where client-go writes `""`: every elector reads
+/// both as no holder, but the official Java client takes a Lease at once
+/// only when it names none at all (`null`), and waits a whole lease from
+/// when it saw a `""` (its own release writes none). The times stay:
+/// fabric8 cannot read a Lease without them.
 pub fn released(mut lease: Lease, now: Timestamp) -> Lease {
     let t = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now);
     let transitions = lease
@@ -285,7 +291,7 @@ pub fn released(mut lease: Lease, now: Timestamp) -> Lease {
         .and_then(|s| s.lease_transitions)
         .unwrap_or(0);
     lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-        holder_identity: Some(String::new()),
+        holder_identity: None,
         lease_duration_seconds: Some(1),
         acquire_time: Some(t.clone()),
         renew_time: Some(t),
@@ -558,7 +564,7 @@ mod tests {
         assert_eq!(
             out.spec,
             Some(LeaseSpec {
-                holder_identity: Some(String::new()),
+                holder_identity: None,
                 lease_duration_seconds: Some(1),
                 acquire_time: Some(MicroTime(now)),
                 renew_time: Some(MicroTime(now)),

@@ -686,7 +686,7 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         Duration::from_secs(30),
         || async {
             let l = leases.get("op-lease").await.ok()?;
-            (l.spec?.holder_identity.as_deref() == Some("")).then_some(())
+            (l.spec?.holder_identity.unwrap_or_default().is_empty()).then_some(())
         },
     )
     .await;

@@ -264,7 +264,7 @@ async fn the_guard_admits_exactly_the_release_of_a_leader_record() {
         assert!(m.contains(&guard.policy), "{what}: {m}");
     }
     // The record set to anything but a released one: refused, and
-    // is_released (the guard's mirror) says the same.
+    // is_release_of (the guard's mirror) says the same.
     for (what, value) in [
         (
             "another holder",
@@ -276,27 +276,35 @@ async fn the_guard_admits_exactly_the_release_of_a_leader_record() {
         ),
         (
             "a second holderIdentity after the prefix",
-            r#"{"holderIdentity":"","leaseDurationSeconds":1,"holderIdentity":"pod-b"}"#,
+            r#"{"holderIdentity":null,"leaseDurationSeconds":1,"holderIdentity":"pod-b"}"#,
         ),
         (
             "a holder in another case after the prefix",
-            r#"{"holderIdentity":"","leaseDurationSeconds":1,"HolderIdentity":"pod-b"}"#,
+            r#"{"holderIdentity":null,"leaseDurationSeconds":1,"HolderIdentity":"pod-b"}"#,
         ),
         (
             "a holder spelt with an escape",
-            r#"{"holderIdentity":"","leaseDurationSeconds":1,"h\u006flderIdentity":"pod-b"}"#,
+            r#"{"holderIdentity":null,"leaseDurationSeconds":1,"h\u006flderIdentity":"pod-b"}"#,
         ),
         (
             "a longer lease",
-            r#"{"holderIdentity":"","leaseDurationSeconds":10}"#,
+            r#"{"holderIdentity":null,"leaseDurationSeconds":10}"#,
+        ),
+        (
+            "an empty holder (client-go's own release, not the janitor's)",
+            r#"{"holderIdentity":"","leaseDurationSeconds":1}"#,
         ),
         (
             "Python's spacing",
             r#"{"holderIdentity": "", "leaseDurationSeconds": 1}"#,
         ),
         ("empty", ""),
+        (
+            "no holder and no duration, for a record that is not fabric8's",
+            r#"{"holderIdentity":null,"acquireTime":"2026-12-06 23:30:00.123456"}"#,
+        ),
     ] {
-        assert!(!record::is_released(value), "{what}");
+        assert!(!record::is_release_of(PYTHON, value), "{what}");
         let patch = record_patch(&held, value);
         let m = denied(as_janitor.patch("held", &pp, &merge(&patch)).await)
             .unwrap_or_else(|| panic!("the record set to {what} was let through"));
@@ -372,13 +380,18 @@ async fn the_guard_admits_exactly_the_release_of_a_leader_record() {
     assert_eq!(after.metadata.labels, held.metadata.labels);
     assert_eq!(after.data, held.data);
     // Released already: not released again.
+    let value = &after.metadata.annotations.as_ref().unwrap()[ANNOTATION];
+    assert!(!record::is_release_of(
+        value,
+        &record::released(value).unwrap()
+    ));
     let patch = release_patch(&after, json!({}));
     let m = denied(as_janitor.patch("held", &pp, &merge(&patch)).await)
         .expect("a second release was let through");
     assert!(m.contains(&guard.policy), "{m}");
 
-    // fabric8's record: released with the holder emptied alone (its
-    // reader refuses a field it does not know), and only so.
+    // fabric8's record: released with no holder and no second duration
+    // (its reader refuses a field it does not know), and only so.
     let f8 = cms
         .create(
             &PostParams::default(),
@@ -389,19 +402,20 @@ async fn the_guard_admits_exactly_the_release_of_a_leader_record() {
     for (what, value) in [
         (
             "a second holderIdentity",
-            r#"{"holderIdentity":"","leaseDuration":"PT15S","holderIdentity":"pod-b"}"#,
+            r#"{"holderIdentity":null,"leaseDuration":"PT15S","holderIdentity":"pod-b"}"#,
         ),
         (
             "a holder in another case",
-            r#"{"holderIdentity":"","HOLDERIDENTITY":"pod-b"}"#,
+            r#"{"holderIdentity":null,"HOLDERIDENTITY":"pod-b"}"#,
         ),
         (
             "a longer lease after the holder",
-            r#"{"holderIdentity":"","leaseDurationSeconds":60}"#,
+            r#"{"holderIdentity":null,"leaseDurationSeconds":60}"#,
         ),
-        ("spacing", r#"{"holderIdentity":"" }"#),
+        ("spacing", r#"{"holderIdentity":null }"#),
+        ("fabric8's own fields dropped", r#"{"holderIdentity":null}"#),
     ] {
-        assert!(!record::is_released(value), "{what}");
+        assert!(!record::is_release_of(FABRIC8, value), "{what}");
         let patch = record_patch(&f8, value);
         let m = denied(as_janitor.patch("fabric8", &pp, &merge(&patch)).await)
             .unwrap_or_else(|| panic!("fabric8's record set to {what} was let through"));

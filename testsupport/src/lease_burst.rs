@@ -447,7 +447,7 @@ pub fn timeline(
                 && e.code == Some(200)
                 && e.request_object
                     .as_ref()
-                    .is_some_and(|b| b["spec"]["holderIdentity"] == "");
+                    .is_some_and(|b| b["spec"].get("holderIdentity").is_none());
             is.then(|| e.received_at()).flatten()
         });
         let Some(released) = release.min() else {

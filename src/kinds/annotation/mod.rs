@@ -9,7 +9,7 @@
 //! janitor's clock when its times carry no zone), never by the record's
 //! clock alone. A record that does not read is unmanageable: reported,
 //! never written. Freed by the release its electors understand, a merge
-//! patch of that one annotation to `holderIdentity: ""` and
+//! patch of that one annotation to `holderIdentity: null` and
 //! `leaseDurationSeconds: 1` (the other fields kept), guarded by the
 //! resourceVersion judged; never deleted. `kind="configmap"` in metrics
 //! and Events.

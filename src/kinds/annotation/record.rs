@@ -32,8 +32,10 @@
 //!   other type is an error. `null` or absent is `None`.
 //! - `leaseDuration` (fabric8, which never writes `leaseDurationSeconds`):
 //!   the same rules, and also an ISO 8601 duration of hours, minutes and
-//!   seconds (`"PT15S"`, Java's `Duration`, as fabric8's mapper writes it).
-//!   A record with both is judged by the longer.
+//!   seconds in any case (`"PT15S"`, Java's `Duration`, as fabric8's mapper
+//!   writes it since 6.x; 5.x wrote a number of seconds, `15.000000000`). A
+//!   mapper that writes milliseconds (`15000`) is read as seconds: longer,
+//!   never shorter. A record with both fields is judged by the longer.
 //! - `renewTime`: a string. RFC 3339 with a zone (client-go, fabric8) gives
 //!   [`Record::renewed`]; a date and time without a zone (the Python
 //!   client's `str(datetime)`, local time on the holder's machine) gives
@@ -73,11 +75,14 @@ pub const MAX_DURATION: SignedDuration = SignedDuration::from_secs(365 * 24 * 60
 /// How much of a bad value an error quotes, in characters.
 const QUOTE_MAX: usize = 80;
 
-/// What every released record starts with: the holder emptied.
-const RELEASED_HOLDER: &str = r#"{"holderIdentity":"""#;
+/// What every released record starts with: no holder. `null`, not `""`:
+/// every client reads both as no holder, but the official Java client
+/// takes a record at once only when its holder is `null` (its own release
+/// writes none), and waits a whole lease from when it saw a `""`.
+const RELEASED_HOLDER: &str = r#"{"holderIdentity":null"#;
 /// What a released record of a writer that knows `leaseDurationSeconds`
-/// starts with (the holder emptied, one second); `,` or `}` follows.
-const RELEASED_PREFIX: &str = r#"{"holderIdentity":"","leaseDurationSeconds":1"#;
+/// starts with (no holder, one second); `,` or `}` follows.
+const RELEASED_PREFIX: &str = r#"{"holderIdentity":null,"leaseDurationSeconds":1"#;
 
 const HOLDER: &str = "holderIdentity";
 const DURATION: &str = "leaseDurationSeconds";
@@ -265,7 +270,7 @@ fn duration(field: &str, v: &Value) -> Result<Option<SignedDuration>, RecordErro
                 n.as_f64().unwrap_or(f64::NAN)
             }
         }
-        Value::String(s) if field == FABRIC8_DURATION && s.starts_with('P') => iso8601(s)
+        Value::String(s) if field == FABRIC8_DURATION && s.starts_with(['P', 'p']) => iso8601(s)
             .ok_or_else(|| {
                 bad(
                     field,
@@ -300,12 +305,14 @@ fn duration(field: &str, v: &Value) -> Result<Option<SignedDuration>, RecordErro
 /// `s` as an ISO 8601 duration in seconds (`PT15S`, `PT1M30.5S`), as
 /// Java's `Duration.toString()` writes one: `PT`, then hours, minutes and
 /// seconds, no sign.
+/// Letters in any case, as Java's `Duration.parse` reads them. A fraction
+/// of a second counts as a whole one (the caller rounds up).
 fn iso8601(s: &str) -> Option<f64> {
-    if !s.starts_with("PT") || s.contains('-') {
+    if !s.get(..2).is_some_and(|p| p.eq_ignore_ascii_case("PT")) || s.contains('-') {
         return None;
     }
-    let d: SignedDuration = s.parse().ok()?;
-    Some(d.as_secs_f64())
+    let d: SignedDuration = s.to_ascii_uppercase().parse().ok()?;
+    Some(d.as_secs() as f64 + f64::from(u8::from(d.subsec_nanos() > 0)))
 }
 
 /// `s` as a decimal number: digits, optionally `.` and more digits; no
@@ -356,17 +363,17 @@ fn renew(v: &Value) -> Result<(Option<Timestamp>, Option<String>), RecordError> 
 }
 
 /// The released record: compact JSON that starts exactly with
-/// `{"holderIdentity":""`, then `,"leaseDurationSeconds":1` unless the
+/// `{"holderIdentity":null`, then `,"leaseDurationSeconds":1` unless the
 /// record is fabric8's, then `,` or `}`; then every other top-level field
 /// of the original object kept with its value unchanged. Err when `value`
 /// does not parse as a JSON object.
 ///
-/// A record is fabric8's when it has `leaseDuration` and no
-/// `leaseDurationSeconds`: fabric8 reads its record with a strict mapper,
+/// A record is fabric8's when it has `leaseDuration` and names
+/// `leaseDurationSeconds` nowhere (in any case, as the guard checks it): fabric8 reads its record with a strict mapper,
 /// to which `leaseDurationSeconds` is an unknown field that makes the whole
 /// record unreadable (its elector would then never take the lock), so its
-/// release empties the holder alone (fabric8 takes a record with no holder
-/// at once, as every elector does).
+/// release names no holder and nothing more (fabric8 takes a record with
+/// no holder at once, as every elector does).
 ///
 /// The other fields are copied as written, in their order (whitespace
 /// outside strings dropped): numbers keep their digits and strings their
@@ -381,8 +388,10 @@ pub fn released(value: &str) -> Result<String, RecordError> {
         found: "empty",
         value: quote(value),
     })?;
+    // As the guard tells it (it parses no JSON): `leasedurationseconds`
+    // nowhere in the record, in any case.
     let fabric8 = members.iter().any(|m| m.key == FABRIC8_DURATION)
-        && !members.iter().any(|m| folds_to(&m.key, DURATION));
+        && !fold(value).contains("leasedurationseconds");
     let prefix = if fabric8 {
         RELEASED_HOLDER
     } else {
@@ -414,27 +423,59 @@ pub fn released(value: &str) -> Result<String, RecordError> {
     Ok(out)
 }
 
-/// Whether a value is a released record as `released` writes it (the
-/// prefix rule) — used by tests and by the delete guard's mirror.
-///
-/// The rule, as the delete guard's CEL checks it (it parses no JSON): at
-/// most [`MAX_LEN`] bytes; the prefix `{"holderIdentity":""`, optionally
-/// followed by `,"leaseDurationSeconds":1`, then `,` or `}`; and the rest
-/// never names either field again in any spelling a JSON reader takes for
-/// it: neither `holderidentity` nor `leasedurationseconds` in any case
-/// (also with `ſ` for `s`, which Go folds to `s`), and no `\u` escape of an
-/// ASCII letter or of `ſ`. So a record that names a holder after the
-/// prefix (`..."leaseDurationSeconds":1,"holderIdentity":"pod-b"}`, where
-/// the last key wins) is not released. Whether the rest is valid JSON is
-/// not checked (CEL parses none). The guard counts the 64 KiB in
-/// characters, this in bytes: it admits at least what this accepts.
+/// Whether a value is a released record as `released` writes it, of
+/// either form (the prefix rule below, without what it asks of the record
+/// released: see [`is_release_of`]).
 pub fn is_released(value: &str) -> bool {
-    let after = |prefix: &str| {
-        value.strip_prefix(prefix).is_some_and(|rest| {
-            (rest.starts_with(',') || rest.starts_with('}')) && refused_rest(rest).is_none()
+    value.len() <= MAX_LEN
+        && (after_prefix(value, RELEASED_PREFIX) || after_prefix(value, RELEASED_HOLDER))
+}
+
+/// Whether the delete guard admits `new` as the release of the record
+/// `old`: its rule, in Rust (the guard's CEL parses no JSON), used by
+/// tests to say what the guard does.
+///
+/// `old` is held: not empty, and not released already (neither prefix
+/// below, nor client-go's own release, whose holder is `""`). `new` is at
+/// most [`MAX_LEN`] bytes and starts with `{"holderIdentity":null`, then
+/// either `,"leaseDurationSeconds":1`, or nothing more when `old` is
+/// fabric8's (it names `leasedurationseconds` nowhere, in any case) and
+/// `new` keeps its `"leaseDuration":`; then `,` or `}`. The rest never
+/// names either field again in any spelling a JSON reader takes for it:
+/// neither `holderidentity` nor `leasedurationseconds` in any case (also
+/// with `ſ` for `s`, which Go folds to `s`), and no `\u` escape of an
+/// ASCII letter or of `ſ`. So a record that names a holder after the
+/// prefix (`...:null,"leaseDurationSeconds":1,"holderIdentity":"pod-b"}`,
+/// where the last key wins) is not a release. Whether the rest is valid
+/// JSON is not checked (CEL parses none). The guard counts the 64 KiB in
+/// characters, this in bytes: it admits at least what this accepts.
+pub fn is_release_of(old: &str, new: &str) -> bool {
+    let held = !old.is_empty() && !was_released(old);
+    let fabric8 = !fold(old).contains("leasedurationseconds");
+    held && new.len() <= MAX_LEN
+        && (after_prefix(new, RELEASED_PREFIX)
+            || (fabric8
+                && new.contains(r#""leaseDuration":"#)
+                && after_prefix(new, RELEASED_HOLDER)))
+}
+
+/// `value` starts with `prefix`, then `,` or `}`, and the rest is one the
+/// guard admits.
+fn after_prefix(value: &str, prefix: &str) -> bool {
+    value.strip_prefix(prefix).is_some_and(|rest| {
+        (rest.starts_with(',') || rest.starts_with('}')) && refused_rest(rest).is_none()
+    })
+}
+
+/// A record released already, as the guard tells one: it starts with no
+/// holder (`""` or `null`), then `,` or `}`.
+fn was_released(old: &str) -> bool {
+    [r#"{"holderIdentity":"""#, RELEASED_HOLDER]
+        .iter()
+        .any(|prefix| {
+            old.strip_prefix(prefix)
+                .is_some_and(|rest| rest.starts_with(',') || rest.starts_with('}'))
         })
-    };
-    value.len() <= MAX_LEN && (after(RELEASED_PREFIX) || after(RELEASED_HOLDER))
 }
 
 /// What in the part of a released record after its prefix the delete guard

@@ -284,17 +284,17 @@ fn released_starts_with_the_prefix_and_keeps_every_other_field() {
     let out = released(CLIENT_GO).unwrap();
     assert_eq!(
         out,
-        r#"{"holderIdentity":"","leaseDurationSeconds":1,"acquireTime":"2026-12-06T23:30:00Z","renewTime":"2026-12-06T23:30:02.5+01:00","leaderTransitions":3}"#
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1,"acquireTime":"2026-12-06T23:30:00Z","renewTime":"2026-12-06T23:30:02.5+01:00","leaderTransitions":3}"#
     );
     // Values unchanged to the byte, also what a float would change.
     let odd = r#"{ "a" : 1.50e2 , "holderIdentity" : "x", "n": 123456789012345678901234567890, "s": "\u00e9 \"q\"", "o": { "k" : [ 1 , 2 ] } }"#;
     assert_eq!(
         released(odd).unwrap(),
-        r#"{"holderIdentity":"","leaseDurationSeconds":1,"a":1.50e2,"n":123456789012345678901234567890,"s":"\u00e9 \"q\"","o":{"k":[1,2]}}"#
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1,"a":1.50e2,"n":123456789012345678901234567890,"s":"\u00e9 \"q\"","o":{"k":[1,2]}}"#
     );
     assert_eq!(
         released("{}").unwrap(),
-        r#"{"holderIdentity":"","leaseDurationSeconds":1}"#
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1}"#
     );
     assert!(released("").is_err());
     assert!(released("{").is_err());
@@ -304,14 +304,14 @@ fn released_starts_with_the_prefix_and_keeps_every_other_field() {
 fn released_python_record_reads_back_free_with_one_second() {
     let out = released(PYTHON).unwrap();
     assert!(
-        out.starts_with(r#"{"holderIdentity":"","leaseDurationSeconds":1,"#),
+        out.starts_with(r#"{"holderIdentity":null,"leaseDurationSeconds":1,"#),
         "{out}"
     );
     let r = parse(&out).unwrap();
     assert_eq!((r.holder, r.duration), (None, secs(1)));
     assert_eq!(r.renew_mark.as_deref(), Some("2026-12-06 23:30:02.345678"));
     let (mut before, after) = (obj(PYTHON), obj(&out));
-    before.insert(HOLDER.into(), Value::from(""));
+    before.insert(HOLDER.into(), Value::Null);
     before.insert(DURATION.into(), Value::from(1));
     assert_eq!(before, after);
     assert!(is_released(&out));
@@ -325,7 +325,7 @@ fn released_drops_every_spelling_of_the_two_fields() {
     .unwrap();
     assert_eq!(
         out,
-        r#"{"holderIdentity":"","leaseDurationSeconds":1,"x":1}"#
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1,"x":1}"#
     );
     // What the guard would refuse is not written.
     for v in [
@@ -342,8 +342,8 @@ fn released_drops_every_spelling_of_the_two_fields() {
 #[test]
 fn is_released_is_the_prefix_rule() {
     for v in [
-        r#"{"holderIdentity":"","leaseDurationSeconds":1}"#,
-        r#"{"holderIdentity":"","leaseDurationSeconds":1,"renewTime":"2026-12-06 23:30:02"}"#,
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1}"#,
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1,"renewTime":"2026-12-06 23:30:02"}"#,
     ] {
         assert!(is_released(v), "{v}");
     }
@@ -352,21 +352,23 @@ fn is_released_is_the_prefix_rule() {
         PYTHON,
         CLIENT_GO,
         r#"{"holderIdentity":"pod-b","leaseDurationSeconds":1}"#,
-        r#"{"holderIdentity":"","leaseDurationSeconds":10}"#,
-        r#"{"holderIdentity":"","leaseDurationSeconds":1.5}"#,
+        r#"{"holderIdentity":"","leaseDurationSeconds":1}"#,
+        r#"{"holderIdentity":""}"#,
+        r#"{"holderIdentity":null,"leaseDurationSeconds":10}"#,
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1.5}"#,
         r#"{"holderIdentity": "", "leaseDurationSeconds": 1}"#,
         r#"{"leaseDurationSeconds":1,"holderIdentity":""}"#,
-        r#"{"holderIdentity":"","leaseDurationSeconds":1"#,
-        r#"{"holderIdentity":"","leaseDurationSeconds":1,"holderIdentity":"pod-b"}"#,
-        r#"{"holderIdentity":"","leaseDurationSeconds":1,"HolderIdentity":"pod-b"}"#,
-        r#"{"holderIdentity":"","leaseDurationSeconds":1,"h\u006flderIdentity":"pod-b"}"#,
-        r#"{"holderIdentity":"","leaseDurationSeconds":1,"leaseDurationSecondſ":60}"#,
-        r#"{"holderIdentity":"","leaseDurationSeconds":1,"leaseDurationSecond\u017F":60}"#,
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1"#,
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1,"holderIdentity":"pod-b"}"#,
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1,"HolderIdentity":"pod-b"}"#,
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1,"h\u006flderIdentity":"pod-b"}"#,
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1,"leaseDurationSecondſ":60}"#,
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1,"leaseDurationSecond\u017F":60}"#,
     ] {
         assert!(!is_released(v), "{v}");
     }
     let huge = format!(
-        r#"{{"holderIdentity":"","leaseDurationSeconds":1,"x":"{}"}}"#,
+        r#"{{"holderIdentity":null,"leaseDurationSeconds":1,"x":"{}"}}"#,
         "y".repeat(MAX_LEN)
     );
     assert!(!is_released(&huge));
@@ -442,13 +444,15 @@ proptest! {
         match released(&text) {
             Ok(out) => {
                 prop_assert!(is_released(&out), "{}", out);
+                // The guard admits it, unless the record was free already.
+                prop_assert!(was_released(&text) || is_release_of(&text, &out), "{} -> {}", text, out);
                 let mut want = obj(&text);
                 let fabric8 = want.contains_key(FABRIC8_DURATION)
-                    && !want.keys().any(|k| folds_to(k, DURATION));
+                    && !fold(&text).contains("leasedurationseconds");
                 let knows_fabric8 = want.contains_key(FABRIC8_DURATION);
                 want.retain(|k, _| !folds_to(k, HOLDER) && !folds_to(k, DURATION));
                 let mut got = obj(&out);
-                prop_assert_eq!(got.remove(HOLDER), Some(Value::from("")));
+                prop_assert_eq!(got.remove(HOLDER), Some(Value::Null));
                 if fabric8 {
                     prop_assert!(!out.contains(DURATION), "{}", out);
                 } else {
@@ -487,6 +491,8 @@ fn fabric8_record_is_read_with_its_iso_duration_and_zoned_time() {
     assert_eq!(d("15"), Ok(secs(15)));
     assert_eq!(d(r#""PT1M30.5S""#), Ok(secs(91)));
     assert_eq!(d(r#""PT2H""#), Ok(secs(7200)));
+    assert_eq!(d(r#""pt15s""#), Ok(secs(15)));
+    assert_eq!(d(r#""PT0.000000001S""#), Ok(secs(1)));
     assert_eq!(d(r#""60""#), Ok(secs(60)));
     // Both written: the longer, whichever it is.
     let both = |a: &str, b: &str| {
@@ -528,7 +534,7 @@ fn fabric8_record_is_released_without_a_field_fabric8_does_not_know() {
     let out = released(FABRIC8).unwrap();
     assert_eq!(
         out,
-        r#"{"holderIdentity":"","leaseDuration":"PT15S","acquireTime":"2026-12-06T23:30:00.000000Z","renewTime":"2026-12-06T23:30:02.123456Z","leaderTransitions":0}"#
+        r#"{"holderIdentity":null,"leaseDuration":"PT15S","acquireTime":"2026-12-06T23:30:00.000000Z","renewTime":"2026-12-06T23:30:02.123456Z","leaderTransitions":0}"#
     );
     assert!(is_released(&out), "{out}");
     let r = parse(&out).unwrap();
@@ -537,30 +543,65 @@ fn fabric8_record_is_released_without_a_field_fabric8_does_not_know() {
     let both = r#"{"holderIdentity":"pod-a","leaseDurationSeconds":15,"leaseDuration":"PT15S"}"#;
     assert_eq!(
         released(both).unwrap(),
-        r#"{"holderIdentity":"","leaseDurationSeconds":1,"leaseDuration":"PT15S"}"#
+        r#"{"holderIdentity":null,"leaseDurationSeconds":1,"leaseDuration":"PT15S"}"#
     );
 }
 
 #[test]
-fn is_released_also_takes_the_holder_emptied_alone() {
+fn is_released_also_takes_no_holder_alone() {
     for v in [
-        r#"{"holderIdentity":""}"#,
-        r#"{"holderIdentity":"","leaseDuration":"PT15S"}"#,
-        r#"{"holderIdentity":"","renewTime":"2026-12-06T23:30:02Z"}"#,
+        r#"{"holderIdentity":null}"#,
+        r#"{"holderIdentity":null,"leaseDuration":"PT15S"}"#,
+        r#"{"holderIdentity":null,"renewTime":"2026-12-06T23:30:02Z"}"#,
     ] {
         assert!(is_released(v), "{v}");
     }
     for v in [
         r#"{"holderIdentity":"pod-b"}"#,
-        r#"{"holderIdentity":"" ,"leaseDuration":"PT15S"}"#,
-        r#"{"holderIdentity":"","leaseDurationSeconds":15}"#,
-        r#"{"holderIdentity":"","leaseDuration":"PT15S","leaseDurationSeconds":1}"#,
-        r#"{"holderIdentity":"","holderIdentity":"pod-b"}"#,
-        r#"{"holderIdentity":"","HOLDERIDENTITY":"pod-b"}"#,
-        r#"{"holderIdentity":"","h\u006flderIdentity":"pod-b"}"#,
-        r#"{"holderIdentity":"""#,
+        r#"{"holderIdentity":null ,"leaseDuration":"PT15S"}"#,
+        r#"{"holderIdentity":null,"leaseDurationSeconds":15}"#,
+        r#"{"holderIdentity":null,"leaseDuration":"PT15S","leaseDurationSeconds":1}"#,
+        r#"{"holderIdentity":null,"holderIdentity":"pod-b"}"#,
+        r#"{"holderIdentity":null,"HOLDERIDENTITY":"pod-b"}"#,
+        r#"{"holderIdentity":null,"h\u006flderIdentity":"pod-b"}"#,
+        r#"{"holderIdentity":null"#,
         r#"{"holderIdentity":"x"}"#,
     ] {
         assert!(!is_released(v), "{v}");
     }
+}
+
+#[test]
+fn is_release_of_asks_the_record_released_too() {
+    for old in [CLIENT_GO, PYTHON, FABRIC8] {
+        let out = released(old).unwrap();
+        assert!(is_release_of(old, &out), "{old} -> {out}");
+    }
+    let f8_kept = r#"{"holderIdentity":null,"leaseDuration":"PT15S"}"#;
+    assert!(is_release_of(FABRIC8, f8_kept));
+    // The short form only for fabric8's record, and with its duration kept.
+    assert!(!is_release_of(PYTHON, r#"{"holderIdentity":null,"x":1}"#));
+    assert!(!is_release_of(CLIENT_GO, f8_kept));
+    assert!(!is_release_of(FABRIC8, r#"{"holderIdentity":null}"#));
+    assert!(!is_release_of(
+        r#"{"holderIdentity":"a","leaseDuration":"PT15S","note":"leaseDurationSeconds"}"#,
+        f8_kept
+    ));
+    // Nothing to release: empty, released by the janitor or by client-go.
+    let long = r#"{"holderIdentity":null,"leaseDurationSeconds":1}"#;
+    for old in [
+        "",
+        long,
+        f8_kept,
+        r#"{"holderIdentity":"","leaseDurationSeconds":1,"renewTime":"x"}"#,
+        r#"{"holderIdentity":""}"#,
+    ] {
+        assert!(!is_release_of(old, long), "{old}");
+    }
+    // Held, whatever follows the holder.
+    assert!(is_release_of(r#"{"holderIdentity":"pod-a"}"#, long));
+    assert!(is_release_of(
+        r#"{"leaseDurationSeconds":5,"holderIdentity":"pod-a"}"#,
+        long
+    ));
 }
