@@ -11,7 +11,8 @@
 // seconds), not releasing the lock on cancel. On stdout, flushed at once:
 // "LEADING IDENTITY" once it leads, "NEW LEADER HOLDER" each time the library
 // sees the record name another holder (its onNewLeader), "STOPPED IDENTITY" if
-// the library gives the lead up. The kubeconfig is $KUBECONFIG (fabric8's own
+// the library gives the lead up, "ELECTOR ENDED IDENTITY" (then exit 1) if its
+// run returns. The kubeconfig is $KUBECONFIG (fabric8's own
 // auto-configuration). The library's own log lines (slf4j-simple, its
 // leader-election package at debug) go to stderr.
 //
