@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests mostly wait on the API server; run more of them than there are cores.
 TEST_THREADS ?= 6
 
-.PHONY: all setup build python-peer testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker test-compat lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle bench-optin soak release release-check push
+.PHONY: all setup build python-peer fabric8-peer java-peer testenv-build testenv-up testenv-down testenv-status test test-rust test-alerts test-chart test-docker test-compat lint demo chaos bench bench-scale bench-memory bench-takeover bench-scan bench-janitor bench-idle bench-optin soak release release-check push
 
 all: build
 
@@ -24,6 +24,17 @@ testenv-build:
 ## testenv/peers/python/requirements.txt) in the cache; test-rust makes it too.
 python-peer:
 	hack/python-peer.sh
+
+## The fabric8 peer (fabric8's Java client, pinned in testenv/peers/fabric8/pom.xml:
+## its jars and the compiled elector) in the cache; test-rust builds it too.
+fabric8-peer:
+	hack/fabric8-peer.sh
+
+## The Java peer's build (the official Kubernetes Java client, pinned in
+## testenv/peers/java/pom.xml: its jars and Elector.class) in the cache;
+## test-rust builds it too.
+java-peer:
+	hack/java-peer.sh java
 
 ## Start a control plane that outlives the command; prints `export KUBECONFIG=...`.
 testenv-up: testenv-build

@@ -4,7 +4,9 @@
 #   - Debian packages: prometheus (promtool and a server for tests/e2e/prometheus.rs),
 #     musl-tools (the image's static build), file (checks that it is static),
 #     jq (the README's one-liner, run by tests/e2e/docs.rs), python3 and
-#     python3-venv when missing (the Python peer's venv, hack/python-peer.sh);
+#     python3-venv when missing (the Python peer's venv, hack/python-peer.sh),
+#     a JDK (default-jdk-headless: java and javac >= 17) and maven when missing
+#     (the Java peers, hack/java-peer.sh: fabric8's and the official client's);
 #   - rustup: rustfmt, clippy and the x86_64-unknown-linux-musl target.
 # apt-get runs as root (or through sudo when available); otherwise it names the
 # command to run. Idempotent: nothing is installed twice.
@@ -24,6 +26,11 @@ command -v jq >/dev/null 2>&1 || need_apt+=(jq)
 # with venv and ensurepip (Debian splits them into python3-venv).
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1 && need_apt+=(python3-venv)
+# The Java peers (hack/java-peer.sh; tests/e2e/fabric8.rs, tests/e2e/java.rs):
+# javac and java (fabric8's client 8 needs Java 17; Debian's default JDK is 17
+# or newer from bookworm on) and mvn to fetch their jars.
+command -v javac >/dev/null 2>&1 && command -v java >/dev/null 2>&1 || need_apt+=(default-jdk-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt_get() { apt-get "$@"; }

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # make test-rust: every Rust test, built once, then run:
-#   0. the Python peer's venv (hack/python-peer.sh: made once, then cached);
+#   0. the real peers' builds, each made once, then cached: the Python peer's
+#      venv (hack/python-peer.sh), the fabric8 peer (hack/fabric8-peer.sh) and
+#      the Java peer (hack/java-peer.sh java);
 #   1. the unit tests (the library's, the binaries', the testenv crate's);
 #   2. three lanes side by side: tests/e2e/ (one shared control plane,
 #      TEST_THREADS threads), tests/isolated/ (suites that start a control
@@ -55,6 +57,18 @@ done
 # from PyPI; warm: a file test), before the lanes, so that its cost is a phase
 # of its own and no test waits for it.
 hack/phases.sh run "test-rust: python-peer" hack/python-peer.sh >/dev/null
+
+# --- the fabric8 peer (tests/e2e/fabric8.rs) --------------------------------
+# Built once per hash of testenv/peers/fabric8/{pom.xml,Elector.java} (cold:
+# the jars from Maven Central and javac; warm: a file test), as a phase of
+# its own for the same reason.
+hack/phases.sh run "test-rust: fabric8-peer" hack/fabric8-peer.sh >/dev/null
+
+# --- the Java peer's build (tests/e2e/java.rs) -------------------------------
+# The official Java client's jars and Elector.class, built once per hash of
+# testenv/peers/java/{pom.xml,Elector.java} (cold: Maven fetches about 50 MB
+# from Maven Central, then javac; warm: a file test), before the lanes too.
+hack/phases.sh run "test-rust: java-peer" hack/java-peer.sh java >/dev/null
 
 # --- 1. unit tests ------------------------------------------------------------
 hack/phases.sh run "test-rust: unit" \

@@ -37,6 +37,9 @@ use serde::{Deserialize, Serialize};
 
 pub mod audit;
 mod certs;
+pub mod elector;
+pub mod fabric8_peer;
+pub mod java_peer;
 pub mod kubelet;
 pub mod node;
 mod paths;

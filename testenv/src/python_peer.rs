@@ -7,82 +7,34 @@
 //! the tests, and the first peer of a run makes it if it is missing).
 //!
 //! The elector takes its identity as an argument (the tests give the pod's
-//! name) and its cluster from `$KUBECONFIG`; it needs no pod around it, so
-//! it runs as a plain child process, tied to the test process as the
-//! control plane's are.
+//! name) and its cluster from `$KUBECONFIG`; what it shares with the other
+//! real peers (a child process tied to the test process, `LEADING`, its
+//! logs) is [`crate::elector`].
 
-use std::fs::File;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::{process, Error};
+use crate::elector::{built_by, repo, Elector, TIMINGS};
+use crate::Error;
 
-/// The repository's root (this crate is `testenv/` in it).
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("testenv/ has a parent")
-        .to_path_buf()
-}
-
-/// The Python client's lock kinds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PyLock {
-    /// `resourcelock.configmaplock.ConfigMapLock`: the leader record is the
-    /// ConfigMap's annotation `control-plane.alpha.kubernetes.io/leader`.
-    ConfigMap,
-    /// `resourcelock.leaselock.LeaseLock`: a coordination.k8s.io/v1 Lease.
-    Lease,
-}
-
-impl PyLock {
-    fn arg(self) -> &'static str {
-        match self {
-            PyLock::ConfigMap => "configmap",
-            PyLock::Lease => "lease",
-        }
-    }
-}
+/// The Python client's lock kinds (`resourcelock.configmaplock.ConfigMapLock`,
+/// `resourcelock.leaselock.LeaseLock`).
+pub use crate::elector::ElectorLock as PyLock;
 
 /// The venv's python, made by `hack/python-peer.sh` the first time it is
 /// asked for in this process (the script is quick when the venv is there,
 /// and takes a lock while it makes one).
 pub fn python() -> Result<PathBuf, Error> {
     static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            let script = repo().join("hack/python-peer.sh");
-            let out = Command::new(&script)
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| format!("running {}: {e}", script.display()))?;
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
-            if !out.status.success() || !path.is_file() {
-                return Err(format!(
-                    "{} ({}) gave no python: the Python peer's venv could not be made:\n{}{}",
-                    script.display(),
-                    out.status,
-                    stdout,
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            Ok(path)
-        })
-        .clone()
-        .map_err(Error::Other)
+    built_by(&PYTHON, "python-peer.sh", "python")
 }
 
-/// One running Python elector.
-pub struct PythonPeer {
-    child: Child,
-    out: PathBuf,
-    log: PathBuf,
-    started: Instant,
-    reaped: bool,
-}
+/// One running Python elector: an [`Elector`] (`is_leading`,
+/// `wait_leading`, `logs`, `kill`).
+pub struct PythonPeer(Elector);
 
 impl PythonPeer {
     /// Starts a candidate for `namespace/lock` (a ConfigMap or a Lease, as
@@ -97,15 +49,7 @@ impl PythonPeer {
         lock: &str,
         identity: &str,
     ) -> Result<PythonPeer, Error> {
-        Self::start_with(
-            kubeconfig,
-            dir,
-            kind,
-            namespace,
-            lock,
-            identity,
-            [60, 50, 2].map(Duration::from_secs),
-        )
+        Self::start_with(kubeconfig, dir, kind, namespace, lock, identity, TIMINGS)
     }
 
     /// As [`PythonPeer::start`], with its own lease duration, renew deadline
@@ -119,104 +63,24 @@ impl PythonPeer {
         identity: &str,
         timings: [Duration; 3],
     ) -> Result<PythonPeer, Error> {
-        let python = python()?;
-        let elector = repo().join("testenv/peers/python/elector.py");
-        let base = dir.join(format!("python-{namespace}-{identity}"));
-        let out = base.with_extension("out");
-        let log = base.with_extension("log");
-        let io = |p: &Path| {
-            File::create(p).map_err(|e| Error::Io {
-                what: format!("create {}", p.display()),
-                source: e,
-            })
-        };
-        let [lease, renew, retry] = timings.map(|t| t.as_secs().to_string());
-        let mut cmd = Command::new(&python);
-        cmd.arg(&elector)
-            .args([
-                kind.arg(),
-                namespace,
-                lock,
-                identity,
-                &lease,
-                &renew,
-                &retry,
-            ])
-            .env("KUBECONFIG", kubeconfig)
+        let mut cmd = Command::new(python()?);
+        cmd.arg(repo().join("testenv/peers/python/elector.py"))
             .env("PYTHONUNBUFFERED", "1")
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .stdin(Stdio::null())
-            .stdout(io(&out)?)
-            .stderr(io(&log)?);
-        let child = process::spawn_tied(cmd).map_err(|e| Error::Io {
-            what: format!("start {} {}", python.display(), elector.display()),
-            source: e,
-        })?;
-        Ok(PythonPeer {
-            child,
-            out,
-            log,
-            started: Instant::now(),
-            reaped: false,
-        })
-    }
-
-    /// Whether the elector said it leads (the library called its
-    /// `onstarted_leading`).
-    pub fn is_leading(&self) -> bool {
-        std::fs::read_to_string(&self.out)
-            .map(|s| s.lines().any(|l| l.starts_with("LEADING ")))
-            .unwrap_or(false)
-    }
-
-    /// Waits until the elector leads; the instant it was seen leading
-    /// (polled every 10 ms). Fails with its log if it exits or `timeout`
-    /// passes.
-    pub async fn wait_leading(&mut self, timeout: Duration) -> Result<Instant, String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.is_leading() {
-                return Ok(Instant::now());
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.reaped = true;
-                return Err(format!(
-                    "python elector exited ({status}) without leading; its log:\n{}",
-                    self.logs()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "python elector did not lead within {timeout:?} (started {:?} ago); its log:\n{}",
-                    self.started.elapsed(),
-                    self.logs()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// The library's log lines (stderr), for waits and failure messages.
-    pub fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Kills the elector (SIGKILL: its pod "dies" with no chance to give up
-    /// the lead); waits for the process to go.
-    pub fn kill(&mut self) {
-        // Once waited for, its pid may be another process's: signal it only
-        // while it is this child (running, or a zombie not yet reaped).
-        if self.reaped {
-            return;
-        }
-        process::signal(self.child.id(), libc::SIGKILL);
-        let _ = self.child.wait();
-        self.reaped = true;
+            .env("PYTHONDONTWRITEBYTECODE", "1");
+        let args = [namespace, lock, identity];
+        Elector::spawn(cmd, "python", kubeconfig, dir, kind, args, timings).map(PythonPeer)
     }
 }
 
-impl Drop for PythonPeer {
-    fn drop(&mut self) {
-        self.kill();
+impl Deref for PythonPeer {
+    type Target = Elector;
+    fn deref(&self) -> &Elector {
+        &self.0
+    }
+}
+
+impl DerefMut for PythonPeer {
+    fn deref_mut(&mut self) -> &mut Elector {
+        &mut self.0
     }
 }

@@ -17,25 +17,16 @@
 
 use std::time::{Duration, Instant};
 
+use crate::peer_locks::*;
 use crate::support::cli::run;
 use crate::support::lease::*;
 use crate::support::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::Api;
-use lock_janitor_testenv::audit::AuditEvent;
+use kube::api::PostParams;
 use lock_janitor_testenv::kubelet;
 use lock_janitor_testenv::python_peer::{PyLock, PythonPeer};
-use serde_json::Value;
-
-/// The annotation the Python client's ConfigMapLock keeps its record in.
-const LEADER: &str = "control-plane.alpha.kubernetes.io/leader";
-/// A leader elected with the Python client waits this long, alone.
-const LEASE: Duration = Duration::from_secs(60);
-/// The takeover the janitor must make possible (issue 47): well inside it.
-const TAKEOVER: Duration = Duration::from_secs(15);
 
 /// Starts a Python elector in `s`'s namespace as pod `pod`'s candidate.
 fn elector(s: &Scenario, kind: PyLock, lock: &str, pod: &str) -> PythonPeer {
@@ -61,88 +52,6 @@ async fn waits(p: &PythonPeer, holder: &str) {
     )
     .await;
     assert!(!p.is_leading(), "a second leader: {}", p.logs());
-}
-
-/// A janitor for every lock kind of this namespace (so also the kind of a
-/// ConfigMap whose record is the leader annotation), sweeping every 2 s.
-async fn janitor_for_all_kinds(s: &Scenario) -> Janitor {
-    let kc = kubeconfig_as(s.cp, JANITOR_USER);
-    Janitor::start(&kc, &["--namespace", &s.ns, "--resync", "2s"]).await
-}
-
-fn configmaps(s: &Scenario) -> Api<ConfigMap> {
-    Api::namespaced(s.client.clone(), &s.ns)
-}
-
-/// The ConfigMap's leader annotation, verbatim.
-async fn annotation(s: &Scenario, cm: &str) -> Option<String> {
-    configmaps(s)
-        .get_opt(cm)
-        .await
-        .expect("get the ConfigMap")?
-        .metadata
-        .annotations?
-        .remove(LEADER)
-}
-
-/// The ConfigMap's leader record, as JSON.
-async fn record(s: &Scenario, cm: &str) -> Option<Value> {
-    serde_json::from_str(&annotation(s, cm).await?).ok()
-}
-
-async fn cm_holder(s: &Scenario, cm: &str) -> Option<String> {
-    Some(record(s, cm).await?["holderIdentity"].as_str()?.to_owned())
-}
-
-async fn label_cm(s: &Scenario, cm: &str) {
-    let patch = serde_json::json!({"metadata": {"labels": {WATCH_LABEL.0: WATCH_LABEL.1}}});
-    configmaps(s)
-        .patch(cm, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("opt the ConfigMap in");
-}
-
-/// Waits until the record's renewTime has changed `n` more times (polled
-/// every 200 ms, within 30 s).
-async fn cm_renewed(s: &Scenario, cm: &str, n: usize) {
-    let renew = || async { record(s, cm).await.map(|r| r["renewTime"].to_string()) };
-    let mut seen = renew().await;
-    let mut count = 0;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while count < n {
-        let now = renew().await;
-        if now != seen {
-            seen = now;
-            count += 1;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{cm} renewed {count} of {n} times within 30s: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The janitor's writes of anything in this namespace but Events (its
-/// locks, pods, labels), from the audit log.
-fn janitor_writes(s: &Scenario) -> Vec<AuditEvent> {
-    lock_janitor_testenv::audit::read(s.cp.audit_log_path())
-        .into_iter()
-        .filter(|e| {
-            e.effective_user() == JANITOR_USER
-                && e.namespace.as_deref() == Some(s.ns.as_str())
-                && !matches!(e.verb.as_str(), "get" | "list" | "watch")
-                && !matches!(e.resource.as_deref(), Some("events"))
-        })
-        .collect()
-}
-
-fn received(e: &AuditEvent) -> Timestamp {
-    e.received
-        .as_deref()
-        .expect("requestReceivedTimestamp")
-        .parse()
-        .expect("an RFC 3339 time")
 }
 
 /// Python's `LeaseLock`: the leader's elector is killed and its pod marked
