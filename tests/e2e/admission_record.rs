@@ -303,6 +303,10 @@ async fn the_guard_admits_exactly_the_release_of_a_leader_record() {
             "no holder and no duration, for a record that is not fabric8's",
             r#"{"holderIdentity":null,"acquireTime":"2026-12-06 23:30:00.123456"}"#,
         ),
+        (
+            "fabric8's form, for a record that is not fabric8's",
+            r#"{"holderIdentity":"","leaseDuration":"PT15S"}"#,
+        ),
     ] {
         assert!(!record::is_release_of(PYTHON, value), "{what}");
         let patch = record_patch(&held, value);
@@ -402,18 +406,29 @@ async fn the_guard_admits_exactly_the_release_of_a_leader_record() {
     for (what, value) in [
         (
             "a second holderIdentity",
-            r#"{"holderIdentity":null,"leaseDuration":"PT15S","holderIdentity":"pod-b"}"#,
+            r#"{"holderIdentity":"","leaseDuration":"PT15S","holderIdentity":"pod-b"}"#,
         ),
         (
             "a holder in another case",
-            r#"{"holderIdentity":null,"HOLDERIDENTITY":"pod-b"}"#,
+            r#"{"holderIdentity":"","leaseDuration":"PT15S","HOLDERIDENTITY":"pod-b"}"#,
         ),
         (
-            "a longer lease after the holder",
-            r#"{"holderIdentity":null,"leaseDurationSeconds":60}"#,
+            "a lease after the holder",
+            r#"{"holderIdentity":"","leaseDuration":"PT15S","leaseDurationSeconds":60}"#,
         ),
-        ("spacing", r#"{"holderIdentity":null }"#),
-        ("fabric8's own fields dropped", r#"{"holderIdentity":null}"#),
+        (
+            "a holder spelt with an escape",
+            r#"{"holderIdentity":"","leaseDuration":"PT15S","h\u006flderIdentity":"pod-b"}"#,
+        ),
+        (
+            "spacing",
+            r#"{"holderIdentity":"" ,"leaseDuration":"PT15S"}"#,
+        ),
+        ("fabric8's own fields dropped", r#"{"holderIdentity":""}"#),
+        (
+            "null, which fabric8 before 6.x cannot read",
+            r#"{"holderIdentity":null,"leaseDuration":"PT15S"}"#,
+        ),
     ] {
         assert!(!record::is_release_of(FABRIC8, value), "{what}");
         let patch = record_patch(&f8, value);
@@ -421,6 +436,28 @@ async fn the_guard_admits_exactly_the_release_of_a_leader_record() {
             .unwrap_or_else(|| panic!("fabric8's record set to {what} was let through"));
         assert!(m.contains(&guard.policy), "{what}: {m}");
     }
+    // A fabric8 record that mentions leaseDurationSeconds (in a value): the
+    // guard cannot tell it is fabric8's, so fabric8's form is refused, and
+    // the janitor does not write it (the lock is unmanageable).
+    let odd = FABRIC8.replace(
+        r#""leaderTransitions""#,
+        r#""note":"no leaseDurationSeconds","leaderTransitions""#,
+    );
+    assert!(record::released(&odd).is_err());
+    let odd_cm = cms
+        .create(
+            &PostParams::default(),
+            &leader_cm("fabric8-odd", &[opt_in], &odd),
+        )
+        .await
+        .unwrap();
+    let f8_form = r#"{"holderIdentity":"","leaseDuration":"PT15S","note":"x"}"#;
+    assert!(!record::is_release_of(&odd, f8_form));
+    let patch = record_patch(&odd_cm, f8_form);
+    assert!(
+        denied(as_janitor.patch("fabric8-odd", &pp, &merge(&patch)).await).is_some(),
+        "fabric8's form over a record that mentions leaseDurationSeconds was let through"
+    );
     let patch = release_patch(&f8, json!({}));
     let after = as_janitor
         .patch("fabric8", &pp, &merge(&patch))
@@ -428,6 +465,7 @@ async fn the_guard_admits_exactly_the_release_of_a_leader_record() {
         .expect("the guard admits the release of fabric8's record");
     let value = after.metadata.annotations.clone().unwrap()[ANNOTATION].clone();
     assert!(!value.contains("leaseDurationSeconds"), "{value}");
+    assert!(value.starts_with(r#"{"holderIdentity":"","#), "{value}");
     let r = record::parse(&value).unwrap();
     assert_eq!(
         (r.holder, r.duration),

@@ -134,7 +134,7 @@ fn holder(v: &Value) -> Option<&str> {
 /// (holder "": a Lease does not say which client wrote it, and fabric8
 /// before 6.x cannot read one without a holder), which the Java client
 /// reads (both int fields there) but takes only once its own lease has
-/// passed since it saw it: the follower leads within the lease and
+/// passed since it saw it: the follower leads within the lease and twice
 /// [`TAKEOVER`] of the death, not sooner than alone (measured: 67 s; with
 /// no holder at all it led in 8 s). A known cost, said in
 /// docs/how-it-decides.md; this test holds it bounded.
@@ -171,9 +171,12 @@ async fn java_lease_candidate_leads_within_its_own_lease_after_the_janitors_rele
     assert!(!b.is_leading(), "{}", b.logs());
 
     let (died, died_at) = evict(&s, &mut a, "java-a").await;
-    let at = b.wait_leading(LEASE + TAKEOVER).await.unwrap_or_else(|e| {
+    // Worst case about 72 s (the release 5-8 s after the death, up to a
+    // retry before the follower sees it, its 60 s, a retry): room for a
+    // loaded machine.
+    let at = b.wait_leading(LEASE + 2 * TAKEOVER).await.unwrap_or_else(|e| {
         panic!(
-            "the Java follower did not lead within the lease and {TAKEOVER:?}: {e}\nthe janitor's writes: {:#?}\nits log:\n{}",
+            "the Java follower did not lead within the lease and twice {TAKEOVER:?}: {e}\nthe janitor's writes: {:#?}\nits log:\n{}",
             s.lease_writes(),
             b.logs()
         )
@@ -198,7 +201,7 @@ async fn java_lease_candidate_leads_within_its_own_lease_after_the_janitors_rele
     );
     assert_eq!(body["spec"]["holderIdentity"], "", "{body}");
     // What the Java client's LeaseLock unboxes into ints on every read.
-    assert!(body["spec"]["leaseDurationSeconds"].is_i64(), "{body}");
+    assert_eq!(body["spec"]["leaseDurationSeconds"], 1, "{body}");
     assert!(body["spec"]["leaseTransitions"].is_i64(), "{body}");
     let m = metrics_reclaimed(&j, &[("kind", "lease"), ("lock", "java-lease")], 1.0).await;
     assert_eq!(
@@ -344,7 +347,9 @@ async fn java_configmap_candidate_leads_within_15s_after_its_leaders_death() {
     assert_eq!(released.len(), 1, "one release: {records:#?}");
     for (a, r) in released {
         eprintln!("the record between java-a's and java-b's: {a}");
-        assert_eq!(holder(&r["holderIdentity"]), None, "{r}");
+        // null, the key there: what this client takes at once.
+        assert!(r.get("holderIdentity").is_some_and(Value::is_null), "{r}");
+        assert_eq!(r["leaseDurationSeconds"], 1, "{r}");
         assert_eq!(r["leaderTransitions"], 0, "java-a's fields kept: {r}");
     }
     let cm = configmaps(&s).get("java-cm-lock").await.unwrap();

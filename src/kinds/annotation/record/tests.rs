@@ -517,3 +517,15 @@ fn is_release_of_asks_the_record_released_too() {
 }
 
 mod properties;
+
+#[test]
+fn an_escape_cut_off_at_the_end_is_refused_as_the_guard_refuses_it() {
+    let held = r#"{"holderIdentity":"pod-a"}"#;
+    let long = r#"{"holderIdentity":null,"leaseDurationSeconds":1"#;
+    // The guard's `\\u00[4-7]` needs three characters after `\u`.
+    assert!(!is_release_of(held, &format!(r#"{long},"x":"\u004"#)));
+    assert!(!is_release_of(held, &format!(r#"{long},"x":"\u017f"}}"#)));
+    assert!(is_release_of(held, &format!(r#"{long},"x":"\u00"#)));
+    assert!(is_release_of(held, &format!(r#"{long},"x":"\u017"#)));
+    assert!(is_release_of(held, &format!(r#"{long},"x":"\u0030"}}"#)));
+}
