@@ -280,11 +280,9 @@ pub fn is_whole(l: &Lease) -> bool {
 ///
 /// The holder is `""`, as client-go writes it, not left out: fabric8 before
 /// 6.x cannot read a Lease without a holder (its record requires one), and
-/// its follower would never lead. The price: the official Java client
-/// takes a Lease at once only when it names no holder at all, so after a
-/// `""` its follower waits its own lease from when it saw the release (a
-/// Lease does not say which client wrote it). The times stay: fabric8
-/// cannot read a Lease without them.
+/// its follower would never lead. The Lease kind leaves it out only where
+/// the official Java client wrote it (`kinds::lease::held_by_the_java_client`).
+/// The times stay: fabric8 cannot read a Lease without them.
 pub fn released(mut lease: Lease, now: Timestamp) -> Lease {
     let t = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now);
     let transitions = lease

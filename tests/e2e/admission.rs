@@ -312,6 +312,22 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
         .unwrap_or_else(|| panic!("a release with {what} was let through"));
         assert!(m.contains(&policy_name), "{what}: {m}");
     }
+    // The release of a Lease the official Java client holds names no holder
+    // at all: admitted (another Lease: this one's DELETE is checked below).
+    let mut java = held.clone();
+    java.metadata = ObjectMeta {
+        name: Some("java-lease".into()),
+        labels: held.metadata.labels.clone(),
+        ..Default::default()
+    };
+    let java = leases.create(&PostParams::default(), &java).await.unwrap();
+    let mut no_holder = release(java);
+    no_holder.spec.as_mut().unwrap().holder_identity = None;
+    let admitted = as_janitor_leases
+        .replace("java-lease", &PostParams::default(), &no_holder)
+        .await
+        .expect("the guard admits a release with no holder at all");
+    assert_eq!(admitted.spec.unwrap().holder_identity, None);
     // Lease DELETE: granted here by an extra Role, refused by the policy.
     let rules = vec![rule(&["coordination.k8s.io"], &["leases"], &["delete"])];
     grant_in(

@@ -129,17 +129,15 @@ fn holder(v: &Value) -> Option<&str> {
 }
 
 /// The Java client's `LeaseLock`: the leader's elector is killed and its
-/// pod marked Failed (Evicted). While the leader renewed, the janitor never
-/// wrote the Lease; after the death it wrote it once, client-go's release
-/// (holder "": a Lease does not say which client wrote it, and fabric8
-/// before 6.x cannot read one without a holder), which the Java client
-/// reads (both int fields there) but takes only once its own lease has
-/// passed since it saw it: the follower leads within the lease and twice
-/// [`TAKEOVER`] of the death, not sooner than alone (measured: 67 s; with
-/// no holder at all it led in 8 s). A known cost, said in
-/// docs/how-it-decides.md; this test holds it bounded.
+/// pod marked Failed (Evicted); the other candidate, which alone would wait
+/// out its 60 s from the last renewal it saw, leads within 15 s because the
+/// janitor released the Lease. While the leader renewed, the janitor never
+/// wrote the Lease; after the death it wrote it once: client-go's release
+/// with no holder at all, as the Lease's managedFields say this client
+/// wrote its holder (after a `""` it would wait its own lease from the
+/// release: 67 s measured), its int fields there.
 #[tokio::test]
-async fn java_lease_candidate_leads_within_its_own_lease_after_the_janitors_release() {
+async fn java_lease_candidate_leads_within_15s_after_its_leaders_death() {
     let s = scenario("java-lease").await;
     s.pod("java-a").await;
     s.pod("java-b").await;
@@ -171,17 +169,15 @@ async fn java_lease_candidate_leads_within_its_own_lease_after_the_janitors_rele
     assert!(!b.is_leading(), "{}", b.logs());
 
     let (died, died_at) = evict(&s, &mut a, "java-a").await;
-    // Worst case about 72 s (the release 5-8 s after the death, up to a
-    // retry before the follower sees it, its 60 s, a retry): room for a
-    // loaded machine.
-    let at = b.wait_leading(LEASE + 2 * TAKEOVER).await.unwrap_or_else(|e| {
-        panic!(
-            "the Java follower did not lead within the lease and twice {TAKEOVER:?}: {e}\nthe janitor's writes: {:#?}\nits log:\n{}",
+    let secs = takes_over(&mut b, died, async || {
+        format!(
+            "the Lease now: {:?}\nthe janitor's writes: {:#?}\njanitor:\n{}",
+            s.leases().get("java-lease").await.map(|l| l.spec),
             s.lease_writes(),
-            b.logs()
+            j.logs()
         )
-    });
-    let secs = (at - died).as_secs_f64();
+    })
+    .await;
     eprintln!(
         "java-b (Java LeaseLock) leads {secs:.1}s after java-a's eviction (lease {}s)",
         LEASE.as_secs()
@@ -199,7 +195,7 @@ async fn java_lease_candidate_leads_within_its_own_lease_after_the_janitors_rele
         "the janitor's release of the Java client's Lease: {}",
         body["spec"]
     );
-    assert_eq!(body["spec"]["holderIdentity"], "", "{body}");
+    assert_eq!(body["spec"].get("holderIdentity"), None, "{body}");
     // What the Java client's LeaseLock unboxes into ints on every read.
     assert_eq!(body["spec"]["leaseDurationSeconds"], 1, "{body}");
     assert!(body["spec"]["leaseTransitions"].is_i64(), "{body}");

@@ -490,3 +490,54 @@ async fn a_holder_already_being_deleted_is_left_alone() {
     let (out, _, _) = run(kind, DELETE_POD, script).await;
     assert!(matches!(out.freed(), Some(Freed::Reclaimed { .. })));
 }
+
+// --- the Lease the official Java client holds -------------------------------------
+
+/// A Lease whose holder identity only the official Java client wrote (its
+/// managedFields, as read live) is released with no holder at all, which
+/// that client takes at once (after a `""` its follower waits its own
+/// lease); with another writer of it beside, with `""`, which fabric8
+/// before 6.x needs.
+#[tokio::test]
+async fn a_lease_the_java_client_wrote_is_released_with_no_holder_at_all() {
+    let entry = |manager: &str| {
+        json!({"manager": manager, "operation": "Update", "apiVersion": "coordination.k8s.io/v1",
+               "fieldsType": "FieldsV1",
+               "fieldsV1": {"f:spec": {"f:holderIdentity": {}, "f:renewTime": {}}}})
+    };
+    let label = json!({"manager": "lock-janitor", "operation": "Update", "apiVersion": "coordination.k8s.io/v1",
+                       "fieldsType": "FieldsV1",
+                       "fieldsV1": {"f:metadata": {"f:labels": {"f:lock-janitor.io/watch": {}}}}});
+    for (managers, holder) in [
+        (vec![entry("Kubernetes Java Client"), label.clone()], None),
+        (
+            vec![
+                entry("Kubernetes Java Client"),
+                entry("fabric8-kubernetes-client"),
+            ],
+            Some(json!("")),
+        ),
+        (vec![entry("fabric8-kubernetes-client")], Some(json!(""))),
+    ] {
+        let pod = evicted_pod();
+        let mut live = Kind::Lease.live();
+        live["metadata"]["managedFields"] = json!(managers);
+        let mut script = prelude(Kind::Lease, live, Some(&pod));
+        let write = Expect::put(LEASE_PATH)
+            .with("/metadata/resourceVersion", json!("7"))
+            .with("/spec/leaseDurationSeconds", json!(1));
+        script.push(
+            match &holder {
+                None => write.without("/spec/holderIdentity"),
+                Some(h) => write.with("/spec/holderIdentity", h.clone()),
+            }
+            .answer(Answer::Echo),
+        );
+        script.push(Expect::event("ops", REASON_RECLAIMED));
+        let (out, _, _) = run(Kind::Lease, WRITE, script).await;
+        assert!(
+            matches!(out.freed(), Some(Freed::Reclaimed { .. })),
+            "{holder:?}: {out:?}"
+        );
+    }
+}

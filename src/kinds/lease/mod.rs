@@ -3,7 +3,9 @@
 //! or controller-runtime's `<hostname>_<uuid>`), renewed every few seconds.
 //! Judged by that pod and the renewals the janitor observes; freed by the
 //! release client-go itself writes on a clean shutdown, an update of the
-//! very Lease read (its resourceVersion guards it). Never deleted.
+//! very Lease read (its resourceVersion guards it), with no holder at all
+//! where the official Java client wrote it ([`held_by_the_java_client`]).
+//! Never deleted.
 
 use futures::future::{BoxFuture, FutureExt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -141,7 +143,12 @@ impl Kind for RenewedLease {
             };
             // The judged object keeps its resourceVersion: the update fails
             // with 409 if the Lease changed since it was read.
-            let released = lease::released(judged.clone(), t.now);
+            let mut released = lease::released(judged.clone(), t.now);
+            if held_by_the_java_client(judged) {
+                if let Some(spec) = released.spec.as_mut() {
+                    spec.holder_identity = None;
+                }
+            }
             let leases: Api<Lease> = Api::namespaced(client.clone(), t.namespace());
             let action = format!("releasing lease {}/{}", t.namespace(), t.name());
             call(
@@ -153,6 +160,31 @@ impl Kind for RenewedLease {
         }
         .boxed()
     }
+}
+
+/// The field manager the API server names the official Java client by
+/// (its user agent, up to the `/`).
+const JAVA_CLIENT: &str = "Kubernetes Java Client";
+
+/// Whether the Lease's holder identity was written by the official Java
+/// client alone (its managedFields, as read live: the watch's copy has
+/// none, and then this is false). That client takes a Lease at once only
+/// when it names no holder at all; after client-go's `""` its follower
+/// waits its own lease from the release. Any other client keeps `""`:
+/// fabric8 before 6.x cannot read a Lease without a holder.
+pub fn held_by_the_java_client(lease: &Lease) -> bool {
+    let mut owners = lease
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| {
+            e.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.pointer("/f:spec/f:holderIdentity").is_some())
+        })
+        .peekable();
+    owners.peek().is_some() && owners.all(|e| e.manager.as_deref() == Some(JAVA_CLIENT))
 }
 
 /// When a Lease's holder took it: every elector sets acquireTime as it
