@@ -320,3 +320,63 @@ fn untrusted_times_are_never_stale_without_watching() {
     let judged = judge_lease(&lock, std::slice::from_ref(&pod), now, &watched);
     assert!(matches!(judged, Verdict::Stale { .. }), "{judged:?}");
 }
+
+/// The official Java client's Lease: only when it alone wrote both the
+/// holder identity and the renew time, each entry with its field set.
+#[test]
+fn a_lease_is_the_java_clients_only_when_it_alone_wrote_holder_and_renewal() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+    let entry = |manager: &str, fields: serde_json::Value| ManagedFieldsEntry {
+        manager: Some(manager.into()),
+        operation: Some("Update".into()),
+        fields_type: Some("FieldsV1".into()),
+        fields_v1: Some(FieldsV1(fields)),
+        ..Default::default()
+    };
+    let both = serde_json::json!({"f:spec": {"f:holderIdentity": {}, "f:renewTime": {}}});
+    let renew = serde_json::json!({"f:spec": {"f:renewTime": {}}});
+    let label = serde_json::json!({"f:metadata": {"f:labels": {"f:x": {}}}});
+    let java = "Kubernetes Java Client";
+    let with = |entries: Vec<ManagedFieldsEntry>| {
+        let mut l = lease_with(vec![], "ops", renewed("op-a"));
+        l.metadata.managed_fields = Some(entries);
+        lease::held_by_the_java_client(&l)
+    };
+    assert!(with(vec![
+        entry(java, both.clone()),
+        entry("lock-janitor", label.clone())
+    ]));
+    // Another client renewing under the same identity: the holder keeps
+    // its first writer, the renew time names the renewer.
+    assert!(!with(vec![
+        entry(
+            java,
+            serde_json::json!({"f:spec": {"f:holderIdentity": {}}})
+        ),
+        entry("fabric8-kubernetes-client", renew.clone())
+    ]));
+    assert!(!with(vec![
+        entry(java, both.clone()),
+        entry("fabric8-kubernetes-client", both.clone())
+    ]));
+    assert!(!with(vec![entry(
+        "fabric8-kubernetes-client",
+        both.clone()
+    )]));
+    assert!(!with(vec![]));
+    assert!(!with(vec![entry(java, label)]));
+    let mut unknown = entry("other", both);
+    unknown.fields_v1 = None;
+    assert!(!with(vec![
+        entry(
+            java,
+            serde_json::json!({"f:spec": {"f:holderIdentity": {}, "f:renewTime": {}}})
+        ),
+        unknown
+    ]));
+    assert!(!lease::held_by_the_java_client(&lease_with(
+        vec![],
+        "ops",
+        renewed("op-a")
+    )));
+}

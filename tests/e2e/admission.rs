@@ -323,6 +323,24 @@ async fn the_guard_refuses_what_rbac_allows_and_lets_the_janitor_work() {
     let java = leases.create(&PostParams::default(), &java).await.unwrap();
     let mut no_holder = release(java);
     no_holder.spec.as_mut().unwrap().holder_identity = None;
+    // With no holder, still exactly the release: one second, the
+    // transitions kept.
+    let mut longer = no_holder.clone();
+    longer.spec.as_mut().unwrap().lease_duration_seconds = Some(15);
+    let mut transitions = no_holder.clone();
+    transitions.spec.as_mut().unwrap().lease_transitions = Some(9);
+    for (what, l) in [
+        ("a longer lease", longer),
+        ("other transitions", transitions),
+    ] {
+        let m = denied(
+            as_janitor_leases
+                .replace("java-lease", &PostParams::default(), &l)
+                .await,
+        )
+        .unwrap_or_else(|| panic!("a release with no holder and {what} was let through"));
+        assert!(m.contains(&policy_name), "{what}: {m}");
+    }
     let admitted = as_janitor_leases
         .replace("java-lease", &PostParams::default(), &no_holder)
         .await

@@ -508,8 +508,14 @@ async fn a_lease_the_java_client_wrote_is_released_with_no_holder_at_all() {
     let label = json!({"manager": "lock-janitor", "operation": "Update", "apiVersion": "coordination.k8s.io/v1",
                        "fieldsType": "FieldsV1",
                        "fieldsV1": {"f:metadata": {"f:labels": {"f:lock-janitor.io/watch": {}}}}});
+    let renewer = json!({"manager": "fabric8-kubernetes-client", "operation": "Update", "apiVersion": "coordination.k8s.io/v1",
+                         "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:renewTime": {}}}});
+    let mut first_writer = entry("Kubernetes Java Client");
+    first_writer["fieldsV1"] = json!({"f:spec": {"f:holderIdentity": {}}});
     for (managers, holder) in [
         (vec![entry("Kubernetes Java Client"), label.clone()], None),
+        // fabric8 renewing under the identity the Java client wrote.
+        (vec![first_writer, renewer], Some(json!(""))),
         (
             vec![
                 entry("Kubernetes Java Client"),

@@ -166,25 +166,33 @@ impl Kind for RenewedLease {
 /// (its user agent, up to the `/`).
 const JAVA_CLIENT: &str = "Kubernetes Java Client";
 
-/// Whether the Lease's holder identity was written by the official Java
-/// client alone (its managedFields, as read live: the watch's copy has
-/// none, and then this is false). That client takes a Lease at once only
-/// when it names no holder at all; after client-go's `""` its follower
-/// waits its own lease from the release. Any other client keeps `""`:
-/// fabric8 before 6.x cannot read a Lease without a holder.
+/// Whether the Lease's holder identity and its renew time were written by
+/// the official Java client alone (its managedFields, as read live: the
+/// watch's copy has none, and then this is false). The renew time changes
+/// at every renewal, so its owner is the current holder's client (the
+/// holder identity keeps its first writer while its value stays: another
+/// client renewing under the same identity does not take it over). An
+/// entry without its field set leaves it unknown: false. That client takes
+/// a Lease at once only when it names no holder at all; after client-go's
+/// `""` its follower waits its own lease from the release. Any other Lease
+/// keeps `""`: fabric8 before 6.x cannot read a Lease without a holder.
 pub fn held_by_the_java_client(lease: &Lease) -> bool {
-    let mut owners = lease
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|e| {
-            e.fields_v1
-                .as_ref()
-                .is_some_and(|f| f.0.pointer("/f:spec/f:holderIdentity").is_some())
-        })
-        .peekable();
-    owners.peek().is_some() && owners.all(|e| e.manager.as_deref() == Some(JAVA_CLIENT))
+    let entries = lease.metadata.managed_fields.as_deref().unwrap_or_default();
+    if entries.iter().any(|e| e.fields_v1.is_none()) {
+        return false;
+    }
+    let only_java = |field: &str| {
+        let mut owners = entries
+            .iter()
+            .filter(|e| {
+                e.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.pointer(field).is_some())
+            })
+            .peekable();
+        owners.peek().is_some() && owners.all(|e| e.manager.as_deref() == Some(JAVA_CLIENT))
+    };
+    only_java("/f:spec/f:holderIdentity") && only_java("/f:spec/f:renewTime")
 }
 
 /// When a Lease's holder took it: every elector sets acquireTime as it
