@@ -363,6 +363,19 @@ fn a_lease_is_the_java_clients_only_when_it_alone_wrote_holder_and_renewal() {
         "fabric8-kubernetes-client",
         both.clone()
     )]));
+    // Another client owning anything of the spec took part.
+    assert!(!with(vec![
+        entry(java, both.clone()),
+        entry(
+            "fabric8-kubernetes-client",
+            serde_json::json!({"f:spec": {"f:leaseDurationSeconds": {}}})
+        )
+    ]));
+    // Nobody owns the renew time.
+    assert!(!with(vec![entry(
+        java,
+        serde_json::json!({"f:spec": {"f:holderIdentity": {}}})
+    )]));
     assert!(!with(vec![]));
     assert!(!with(vec![entry(java, label)]));
     let mut unknown = entry("other", both);

@@ -163,7 +163,8 @@ impl Kind for RenewedLease {
 }
 
 /// The field manager the API server names the official Java client by
-/// (its user agent, up to the `/`).
+/// (its default user agent, up to the `/`): the HTTP client, not the
+/// elector (an elector of one's own on that client matches too).
 const JAVA_CLIENT: &str = "Kubernetes Java Client";
 
 /// Whether the Lease's holder identity and its renew time were written by
@@ -172,13 +173,28 @@ const JAVA_CLIENT: &str = "Kubernetes Java Client";
 /// at every renewal, so its owner is the current holder's client (the
 /// holder identity keeps its first writer while its value stays: another
 /// client renewing under the same identity does not take it over). An
-/// entry without its field set leaves it unknown: false. That client takes
+/// entry without its field set leaves it unknown: false; so does any other
+/// manager owning anything of the spec (another client took part: after a
+/// Java takeover every spec field changes hands, the transitions too). That client takes
 /// a Lease at once only when it names no holder at all; after client-go's
 /// `""` its follower waits its own lease from the release. Any other Lease
 /// keeps `""`: fabric8 before 6.x cannot read a Lease without a holder.
 pub fn held_by_the_java_client(lease: &Lease) -> bool {
     let entries = lease.metadata.managed_fields.as_deref().unwrap_or_default();
     if entries.iter().any(|e| e.fields_v1.is_none()) {
+        return false;
+    }
+    let owns_spec = |e: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry| {
+        e.fields_v1
+            .as_ref()
+            .and_then(|f| f.0.pointer("/f:spec"))
+            .is_some_and(|s| s.as_object().is_none_or(|o| !o.is_empty()))
+    };
+    if entries
+        .iter()
+        .filter(owns_spec)
+        .any(|e| e.manager.as_deref() != Some(JAVA_CLIENT))
+    {
         return false;
     }
     let only_java = |field: &str| {
