@@ -21,16 +21,15 @@
 
 use std::time::Instant;
 
-use crate::peer_locks::*;
+use crate::peer_locks::{self, *};
 use crate::support::cli::run;
 use crate::support::lease::*;
 use crate::support::*;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
 use lock_janitor::kinds::annotation::record;
-use lock_janitor_testenv::audit::AuditEvent;
+use lock_janitor_testenv::elector::Elector;
 use lock_janitor_testenv::fabric8_peer::{Fabric8Lock, Fabric8Peer};
-use lock_janitor_testenv::kubelet;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -40,66 +39,16 @@ fn elector(s: &Scenario, kind: Fabric8Lock, lock: &str, pod: &str) -> Fabric8Pee
         .unwrap_or_else(|e| panic!("start the fabric8 elector {pod}: {e}"))
 }
 
-/// Waits until `p` leads (a JVM's start included).
-async fn leads(p: &mut Fabric8Peer, who: &str) {
-    p.wait_leading(Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("{who}: {e}"));
-}
-
 /// Waits until the follower `p` has found the lock held by `holder` and
-/// waits (the library's own debug line), and checks it does not lead.
-async fn waits(p: &Fabric8Peer, holder: &str) {
+/// waits (the library's own debug line, and its onNewLeader hook).
+async fn waits(p: &Elector, holder: &str) {
     let line = format!("Lock is held by {holder} and has not yet expired");
-    wait_for(
-        "the fabric8 follower waiting",
-        Duration::from_secs(60),
-        || async { p.logs().contains(&line).then_some(()) },
-    )
-    .await;
-    let reported = format!("NEW LEADER {holder}\n");
-    wait_for(
-        "the fabric8 follower's onNewLeader",
-        Duration::from_secs(10),
-        || async { p.output().contains(&reported).then_some(()) },
-    )
-    .await;
-    assert!(!p.is_leading(), "a second leader: {}", p.logs());
-}
-
-/// The kubelet evicts `pod`: its elector is killed first (no chance to give
-/// anything up), then its status is written Failed. The instant and time of
-/// the death.
-async fn evict(s: &Scenario, leader: &mut Fabric8Peer, pod: &str) -> (Instant, Timestamp) {
-    leader.kill();
-    kubelet::set_failed(
-        &s.client,
-        &s.ns,
-        pod,
-        "Evicted",
-        "The node was low on resource: memory.",
-    )
-    .await
-    .expect("failed");
-    (Instant::now(), Timestamp::now())
-}
-
-/// The one write of the janitor: after the death, a success.
-fn the_one_write(writes: &[AuditEvent], died_at: Timestamp) -> &AuditEvent {
-    assert_eq!(writes.len(), 1, "{writes:#?}");
-    let w = &writes[0];
-    assert!(matches!(w.verb.as_str(), "update" | "patch"), "{w:?}");
-    assert_eq!(w.code, Some(200), "{w:?}");
-    assert!(received(w) >= died_at, "{w:?}");
-    w
+    peer_locks::waits(p, &line, Some(holder)).await;
 }
 
 /// No line of the library says it failed to read or write the lock.
-fn no_lock_errors(p: &Fabric8Peer) {
-    let logs = p.logs();
-    for bad in ["Exception", "Error deserializing", "ERROR"] {
-        assert!(!logs.contains(bad), "{bad} in the elector's log:\n{logs}");
-    }
+fn no_lock_errors(p: &Elector) {
+    peer_locks::no_lock_errors(p, &["Exception", "Error deserializing", "ERROR"]);
 }
 
 /// fabric8's `LeaseLock`: the leader's elector is killed and its pod marked

@@ -21,15 +21,14 @@
 
 use std::time::{Duration, Instant};
 
-use crate::peer_locks::*;
+use crate::peer_locks::{self, *};
 use crate::support::lease::*;
 use crate::support::*;
 use futures::TryStreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{WatchEvent, WatchParams};
-use lock_janitor_testenv::audit::AuditEvent;
+use lock_janitor_testenv::elector::Elector;
 use lock_janitor_testenv::java_peer::{JavaLock, JavaPeer};
-use lock_janitor_testenv::kubelet;
 use serde_json::Value;
 
 /// Starts a Java elector in `s`'s namespace as pod `pod`'s candidate.
@@ -38,49 +37,11 @@ fn elector(s: &Scenario, kind: JavaLock, lock: &str, pod: &str) -> JavaPeer {
         .unwrap_or_else(|e| panic!("start the Java elector {pod}: {e}"))
 }
 
-/// Waits until `p` leads (a JVM's start included).
-async fn leads(p: &mut JavaPeer, who: &str) {
-    p.wait_leading(Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("{who}: {e}"));
-}
-
 /// Waits until the follower `p` has found the lock held by `holder` and
-/// waits (the library's own debug line, and its onNewLeader hook), and
-/// checks it does not lead.
-async fn waits(p: &JavaPeer, holder: &str) {
+/// waits (the library's own debug line, and its onNewLeader hook).
+async fn waits(p: &Elector, holder: &str) {
     let line = format!("Lock is held by {holder} and has not yet expired");
-    wait_for(
-        "the Java follower waiting",
-        Duration::from_secs(60),
-        || async { p.logs().contains(&line).then_some(()) },
-    )
-    .await;
-    let reported = format!("NEW LEADER {holder}\n");
-    wait_for(
-        "the Java follower's onNewLeader",
-        Duration::from_secs(10),
-        || async { p.output().contains(&reported).then_some(()) },
-    )
-    .await;
-    assert!(!p.is_leading(), "a second leader: {}", p.logs());
-}
-
-/// The kubelet evicts `pod`: its elector is killed first (no chance to give
-/// anything up), then its status is written Failed. The instant and time of
-/// the death.
-async fn evict(s: &Scenario, leader: &mut JavaPeer, pod: &str) -> (Instant, Timestamp) {
-    leader.kill();
-    kubelet::set_failed(
-        &s.client,
-        &s.ns,
-        pod,
-        "Evicted",
-        "The node was low on resource: memory.",
-    )
-    .await
-    .expect("failed");
-    (Instant::now(), Timestamp::now())
+    peer_locks::waits(p, &line, Some(holder)).await;
 }
 
 /// Waits until the follower `b` leads, within [`TAKEOVER`] of the death;
@@ -103,23 +64,9 @@ async fn takes_over(b: &mut JavaPeer, died: Instant, context: impl AsyncFnOnce()
     );
 }
 
-/// The one write of the janitor: after the death, a success.
-fn the_one_write(writes: &[AuditEvent], died_at: Timestamp) -> &AuditEvent {
-    assert_eq!(writes.len(), 1, "{writes:#?}");
-    let w = &writes[0];
-    assert!(matches!(w.verb.as_str(), "update" | "patch"), "{w:?}");
-    assert_eq!(w.code, Some(200), "{w:?}");
-    assert!(received(w) >= died_at, "{w:?}");
-    w
-}
-
-/// No line of the library says it failed to read or write the lock (a
-/// record it cannot read is an exception in its acquire loop, logged).
-fn no_lock_errors(p: &JavaPeer) {
-    let logs = p.logs();
-    for bad in ["Exception", "ERROR"] {
-        assert!(!logs.contains(bad), "{bad} in the elector's log:\n{logs}");
-    }
+/// No line of the library says it failed to read or write the lock.
+fn no_lock_errors(p: &Elector) {
+    peer_locks::no_lock_errors(p, &["Exception", "ERROR"]);
 }
 
 /// A holder as the Java client reads it: absent or null is no holder (it

@@ -1,7 +1,8 @@
 //! What the suites of the real leader-election peers nobody here wrote
 //! share (`python.rs`: the official Python client; `fabric8.rs`: fabric8's
-//! Java client): the ConfigMap lock's leader annotation as they write it,
-//! the janitor's writes from the audit log, timings.
+//! Java client; `java.rs`: the official Java client): the ConfigMap lock's
+//! leader annotation as they write it, the janitor's writes from the audit
+//! log, an elector leading, waiting and evicted, timings.
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use lock_janitor_testenv::audit::AuditEvent;
+use lock_janitor_testenv::elector::Elector;
+use lock_janitor_testenv::kubelet;
 use serde_json::Value;
 
 /// The annotation a ConfigMapLock keeps its record in (both clients).
@@ -101,4 +104,67 @@ pub(crate) fn received(e: &AuditEvent) -> Timestamp {
         .expect("requestReceivedTimestamp")
         .parse()
         .expect("an RFC 3339 time")
+}
+
+/// Waits until `p` leads (a JVM's or an interpreter's start included).
+pub(crate) async fn leads(p: &mut Elector, who: &str) {
+    p.wait_leading(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{who}: {e}"));
+}
+
+/// Waits until the follower `p` has found the lock held and waits: its
+/// library's own log `line`, and, when its elector prints one, its
+/// `NEW LEADER` line for `holder`; checks it does not lead.
+pub(crate) async fn waits(p: &Elector, line: &str, new_leader: Option<&str>) {
+    wait_for("the follower waiting", Duration::from_secs(60), || async {
+        p.logs().contains(line).then_some(())
+    })
+    .await;
+    if let Some(holder) = new_leader {
+        let reported = format!("NEW LEADER {holder}\n");
+        wait_for(
+            "the follower's onNewLeader",
+            Duration::from_secs(10),
+            || async { p.output().contains(&reported).then_some(()) },
+        )
+        .await;
+    }
+    assert!(!p.is_leading(), "a second leader: {}", p.logs());
+}
+
+/// The kubelet evicts `pod`: its elector is killed first (no chance to give
+/// anything up), then its status is written Failed. The instant and time of
+/// the death.
+pub(crate) async fn evict(s: &Scenario, leader: &mut Elector, pod: &str) -> (Instant, Timestamp) {
+    leader.kill();
+    kubelet::set_failed(
+        &s.client,
+        &s.ns,
+        pod,
+        "Evicted",
+        "The node was low on resource: memory.",
+    )
+    .await
+    .expect("failed");
+    (Instant::now(), Timestamp::now())
+}
+
+/// The one write of the janitor: after the death, a success.
+pub(crate) fn the_one_write(writes: &[AuditEvent], died_at: Timestamp) -> &AuditEvent {
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    let w = &writes[0];
+    assert!(matches!(w.verb.as_str(), "update" | "patch"), "{w:?}");
+    assert_eq!(w.code, Some(200), "{w:?}");
+    assert!(received(w) >= died_at, "{w:?}");
+    w
+}
+
+/// No line of the library says it failed to read or write the lock: none
+/// of `bad` in its log.
+pub(crate) fn no_lock_errors(p: &Elector, bad: &[&str]) {
+    let logs = p.logs();
+    for bad in bad {
+        assert!(!logs.contains(bad), "{bad} in the elector's log:\n{logs}");
+    }
 }

@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::peer_locks::*;
+use crate::peer_locks::{self, *};
 use crate::support::cli::run;
 use crate::support::lease::*;
 use crate::support::*;
@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
+use lock_janitor_testenv::elector::Elector;
 use lock_janitor_testenv::kubelet;
 use lock_janitor_testenv::python_peer::{PyLock, PythonPeer};
 
@@ -34,24 +35,11 @@ fn elector(s: &Scenario, kind: PyLock, lock: &str, pod: &str) -> PythonPeer {
         .unwrap_or_else(|e| panic!("start the Python elector {pod}: {e}"))
 }
 
-/// Waits until `p` leads.
-async fn leads(p: &mut PythonPeer, who: &str) {
-    p.wait_leading(Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("{who}: {e}"));
-}
-
 /// Waits until the follower `p` has found the lock held and waits (the
-/// library's own log line), and checks it does not lead.
-async fn waits(p: &PythonPeer, holder: &str) {
+/// library's own log line).
+async fn waits(p: &Elector, holder: &str) {
     let line = format!("yet to finish lease_duration, lease held by {holder}");
-    wait_for(
-        "the Python follower waiting",
-        Duration::from_secs(30),
-        || async { p.logs().contains(&line).then_some(()) },
-    )
-    .await;
-    assert!(!p.is_leading(), "a second leader: {}", p.logs());
+    peer_locks::waits(p, &line, None).await;
 }
 
 /// Python's `LeaseLock`: the leader's elector is killed and its pod marked
