@@ -74,20 +74,7 @@ async fn fabric8_lease_candidate_leads_within_15s_after_its_leaders_death() {
     let j = s.janitor().await;
     let mut b = elector(&s, Fabric8Lock::Lease, "f8-lease", "f8-b");
     waits(&b, "f8-a").await;
-    // The leader renews (every 2 s): the janitor sees it, and judges it a
-    // few times more.
-    s.renewed_times("f8-lease", 3, Duration::from_secs(30))
-        .await;
-    j.wait_sweeps(2).await;
-    s.renewed_times("f8-lease", 1, Duration::from_secs(30))
-        .await;
-    assert!(
-        s.lease_writes().is_empty(),
-        "the janitor wrote the Lease of a leader that renews: {:#?}\n{}",
-        s.lease_writes(),
-        j.logs()
-    );
-    assert!(!b.is_leading(), "{}", b.logs());
+    lease_renewed_untouched(&s, &j, "f8-lease", &b).await;
 
     let (died, died_at) = evict(&s, &mut a, "f8-a").await;
     let last_renewal = s.renew_time("f8-lease").await.expect("renewed");
@@ -114,28 +101,7 @@ async fn fabric8_lease_candidate_leads_within_15s_after_its_leaders_death() {
     let body = w.request_object.as_ref().expect("request body");
     assert_eq!(body["spec"]["holderIdentity"], "", "{body}");
     assert_eq!(body["spec"]["leaseDurationSeconds"], 1, "{body}");
-    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("lock", "f8-lease")], 1.0).await;
-    assert_eq!(
-        sample(
-            &m,
-            "lock_janitor_reclaims_total",
-            &[
-                ("kind", "lease"),
-                ("lock", "f8-lease"),
-                ("reason", "Evicted")
-            ]
-        ),
-        Some(1.0),
-        "{m}"
-    );
-    let taken = wait_event(&s.client, &s.ns, "LockTakenOver", "f8-lease").await;
-    assert!(
-        taken.note.as_deref().unwrap_or_default().contains("f8-b"),
-        "{taken:?}"
-    );
-    assert!(janitor_writes(&s)
-        .iter()
-        .all(|e| e.resource.as_deref() == Some("leases")));
+    lease_takeover_said(&s, &j, "f8-lease", "f8-b").await;
     no_lock_errors(&b);
 }
 
@@ -199,9 +165,7 @@ async fn fabric8_configmap_candidate_leads_within_15s_after_its_leaders_death() 
     let j = janitor_for_all_kinds(&s).await;
     let mut b = elector(&s, Fabric8Lock::ConfigMap, "f8-cm-lock", "f8-b");
     waits(&b, "f8-a").await;
-    cm_renewed(&s, "f8-cm-lock", 3).await;
-    j.wait_sweeps(2).await;
-    cm_renewed(&s, "f8-cm-lock", 1).await;
+    cm_renewed_around_sweeps(&s, &j, "f8-cm-lock").await;
 
     // What the janitor makes of fabric8's record while its holder renews.
     let kc = kubeconfig_as(s.cp, JANITOR_USER);
@@ -218,13 +182,7 @@ async fn fabric8_configmap_candidate_leads_within_15s_after_its_leaders_death() 
     assert_eq!(row["spec"]["holder"]["name"], "f8-a", "{row:#}");
     let verdict = row["status"]["verdict"].as_str().unwrap_or_default();
     assert!(verdict.starts_with("held"), "{row:#}");
-    assert!(
-        janitor_writes(&s).is_empty(),
-        "the janitor wrote while the leader renews: {:#?}\n{}",
-        janitor_writes(&s),
-        j.logs()
-    );
-    assert!(!b.is_leading(), "{}", b.logs());
+    nothing_written_yet(&s, &j, &b);
 
     let (died, died_at) = evict(&s, &mut a, "f8-a").await;
     if let Err(e) = b.wait_leading(TAKEOVER).await {

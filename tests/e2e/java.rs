@@ -100,20 +100,7 @@ async fn java_lease_candidate_leads_within_15s_after_its_leaders_death() {
     let j = s.janitor().await;
     let mut b = elector(&s, JavaLock::Lease, "java-lease", "java-b");
     waits(&b, "java-a").await;
-    // The leader renews (every 2 s): the janitor sees it, and judges it a
-    // few times more.
-    s.renewed_times("java-lease", 3, Duration::from_secs(30))
-        .await;
-    j.wait_sweeps(2).await;
-    s.renewed_times("java-lease", 1, Duration::from_secs(30))
-        .await;
-    assert!(
-        s.lease_writes().is_empty(),
-        "the janitor wrote the Lease of a leader that renews: {:#?}\n{}",
-        s.lease_writes(),
-        j.logs()
-    );
-    assert!(!b.is_leading(), "{}", b.logs());
+    lease_renewed_untouched(&s, &j, "java-lease", &b).await;
 
     let (died, died_at) = evict(&s, &mut a, "java-a").await;
     let secs = takes_over(&mut b, died, async || {
@@ -146,28 +133,7 @@ async fn java_lease_candidate_leads_within_15s_after_its_leaders_death() {
     // What the Java client's LeaseLock unboxes into ints on every read.
     assert_eq!(body["spec"]["leaseDurationSeconds"], 1, "{body}");
     assert!(body["spec"]["leaseTransitions"].is_i64(), "{body}");
-    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("lock", "java-lease")], 1.0).await;
-    assert_eq!(
-        sample(
-            &m,
-            "lock_janitor_reclaims_total",
-            &[
-                ("kind", "lease"),
-                ("lock", "java-lease"),
-                ("reason", "Evicted")
-            ]
-        ),
-        Some(1.0),
-        "{m}"
-    );
-    let taken = wait_event(&s.client, &s.ns, "LockTakenOver", "java-lease").await;
-    assert!(
-        taken.note.as_deref().unwrap_or_default().contains("java-b"),
-        "{taken:?}"
-    );
-    assert!(janitor_writes(&s)
-        .iter()
-        .all(|e| e.resource.as_deref() == Some("leases")));
+    lease_takeover_said(&s, &j, "java-lease", "java-b").await;
     no_lock_errors(&b);
 }
 
@@ -240,16 +206,8 @@ async fn java_configmap_candidate_leads_within_15s_after_its_leaders_death() {
     let j = janitor_for_all_kinds(&s).await;
     let mut b = elector(&s, JavaLock::ConfigMap, "java-cm-lock", "java-b");
     waits(&b, "java-a").await;
-    cm_renewed(&s, "java-cm-lock", 3).await;
-    j.wait_sweeps(2).await;
-    cm_renewed(&s, "java-cm-lock", 1).await;
-    assert!(
-        janitor_writes(&s).is_empty(),
-        "the janitor wrote while the leader renews: {:#?}\n{}",
-        janitor_writes(&s),
-        j.logs()
-    );
-    assert!(!b.is_leading(), "{}", b.logs());
+    cm_renewed_around_sweeps(&s, &j, "java-cm-lock").await;
+    nothing_written_yet(&s, &j, &b);
 
     let from = configmaps(&s).get("java-cm-lock").await.unwrap();
     let from = from.metadata.resource_version.expect("a resourceVersion");

@@ -168,3 +168,63 @@ pub(crate) fn no_lock_errors(p: &Elector, bad: &[&str]) {
         assert!(!logs.contains(bad), "{bad} in the elector's log:\n{logs}");
     }
 }
+
+/// The leader renews the Lease `lease` (every 2 s): the janitor sees it and
+/// judges it a few times more. It writes nothing of it, and the follower
+/// `b` does not lead.
+pub(crate) async fn lease_renewed_untouched(s: &Scenario, j: &Janitor, lease: &str, b: &Elector) {
+    s.renewed_times(lease, 3, Duration::from_secs(30)).await;
+    j.wait_sweeps(2).await;
+    s.renewed_times(lease, 1, Duration::from_secs(30)).await;
+    assert!(
+        s.lease_writes().is_empty(),
+        "the janitor wrote the Lease of a leader that renews: {:#?}\n{}",
+        s.lease_writes(),
+        j.logs()
+    );
+    assert!(!b.is_leading(), "{}", b.logs());
+}
+
+/// The leader renews the ConfigMap lock `cm`: the janitor sees it and
+/// judges it a few times more.
+pub(crate) async fn cm_renewed_around_sweeps(s: &Scenario, j: &Janitor, cm: &str) {
+    cm_renewed(s, cm, 3).await;
+    j.wait_sweeps(2).await;
+    cm_renewed(s, cm, 1).await;
+}
+
+/// While the leader renews, the janitor has written nothing, and the
+/// follower `b` does not lead.
+pub(crate) fn nothing_written_yet(s: &Scenario, j: &Janitor, b: &Elector) {
+    assert!(
+        janitor_writes(s).is_empty(),
+        "the janitor wrote while the leader renews: {:#?}\n{}",
+        janitor_writes(s),
+        j.logs()
+    );
+    assert!(!b.is_leading(), "{}", b.logs());
+}
+
+/// A Lease's takeover as the janitor says it: one reclaim of `lease`
+/// counted (Evicted), a `LockTakenOver` naming `new`, and no write of the
+/// janitor but to Leases.
+pub(crate) async fn lease_takeover_said(s: &Scenario, j: &Janitor, lease: &str, new: &str) {
+    let m = metrics_reclaimed(j, &[("kind", "lease"), ("lock", lease)], 1.0).await;
+    assert_eq!(
+        sample(
+            &m,
+            "lock_janitor_reclaims_total",
+            &[("kind", "lease"), ("lock", lease), ("reason", "Evicted")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    let taken = wait_event(&s.client, &s.ns, "LockTakenOver", lease).await;
+    assert!(
+        taken.note.as_deref().unwrap_or_default().contains(new),
+        "{taken:?}"
+    );
+    assert!(janitor_writes(s)
+        .iter()
+        .all(|e| e.resource.as_deref() == Some("leases")));
+}

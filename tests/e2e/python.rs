@@ -59,20 +59,7 @@ async fn python_lease_candidate_leads_within_15s_after_its_leaders_death() {
     let j = s.janitor().await;
     let mut b = elector(&s, PyLock::Lease, "py-lease", "py-b");
     waits(&b, "py-a").await;
-    // The leader renews (every 2 s): the janitor sees it, and judges it a
-    // few times more.
-    s.renewed_times("py-lease", 3, Duration::from_secs(30))
-        .await;
-    j.wait_sweeps(2).await;
-    s.renewed_times("py-lease", 1, Duration::from_secs(30))
-        .await;
-    assert!(
-        s.lease_writes().is_empty(),
-        "the janitor wrote the Lease of a leader that renews: {:#?}\n{}",
-        s.lease_writes(),
-        j.logs()
-    );
-    assert!(!b.is_leading(), "{}", b.logs());
+    lease_renewed_untouched(&s, &j, "py-lease", &b).await;
 
     // The kubelet evicts py-a: its process is gone, its status Failed.
     a.kill();
@@ -117,28 +104,7 @@ async fn python_lease_candidate_leads_within_15s_after_its_leaders_death() {
     let body = writes[0].request_object.as_ref().expect("request body");
     assert_eq!(body["spec"]["holderIdentity"], "", "{body}");
     assert_eq!(body["spec"]["leaseDurationSeconds"], 1, "{body}");
-    let m = metrics_reclaimed(&j, &[("kind", "lease"), ("lock", "py-lease")], 1.0).await;
-    assert_eq!(
-        sample(
-            &m,
-            "lock_janitor_reclaims_total",
-            &[
-                ("kind", "lease"),
-                ("lock", "py-lease"),
-                ("reason", "Evicted")
-            ]
-        ),
-        Some(1.0),
-        "{m}"
-    );
-    let taken = wait_event(&s.client, &s.ns, "LockTakenOver", "py-lease").await;
-    assert!(
-        taken.note.as_deref().unwrap_or_default().contains("py-b"),
-        "{taken:?}"
-    );
-    assert!(janitor_writes(&s)
-        .iter()
-        .all(|e| e.resource.as_deref() == Some("leases")));
+    lease_takeover_said(&s, &j, "py-lease", "py-b").await;
 }
 
 /// Python's `ConfigMapLock`: the same takeover. The lock is the ConfigMap
@@ -167,9 +133,7 @@ async fn python_configmap_candidate_leads_within_15s_after_its_leaders_death() {
     let j = janitor_for_all_kinds(&s).await;
     let mut b = elector(&s, PyLock::ConfigMap, "py-cm-lock", "py-b");
     waits(&b, "py-a").await;
-    cm_renewed(&s, "py-cm-lock", 3).await;
-    j.wait_sweeps(2).await;
-    cm_renewed(&s, "py-cm-lock", 1).await;
+    cm_renewed_around_sweeps(&s, &j, "py-cm-lock").await;
     // The label stayed through the library's renewals (each a PUT of the
     // object it read).
     let cm = configmaps(&s).get("py-cm-lock").await.unwrap();
@@ -181,13 +145,7 @@ async fn python_configmap_candidate_leads_within_15s_after_its_leaders_death() {
             .map(String::as_str),
         Some(WATCH_LABEL.1)
     );
-    assert!(
-        janitor_writes(&s).is_empty(),
-        "the janitor wrote while the leader renews: {:#?}\n{}",
-        janitor_writes(&s),
-        j.logs()
-    );
-    assert!(!b.is_leading(), "{}", b.logs());
+    nothing_written_yet(&s, &j, &b);
 
     // The kubelet evicts py-a.
     a.kill();
