@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 
 mod api;
+mod case;
 pub use api::*;
+pub use case::*;
 
 pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs

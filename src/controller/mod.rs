@@ -552,6 +552,4 @@ use wiring::{drive, queue_unsettled, terminal_pods, Wiring};
 #[cfg(test)]
 mod reclaims;
 #[cfg(test)]
-mod reclaims_stopped;
-#[cfg(test)]
 mod tests;

@@ -23,10 +23,10 @@ use crate::events::{
     REASON_RECLAIMING, REASON_STOPPED, REASON_UNMANAGEABLE,
 };
 use crate::fixtures::{
-    cm_lock, evicted_pod, holder_pod, lease_for_life, list_of, record_lock, renewed_lease, to_json,
-    Answer, ApiServer, Expect, Seen, HOLDER_UID,
+    evicted_pod, holder_pod, list_of, path_of, to_json, Answer, ApiServer, Case, Expect, Seen,
+    HOLDER_UID,
 };
-use crate::kinds::annotation::record::ANNOTATION;
+use crate::kinds;
 use crate::lock::LockKey;
 use crate::observe::LockAge;
 use crate::reclaim::*;
@@ -37,71 +37,63 @@ use crate::verdict::{HeldBecause, Policy};
 use crate::Error;
 use std::time::Duration;
 
-const CM_PATH: &str = "/api/v1/namespaces/ops/configmaps/op-lock";
-const LEASE_PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/op-lease";
-const RECORD_PATH: &str = "/api/v1/namespaces/ops/configmaps/op-record";
 const POD_PATH: &str = "/api/v1/namespaces/ops/pods/op-1";
 const PODS_PATH: &str = "/api/v1/namespaces/ops/pods";
 
-/// The three kinds of lock, each freed its own way.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
-    /// Deleted, with uid and resourceVersion preconditions.
-    ConfigMap,
-    /// Deleted as a ConfigMap lock is.
-    LeaseForLife,
-    /// Released: an update of the very object read.
-    Lease,
-    /// Released: a merge patch of its leader record annotation, carrying
-    /// the resourceVersion read.
-    Record,
+/// A registered lock kind, and its lock and freeing write for the mocked
+/// API server (`Kind::case`): each kind is freed its own way.
+#[derive(Clone, Copy)]
+struct Kind(&'static dyn kinds::Kind);
+
+impl std::fmt::Debug for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.case().name())
+    }
 }
 
-const KINDS: [Kind; 4] = [
-    Kind::ConfigMap,
-    Kind::LeaseForLife,
-    Kind::Lease,
-    Kind::Record,
-];
+impl PartialEq for Kind {
+    fn eq(&self, other: &Kind) -> bool {
+        self.case().name() == other.case().name()
+    }
+}
+
+/// A ConfigMap held for life.
+const CONFIGMAP: Kind = Kind(&kinds::configmap::ConfigMapHeldForLife);
+/// A renewed Lease.
+const LEASE: Kind = Kind(&kinds::lease::RenewedLease);
+/// A Lease held for life.
+const LEASE_FOR_LIFE: Kind = Kind(&kinds::lease_for_life::LeaseHeldForLife);
+
+/// Every registered kind.
+fn every_kind() -> impl Iterator<Item = Kind> {
+    kinds::KINDS.iter().map(|k| Kind(*k))
+}
+
 /// The kinds freed by a DELETE (finalizers can keep them).
-const DELETED_KINDS: [Kind; 2] = [Kind::ConfigMap, Kind::LeaseForLife];
+fn deleted_kinds() -> impl Iterator<Item = Kind> {
+    every_kind().filter(|k| k.is_deleted())
+}
 
 impl Kind {
+    fn case(self) -> &'static dyn Case {
+        self.0.case()
+    }
+
     fn key(self) -> LockKey {
-        match self {
-            Kind::ConfigMap => LockKey::configmap("ops", "op-lock"),
-            Kind::LeaseForLife | Kind::Lease => LockKey::lease("ops", "op-lease"),
-            Kind::Record => LockKey::configmap("ops", "op-record"),
-        }
+        self.case().key()
     }
 
-    fn path(self) -> &'static str {
-        match self {
-            Kind::ConfigMap => CM_PATH,
-            Kind::LeaseForLife | Kind::Lease => LEASE_PATH,
-            Kind::Record => RECORD_PATH,
-        }
+    fn path(self) -> String {
+        path_of(&self.key())
     }
 
-    fn uid(self) -> &'static str {
-        match self {
-            Kind::ConfigMap => "cm-uid",
-            Kind::LeaseForLife | Kind::Lease => "lease-uid",
-            Kind::Record => "record-uid",
-        }
+    fn uid(self) -> String {
+        self.live()["metadata"]["uid"].as_str().unwrap().to_owned()
     }
 
-    /// The lock as the API server holds it (resourceVersion 7), held by
-    /// op-1, which died 560 s ago (`evicted_pod`): a renewed Lease was last
-    /// renewed 570 s ago, within its 600 s lease and past 5/6 of it, so
-    /// that it is stale on the times alone (nothing watched it renew).
+    /// The lock as the API server holds it (`Case::live`).
     fn live(self) -> Value {
-        match self {
-            Kind::ConfigMap => to_json(&cm_lock()),
-            Kind::LeaseForLife => to_json(&lease_for_life()),
-            Kind::Lease => to_json(&renewed_lease(SignedDuration::from_secs(570))),
-            Kind::Record => to_json(&record_lock(SignedDuration::from_secs(570))),
-        }
+        self.case().live()
     }
 
     /// The lock as live, with this resourceVersion.
@@ -112,13 +104,13 @@ impl Kind {
     }
 
     fn is_deleted(self) -> bool {
-        !self.is_renewed()
+        self.case().after_write("8").is_none()
     }
 
     /// Judged by renewals: its holder identity names a host, and the pods
     /// of its namespace are listed.
     fn is_renewed(self) -> bool {
-        matches!(self, Kind::Lease | Kind::Record)
+        self.0.judged() == kinds::Judged::ByRenewals
     }
 }
 
@@ -130,7 +122,7 @@ impl Kind {
 /// again (the last read before a write). A renewed Lease names a host:
 /// the pods of its namespace are listed.
 fn reads(kind: Kind, lock: Value, holder: Option<&Pod>) -> Vec<Expect> {
-    let mut s = vec![Expect::get(kind.path()).answer(Answer::Ok(lock))];
+    let mut s = vec![Expect::get(&kind.path()).answer(Answer::Ok(lock))];
     match (kind, holder) {
         (kind, holder) if kind.is_renewed() => {
             let items = holder.map(to_json).into_iter().collect();
@@ -174,48 +166,15 @@ fn holder_read_again(holder: Option<&Pod>) -> Expect {
     }
 }
 
-/// The freeing write of the lock judged at (`uid`, `resource_version`): a
-/// DELETE carrying both as preconditions, or a Lease release, the whole
-/// object read with its resourceVersion (holder emptied, a one-second
-/// lease, its transitions kept). Answered as the API server answers a
-/// write that went through.
+/// The freeing write of the lock judged at (`uid`, `resource_version`),
+/// as its kind makes it (`Case::freeing_write`).
 fn freeing_write(kind: Kind, uid: &str, resource_version: &str) -> Expect {
-    if kind.is_deleted() {
-        return Expect::delete(kind.path())
-            .with(
-                "/preconditions",
-                json!({"uid": uid, "resourceVersion": resource_version}),
-            )
-            .answer(Answer::Ok(json!({
-                "kind": "Status", "apiVersion": "v1", "status": "Success",
-            })));
-    }
-    if kind == Kind::Record {
-        // The annotation alone, to the released record; the resourceVersion
-        // read makes the patch conditional (409 if it changed since).
-        let annotation = |v: Value| v["metadata"]["annotations"][ANNOTATION].clone();
-        let judged = annotation(kind.live());
-        let released =
-            crate::kinds::annotation::record::released(judged.as_str().unwrap()).unwrap();
-        return Expect::patch(RECORD_PATH)
-            .with("/metadata/resourceVersion", json!(resource_version))
-            .with("/metadata/annotations", json!({ ANNOTATION: released }))
-            .answer(Answer::Echo);
-    }
-    Expect::put(LEASE_PATH)
-        .with("/metadata/uid", json!(uid))
-        .with("/metadata/resourceVersion", json!(resource_version))
-        .with("/spec/holderIdentity", json!(""))
-        .with("/spec/leaseDurationSeconds", json!(1))
-        .with("/spec/leaseTransitions", json!(3))
-        // The rest of the object as read: its annotations too.
-        .with("/metadata/annotations/team", json!("ops"))
-        .answer(Answer::Echo)
+    kind.case().freeing_write(uid, resource_version)
 }
 
 /// The write of the lock as `Kind::live` has it.
 fn write_of(kind: Kind) -> Expect {
-    freeing_write(kind, kind.uid(), "7")
+    freeing_write(kind, &kind.uid(), "7")
 }
 
 /// The dead holder's DELETE (`--delete-pod`): its uid as the precondition.
@@ -385,7 +344,7 @@ fn evicted(pod: &Pod) -> Verdict {
 /// 200: freed, said (StaleLockReclaimed, after the write) and counted.
 #[tokio::test]
 async fn a_write_that_goes_through_frees_says_and_counts() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let pod = evicted_pod();
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind));
@@ -398,7 +357,7 @@ async fn a_write_that_goes_through_frees_says_and_counts() {
         );
         assert!(out.error.is_none() && out.done.said.is_none(), "{kind:?}");
         assert_eq!(reclaims(&shared, kind), 1, "{kind:?}");
-        if kind == Kind::Lease {
+        if kind == LEASE {
             assert_release_times(&seen);
         }
     }
@@ -408,7 +367,7 @@ async fn a_write_that_goes_through_frees_says_and_counts() {
 /// nothing is counted as reclaimed, no error.
 #[tokio::test]
 async fn a_404_means_someone_else_freed_it() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let pod = evicted_pod();
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind).status(404));
@@ -423,7 +382,7 @@ async fn a_404_means_someone_else_freed_it() {
 /// script ends with the one write: a second would fail it); judged again.
 #[tokio::test]
 async fn a_409_is_judged_again_never_retried() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let pod = evicted_pod();
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind).status(409));
@@ -443,7 +402,7 @@ async fn a_409_is_judged_again_never_retried() {
 /// Event, nothing counted, the error returned.
 #[tokio::test(start_paused = true)]
 async fn a_write_without_an_answer_claims_nothing() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let pod = evicted_pod();
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind).answer(Answer::Hang));
@@ -462,7 +421,7 @@ async fn a_write_without_an_answer_claims_nothing() {
 /// gone (or released), and writes nothing more.
 #[tokio::test]
 async fn an_answer_lost_after_the_write_is_found_out_by_the_next_read() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let pod = evicted_pod();
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind).answer(Answer::Broken));
@@ -484,20 +443,9 @@ async fn an_answer_lost_after_the_write_is_found_out_by_the_next_read() {
         assert_eq!(reclaims(&shared, kind), 0, "{kind:?}");
 
         // The next look, as the retry makes it: the write had been made.
-        let now = if kind.is_deleted() {
-            Expect::get(kind.path()).status(404)
-        } else if kind == Kind::Record {
-            let mut cm = kind.live_at("8");
-            let judged = cm["metadata"]["annotations"][ANNOTATION].clone();
-            let released = crate::kinds::annotation::record::released(judged.as_str().unwrap());
-            cm["metadata"]["annotations"][ANNOTATION] = json!(released.unwrap());
-            Expect::get(RECORD_PATH).answer(Answer::Ok(cm))
-        } else {
-            let lease = crate::lock::lease::released(
-                serde_json::from_value(kind.live_at("8")).unwrap(),
-                Timestamp::now(),
-            );
-            Expect::get(LEASE_PATH).ok(&lease)
+        let now = match kind.case().after_write("8") {
+            None => Expect::get(&kind.path()).status(404),
+            Some(freed) => Expect::get(&kind.path()).answer(Answer::Ok(freed)),
         };
         let (client, server) = ApiServer::start(vec![now]);
         let (ctx, _) = janitor(client, WRITE);
@@ -514,7 +462,7 @@ async fn an_answer_lost_after_the_write_is_found_out_by_the_next_read() {
 /// says so (LockDeletionBlocked), not StaleLockReclaimed.
 #[tokio::test]
 async fn a_delete_kept_by_finalizers_is_not_a_reclaim() {
-    for kind in DELETED_KINDS {
+    for kind in deleted_kinds() {
         let pod = evicted_pod();
         let mut kept = kind.live_at("8");
         kept["metadata"]["deletionTimestamp"] = json!("2026-12-06T20:00:00Z");
@@ -540,7 +488,7 @@ async fn a_delete_kept_by_finalizers_is_not_a_reclaim() {
 /// reported once (LockDeletionBlocked).
 #[tokio::test]
 async fn a_lock_already_being_deleted_gets_no_second_delete() {
-    for kind in DELETED_KINDS {
+    for kind in deleted_kinds() {
         let pod = evicted_pod();
         let mut live = kind.live();
         live["metadata"]["deletionTimestamp"] = json!("2026-12-06T20:00:00Z");
@@ -557,3 +505,4 @@ async fn a_lock_already_being_deleted_gets_no_second_delete() {
 }
 
 mod reads;
+mod stopped;

@@ -37,7 +37,7 @@ use crate::Error;
 /// The registration: every kind, in the order they claim an object (the
 /// first that claims it is its kind; the last of each resource claims
 /// every object of it, so that every watched object has a kind).
-pub static KINDS: [&dyn Kind; 4] = [
+pub static KINDS: &[&dyn Kind] = &[
     &annotation::LeaderAnnotation,
     &lease_for_life::LeaseHeldForLife,
     &lease::RenewedLease,
@@ -236,6 +236,10 @@ pub trait Kind: Send + Sync + 'static {
         client: &'a Client,
         t: Target<'a>,
     ) -> BoxFuture<'a, Result<Answer, Error>>;
+    /// Its lock and freeing write as the shared freeing-write tests run
+    /// them on a mocked API server: every kind has one.
+    #[cfg(test)]
+    fn case(&self) -> &'static dyn crate::fixtures::Case;
 }
 
 /// The names of every annotation some kind's watched copy keeps.

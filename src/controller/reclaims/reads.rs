@@ -12,7 +12,7 @@ use super::*;
 /// anything newer).
 #[tokio::test]
 async fn the_write_carries_what_the_live_read_found() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let pod = evicted_pod();
         let mut live = kind.live_at("9");
         live["metadata"]["uid"] = json!("made-again");
@@ -31,7 +31,7 @@ async fn the_write_carries_what_the_live_read_found() {
 /// nothing is written, not even an Event.
 #[tokio::test]
 async fn a_holder_running_again_gets_no_write() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let running = holder_pod("Running", None, SignedDuration::ZERO);
         let script = reads(kind, kind.live(), Some(&running));
         let (out, _, _) = run(kind, WRITE, script).await;
@@ -48,7 +48,7 @@ async fn a_holder_running_again_gets_no_write() {
 /// again): ambiguous, reported, never written.
 #[tokio::test]
 async fn a_holder_made_again_is_reported_not_written() {
-    for kind in DELETED_KINDS {
+    for kind in deleted_kinds() {
         let mut other = evicted_pod();
         other.metadata.uid = Some("another-uid".into());
         let mut script = reads(kind, kind.live(), Some(&other));
@@ -70,14 +70,14 @@ async fn a_holder_made_again_is_reported_not_written() {
 /// never released (the watched copy named the dead one).
 #[tokio::test]
 async fn a_lease_taken_by_another_holder_gets_no_write() {
-    let mut live = Kind::Lease.live_at("9");
+    let mut live = LEASE.live_at("9");
     live["spec"]["holderIdentity"] = json!("op-2");
     live["spec"]["renewTime"] = json!(Timestamp::now().to_string());
     let mut op2 = holder_pod("Running", None, SignedDuration::ZERO);
     op2.metadata.name = Some("op-2".into());
     op2.metadata.uid = Some("op-2-uid".into());
-    let script = reads(Kind::Lease, live, Some(&op2));
-    let (out, _, _) = run(Kind::Lease, WRITE, script).await;
+    let script = reads(LEASE, live, Some(&op2));
+    let (out, _, _) = run(LEASE, WRITE, script).await;
     assert_eq!(
         out.verdict,
         Some(Verdict::Held(HeldBecause::Phase("Running".into())))
@@ -94,7 +94,7 @@ async fn a_holder_changed_after_the_intent_event_gets_no_write() {
     let mut made_again = evicted_pod();
     made_again.metadata.uid = Some("another-uid".into());
     let running = holder_pod("Running", None, SignedDuration::ZERO);
-    for kind in KINDS {
+    for kind in every_kind() {
         for (judged, again) in [
             (Some(evicted_pod()), Some(&made_again)),
             (Some(evicted_pod()), Some(&running)),
@@ -111,7 +111,7 @@ async fn a_holder_changed_after_the_intent_event_gets_no_write() {
             assert_eq!(reclaims(&shared, kind), 0, "{kind:?}");
         }
     }
-    for kind in DELETED_KINDS {
+    for kind in deleted_kinds() {
         let mut script = prelude(kind, kind.live(), None);
         *script.last_mut().unwrap() = holder_read_again(Some(&running));
         script.push(Expect::event("ops", REASON_STOPPED));
@@ -129,12 +129,12 @@ async fn a_holder_changed_after_the_intent_event_gets_no_write() {
 #[tokio::test]
 async fn a_lease_for_life_renewed_since_is_never_deleted() {
     let pod = evicted_pod();
-    let mut live = Kind::Lease.live_at("9");
+    let mut live = LEASE.live_at("9");
     live["metadata"]["ownerReferences"] =
-        to_json(&lease_for_life())["metadata"]["ownerReferences"].clone();
+        LEASE_FOR_LIFE.live()["metadata"]["ownerReferences"].clone();
     live["spec"]["renewTime"] = json!(Timestamp::now().to_string());
-    let script = reads(Kind::Lease, live, Some(&pod));
-    let (out, _, _) = run(Kind::LeaseForLife, WRITE, script).await;
+    let script = reads(LEASE, live, Some(&pod));
+    let (out, _, _) = run(LEASE_FOR_LIFE, WRITE, script).await;
     assert_eq!(
         out.verdict,
         Some(Verdict::Held(HeldBecause::RenewedAfterDeath))
@@ -146,7 +146,7 @@ async fn a_lease_for_life_renewed_since_is_never_deleted() {
 /// grace: freed as a dead one is, after the searches (`reads`).
 #[tokio::test]
 async fn a_holder_gone_is_freed_after_the_last_read() {
-    for kind in DELETED_KINDS {
+    for kind in deleted_kinds() {
         let mut script = prelude(kind, kind.live(), None);
         script.push(write_of(kind));
         script.push(Expect::event("ops", REASON_RECLAIMED));
@@ -165,11 +165,7 @@ async fn a_holder_gone_is_freed_after_the_last_read() {
             matches!(out.freed(), Some(Freed::Reclaimed { .. })),
             "{kind:?}"
         );
-        let kind_label = if kind == Kind::ConfigMap {
-            "configmap"
-        } else {
-            "lease"
-        };
+        let kind_label = kind.key().kind.as_str();
         let counted = shared
             .metrics
             .reclaims_by_reason
@@ -194,10 +190,10 @@ async fn a_holder_in_another_namespace_is_reported_never_written() {
     let unmanageable = Some(Verdict::Unmanageable(
         crate::lock::Unmanageable::OwnerInOtherNamespace("other".into()),
     ));
-    for kind in DELETED_KINDS {
+    for kind in deleted_kinds() {
         for refused in [false, true] {
             let mut script = vec![
-                Expect::get(kind.path()).answer(Answer::Ok(kind.live())),
+                Expect::get(&kind.path()).answer(Answer::Ok(kind.live())),
                 Expect::get(POD_PATH).status(404),
             ];
             let by_name = "fieldSelector=metadata.name%3Dop-1";
@@ -233,13 +229,13 @@ async fn a_holder_in_another_namespace_is_reported_never_written() {
 /// out the timeout). Nothing is written, and an error is returned as such.
 #[tokio::test(start_paused = true)]
 async fn live_reads_that_end_in_no_write() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let mut opted_out = kind.live();
         opted_out["metadata"]["labels"] = json!({"lock-janitor.io/watch": "false"});
         for (script, gone) in [
-            (vec![Expect::get(kind.path()).status(404)], true),
+            (vec![Expect::get(&kind.path()).status(404)], true),
             (
-                vec![Expect::get(kind.path()).answer(Answer::Ok(opted_out))],
+                vec![Expect::get(&kind.path()).answer(Answer::Ok(opted_out))],
                 true,
             ),
         ] {
@@ -262,13 +258,13 @@ async fn live_reads_that_end_in_no_write() {
             assert!(out.verdict.is_none() && out.freed().is_none(), "{kind:?}");
         }
     }
-    let mut with_data = Kind::ConfigMap.live();
+    let mut with_data = CONFIGMAP.live();
     with_data["data"] = json!({"leader": "op-1"});
     let script = vec![
-        Expect::get(CM_PATH).answer(Answer::Ok(with_data)),
+        Expect::get(&CONFIGMAP.path()).answer(Answer::Ok(with_data)),
         Expect::event("ops", REASON_UNMANAGEABLE),
     ];
-    let (out, _, _) = run(Kind::ConfigMap, WRITE, script).await;
+    let (out, _, _) = run(CONFIGMAP, WRITE, script).await;
     assert_eq!(
         out.verdict,
         Some(Verdict::Unmanageable(crate::lock::Unmanageable::HoldsData))
@@ -282,15 +278,15 @@ async fn live_reads_that_end_in_no_write() {
 #[tokio::test]
 async fn reconcile_writes_what_it_read_live_and_requeues_a_409() {
     let pod = evicted_pod();
-    let mut live = Kind::ConfigMap.live_at("9");
+    let mut live = CONFIGMAP.live_at("9");
     live["metadata"]["uid"] = json!("made-again");
-    let mut script = prelude(Kind::ConfigMap, live, Some(&pod));
-    script.push(freeing_write(Kind::ConfigMap, "made-again", "9").status(409));
+    let mut script = prelude(CONFIGMAP, live, Some(&pod));
+    script.push(freeing_write(CONFIGMAP, "made-again", "9").status(409));
     script.push(Expect::event("ops", REASON_STOPPED));
     let (client, server) = ApiServer::start(script);
     let (ctx, _) = janitor(client, WRITE);
     // The watched copy: the lock as it was before (uid cm-uid, version 7).
-    let watched: LockMeta = cm_lock().metadata.into_response_partial();
+    let watched: LockMeta = crate::fixtures::cm_lock().metadata.into_response_partial();
     let action = controller::reconcile(Arc::new(watched), ctx).await.unwrap();
     server.finish().await;
     assert_eq!(
@@ -307,7 +303,7 @@ async fn reconcile_writes_what_it_read_live_and_requeues_a_409() {
 #[tokio::test(start_paused = true)]
 async fn an_intent_event_that_fails_does_not_stop_the_write() {
     for answer in [Answer::Status(500), Answer::Hang] {
-        for kind in KINDS {
+        for kind in every_kind() {
             let pod = evicted_pod();
             let mut script = prelude(kind, kind.live(), Some(&pod));
             let intent = script
@@ -335,7 +331,7 @@ async fn an_intent_event_that_fails_does_not_stop_the_write() {
 /// refused: written at the third try here, and the reclaim stands.
 #[tokio::test(start_paused = true)]
 async fn the_reclaimed_event_is_tried_again() {
-    let kind = Kind::ConfigMap;
+    let kind = CONFIGMAP;
     let pod = evicted_pod();
     let mut script = prelude(kind, kind.live(), Some(&pod));
     script.push(write_of(kind));
@@ -352,7 +348,7 @@ async fn the_reclaimed_event_is_tried_again() {
 /// no write at all (no intent Event, no DELETE or release, no pod DELETE).
 #[tokio::test]
 async fn a_dry_run_reads_and_says_but_never_writes() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let pod = evicted_pod();
         let mut script = reads(kind, kind.live(), Some(&pod));
         script.push(Expect::event("ops", REASON_DETECTED));
@@ -373,7 +369,7 @@ async fn a_dry_run_reads_and_says_but_never_writes() {
 /// nothing at all: no intent Event, no freeing write, no other Event.
 #[tokio::test]
 async fn a_replica_that_does_not_lead_writes_nothing() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let (gate, close) = crate::election::Gate::closable();
         close();
         let pod = evicted_pod();
@@ -397,7 +393,7 @@ async fn a_replica_that_does_not_lead_writes_nothing() {
 /// again at the moment of the write, stops it.
 #[tokio::test]
 async fn a_lead_lost_during_the_intent_event_stops_the_write() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let (gate, close) = crate::election::Gate::closable();
         let mut script = prelude(kind, kind.live(), Some(&evicted_pod()));
         let intent = script
@@ -419,7 +415,7 @@ async fn a_lead_lost_during_the_intent_event_stops_the_write() {
 /// its uid as the precondition, said (DeadHolderDeleted) and counted.
 #[tokio::test]
 async fn the_dead_holder_is_deleted_after_the_lock() {
-    for kind in KINDS {
+    for kind in every_kind() {
         let pod = evicted_pod();
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind));
@@ -453,7 +449,7 @@ async fn a_failed_pod_delete_leaves_the_reclaim_alone() {
         (Answer::Broken, Some(crate::ErrorKind::Api)),
     ] {
         let pod = evicted_pod();
-        let kind = Kind::ConfigMap;
+        let kind = CONFIGMAP;
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind));
         script.push(Expect::event("ops", REASON_RECLAIMED));
@@ -483,7 +479,7 @@ async fn a_failed_pod_delete_leaves_the_reclaim_alone() {
 async fn a_holder_already_being_deleted_is_left_alone() {
     let mut pod = evicted_pod();
     pod.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
-    let kind = Kind::ConfigMap;
+    let kind = CONFIGMAP;
     let mut script = prelude(kind, kind.live(), Some(&pod));
     script.push(write_of(kind));
     script.push(Expect::event("ops", REASON_RECLAIMED));
@@ -526,10 +522,10 @@ async fn a_lease_the_java_client_wrote_is_released_with_no_holder_at_all() {
         (vec![entry("fabric8-kubernetes-client")], Some(json!(""))),
     ] {
         let pod = evicted_pod();
-        let mut live = Kind::Lease.live();
+        let mut live = LEASE.live();
         live["metadata"]["managedFields"] = json!(managers);
-        let mut script = prelude(Kind::Lease, live, Some(&pod));
-        let write = Expect::put(LEASE_PATH)
+        let mut script = prelude(LEASE, live, Some(&pod));
+        let write = Expect::put(&LEASE.path())
             .with("/metadata/resourceVersion", json!("7"))
             .with("/spec/leaseDurationSeconds", json!(1));
         script.push(
@@ -540,7 +536,7 @@ async fn a_lease_the_java_client_wrote_is_released_with_no_holder_at_all() {
             .answer(Answer::Echo),
         );
         script.push(Expect::event("ops", REASON_RECLAIMED));
-        let (out, _, _) = run(Kind::Lease, WRITE, script).await;
+        let (out, _, _) = run(LEASE, WRITE, script).await;
         assert!(
             matches!(out.freed(), Some(Freed::Reclaimed { .. })),
             "{holder:?}: {out:?}"

@@ -14,6 +14,8 @@
 //! resourceVersion judged; never deleted. `kind="configmap"` in metrics
 //! and Events.
 
+#[cfg(test)]
+pub mod case;
 pub mod record;
 
 use futures::future::{BoxFuture, FutureExt};
@@ -176,6 +178,11 @@ impl Kind for LeaderAnnotation {
         }
         .boxed()
     }
+
+    #[cfg(test)]
+    fn case(&self) -> &'static dyn crate::fixtures::Case {
+        &case::RecordCase
+    }
 }
 
 /// The record as the generic renewed lock (`verdict::judge_lease` judges
@@ -200,3 +207,6 @@ fn leader_lock(o: &Object<'_>, r: Record) -> Result<LeaseLock, Unmanageable> {
         duration: r.duration,
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,6 +3,8 @@
 //! a DELETE with uid and resourceVersion preconditions (the garbage
 //! collector's own job, when the owner pod object stays in the API).
 
+#[cfg(test)]
+pub mod case;
 use futures::future::{BoxFuture, FutureExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
@@ -90,5 +92,10 @@ impl Kind for ConfigMapHeldForLife {
         t: Target<'a>,
     ) -> BoxFuture<'a, Result<Answer, Error>> {
         super::delete::<ConfigMap>(client, t, "lock").boxed()
+    }
+
+    #[cfg(test)]
+    fn case(&self) -> &'static dyn crate::fixtures::Case {
+        &case::ConfigMapLockCase
     }
 }

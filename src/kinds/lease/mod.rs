@@ -7,6 +7,8 @@
 //! where the official Java client wrote it ([`held_by_the_java_client`]).
 //! Never deleted.
 
+#[cfg(test)]
+pub mod case;
 use futures::future::{BoxFuture, FutureExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
@@ -159,6 +161,11 @@ impl Kind for RenewedLease {
             .map(|_| Answer::Freed)
         }
         .boxed()
+    }
+
+    #[cfg(test)]
+    fn case(&self) -> &'static dyn crate::fixtures::Case {
+        &case::RenewedLeaseCase
     }
 }
 

@@ -5,6 +5,8 @@
 //! ConfigMap held for life is, by its owner, and freed by a DELETE with uid
 //! and resourceVersion preconditions.
 
+#[cfg(test)]
+pub mod case;
 use futures::future::{BoxFuture, FutureExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
@@ -88,5 +90,10 @@ impl Kind for LeaseHeldForLife {
         t: Target<'a>,
     ) -> BoxFuture<'a, Result<Answer, Error>> {
         super::delete::<Lease>(client, t, "lease").boxed()
+    }
+
+    #[cfg(test)]
+    fn case(&self) -> &'static dyn crate::fixtures::Case {
+        &case::LeaseForLifeCase
     }
 }
