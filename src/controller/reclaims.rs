@@ -61,8 +61,6 @@ impl PartialEq for Kind {
 const CONFIGMAP: Kind = Kind(&kinds::configmap::ConfigMapHeldForLife);
 /// A renewed Lease.
 const LEASE: Kind = Kind(&kinds::lease::RenewedLease);
-/// A Lease held for life.
-const LEASE_FOR_LIFE: Kind = Kind(&kinds::lease_for_life::LeaseHeldForLife);
 
 /// Every registered kind.
 fn every_kind() -> impl Iterator<Item = Kind> {

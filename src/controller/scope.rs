@@ -90,10 +90,8 @@ impl Kind for Lease {
     }
 }
 
-/// The longest annotation value a watched ConfigMap keeps (a leader record
-/// is read up to 64 KiB); a longer one is kept as `TOO_LARGE`.
-const WATCHED_ANNOTATION_MAX: usize = 64 * 1024;
-const TOO_LARGE: &str = "(too large to keep in the watch's copy)";
+/// What a watched annotation longer than its kind reads is kept as.
+pub(super) const TOO_LARGE: &str = "(too large to keep in the watch's copy)";
 
 /// Keeps of a watched ConfigMap lock only what the cache is used for
 /// (identity, version, owner references, the annotation a kind is read
@@ -102,15 +100,17 @@ pub fn strip_cached(m: &mut LockMeta) {
     let meta = &mut m.metadata;
     meta.managed_fields = None;
     meta.annotations = meta.annotations.take().and_then(|mut all| {
-        all.retain(|k, _| kinds::watched_annotations().any(|w| w == k));
-        for v in all
-            .values_mut()
-            .filter(|v| v.len() > WATCHED_ANNOTATION_MAX)
-        {
-            // Larger than any record the janitor reads: kept as a value
-            // that reads as none (the lock stays its kind, unmanageable).
-            *v = TOO_LARGE.to_owned();
-        }
+        all.retain(|k, v| {
+            let Some((_, max)) = kinds::watched_annotations().find(|(w, _)| w == k) else {
+                return false;
+            };
+            if v.len() > max {
+                // Longer than its kind reads: kept as a value that reads as
+                // none (the lock stays its kind, unmanageable).
+                *v = TOO_LARGE.to_owned();
+            }
+            true
+        });
         (!all.is_empty()).then_some(all)
     });
     meta.labels = None;

@@ -84,3 +84,36 @@ async fn nothing_happens_before_the_watches_sync() {
     );
     assert_eq!(shared.metrics.reconcile_duration.get_sample_count(), 1);
 }
+
+/// A watched ConfigMap keeps only the annotations some kind reads, each up
+/// to the longest value its kind reads; a longer one is kept as a value
+/// that reads as none, so that the lock stays its kind (unmanageable).
+#[test]
+fn the_watched_copy_keeps_only_what_kinds_read() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::core::PartialObjectMetaExt;
+    let mut unread: LockMeta = ObjectMeta {
+        annotations: Some([("team".to_string(), "ops".to_string())].into()),
+        ..Default::default()
+    }
+    .into_response_partial();
+    strip_cached(&mut unread);
+    assert_eq!(unread.metadata.annotations, None);
+    for (name, max) in crate::kinds::watched_annotations() {
+        for (len, kept_as) in [(max, "x".repeat(max)), (max + 1, scope::TOO_LARGE.into())] {
+            let annotations = [("team", "ops".to_string()), (name, "x".repeat(len))]
+                .map(|(k, v)| (k.to_string(), v));
+            let mut meta: LockMeta = ObjectMeta {
+                annotations: Some(annotations.into()),
+                labels: Some([("team".to_string(), "ops".to_string())].into()),
+                ..Default::default()
+            }
+            .into_response_partial();
+            strip_cached(&mut meta);
+            let kept = meta.metadata.annotations.unwrap_or_default();
+            assert_eq!(kept.len(), 1, "{name}: {:?}", kept.keys());
+            assert!(kept[name] == kept_as, "{name}: {len} bytes");
+            assert!(meta.metadata.labels.is_none());
+        }
+    }
+}

@@ -221,8 +221,9 @@ pub trait Kind: Send + Sync + 'static {
         None
     }
     /// The annotation a watched copy must keep for this kind (the watch of
-    /// ConfigMaps keeps no other).
-    fn watched_annotation(&self) -> Option<&'static str> {
+    /// ConfigMaps keeps no other), and the longest value of it the kind
+    /// reads (a longer one is kept as a value that reads as none).
+    fn watched_annotation(&self) -> Option<(&'static str, usize)> {
         None
     }
     /// What a takeover looks like: the lock read by name after it was freed
@@ -242,8 +243,9 @@ pub trait Kind: Send + Sync + 'static {
     fn case(&self) -> &'static dyn crate::fixtures::Case;
 }
 
-/// The names of every annotation some kind's watched copy keeps.
-pub fn watched_annotations() -> impl Iterator<Item = &'static str> {
+/// Every annotation some kind's watched copy keeps, and the longest value
+/// of it that kind reads.
+pub fn watched_annotations() -> impl Iterator<Item = (&'static str, usize)> {
     KINDS.iter().filter_map(|k| k.watched_annotation())
 }
 

@@ -131,10 +131,11 @@ async fn a_lease_for_life_renewed_since_is_never_deleted() {
     let pod = evicted_pod();
     let mut live = LEASE.live_at("9");
     live["metadata"]["ownerReferences"] =
-        LEASE_FOR_LIFE.live()["metadata"]["ownerReferences"].clone();
+        to_json(&crate::fixtures::lease_for_life())["metadata"]["ownerReferences"].clone();
     live["spec"]["renewTime"] = json!(Timestamp::now().to_string());
     let script = reads(LEASE, live, Some(&pod));
-    let (out, _, _) = run(LEASE_FOR_LIFE, WRITE, script).await;
+    // Judged from the live read alone: as a renewed Lease, whatever was watched.
+    let (out, _, _) = run(LEASE, WRITE, script).await;
     assert_eq!(
         out.verdict,
         Some(Verdict::Held(HeldBecause::RenewedAfterDeath))

@@ -126,8 +126,8 @@ impl Kind for LeaderAnnotation {
         ))
     }
 
-    fn watched_annotation(&self) -> Option<&'static str> {
-        Some(ANNOTATION)
+    fn watched_annotation(&self) -> Option<(&'static str, usize)> {
+        Some((ANNOTATION, record::MAX_LEN))
     }
 
     /// Released in place: a record naming another holder is a takeover.

@@ -48,7 +48,10 @@ fn a_leader_record_is_read_as_a_renewed_lock() {
     let o = Object::ConfigMap(&cm);
     let k = of(o);
     assert_eq!(k.words().done, "Released this lock");
-    assert_eq!(k.watched_annotation(), Some(record::ANNOTATION));
+    assert_eq!(
+        k.watched_annotation(),
+        Some((record::ANNOTATION, record::MAX_LEN))
+    );
     assert_eq!(
         candidate(o),
         Some(Shape::NamesAPod(LockKind::ConfigMap, "op-a".into()))
