@@ -14,7 +14,9 @@
 //! - its freeing write, guarded by exactly what was judged
 //!   ([`Kind::free`]), and the words that report it ([`Words`]).
 //!
-//! Adding a kind is a folder here and one line in [`KINDS`].
+//! Adding a kind is a folder here (its `Kind`, and its `case` for the shared
+//! freeing-write tests), its `pub mod` line and its line in [`KINDS`];
+//! `hack/kind-locality.sh` checks that nothing else names it.
 
 pub mod annotation;
 pub mod configmap;
