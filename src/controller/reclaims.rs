@@ -40,31 +40,42 @@ use std::time::Duration;
 const POD_PATH: &str = "/api/v1/namespaces/ops/pods/op-1";
 const PODS_PATH: &str = "/api/v1/namespaces/ops/pods";
 
-/// A registered lock kind, and its lock and freeing write for the mocked
-/// API server (`Kind::case`): each kind is freed its own way.
+/// A registered lock kind with one of its locks and freeing writes for the
+/// mocked API server (`Kind::cases`: each kind is freed its own way, and
+/// some in more than one form).
 #[derive(Clone, Copy)]
-struct Kind(&'static dyn kinds::Kind);
+struct Kind {
+    kind: &'static dyn kinds::Kind,
+    case: &'static dyn Case,
+}
 
 impl std::fmt::Debug for Kind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.case().name())
+        f.write_str(self.case.name())
     }
 }
 
 impl PartialEq for Kind {
     fn eq(&self, other: &Kind) -> bool {
-        self.case().name() == other.case().name()
+        self.case.name() == other.case.name()
     }
 }
 
-/// A ConfigMap held for life.
-const CONFIGMAP: Kind = Kind(&kinds::configmap::ConfigMapHeldForLife);
-/// A renewed Lease.
-const LEASE: Kind = Kind(&kinds::lease::RenewedLease);
+/// A ConfigMap held for life (its first case).
+fn configmap() -> Kind {
+    Kind::first(&kinds::configmap::ConfigMapHeldForLife)
+}
 
-/// Every registered kind.
+/// A renewed Lease, as client-go writes it (its first case).
+fn lease() -> Kind {
+    Kind::first(&kinds::lease::RenewedLease)
+}
+
+/// Every registered kind, in each of its cases.
 fn every_kind() -> impl Iterator<Item = Kind> {
-    kinds::KINDS.iter().map(|k| Kind(*k))
+    kinds::KINDS
+        .iter()
+        .flat_map(|&kind| kind.cases().iter().map(move |&case| Kind { kind, case }))
 }
 
 /// The kinds freed by a DELETE (finalizers can keep them).
@@ -73,8 +84,15 @@ fn deleted_kinds() -> impl Iterator<Item = Kind> {
 }
 
 impl Kind {
+    fn first(kind: &'static dyn kinds::Kind) -> Kind {
+        Kind {
+            kind,
+            case: kind.cases()[0],
+        }
+    }
+
     fn case(self) -> &'static dyn Case {
-        self.0.case()
+        self.case
     }
 
     fn key(self) -> LockKey {
@@ -108,7 +126,7 @@ impl Kind {
     /// Judged by renewals: its holder identity names a host, and the pods
     /// of its namespace are listed.
     fn is_renewed(self) -> bool {
-        self.0.judged() == kinds::Judged::ByRenewals
+        self.kind.judged() == kinds::Judged::ByRenewals
     }
 }
 
@@ -355,7 +373,7 @@ async fn a_write_that_goes_through_frees_says_and_counts() {
         );
         assert!(out.error.is_none() && out.done.said.is_none(), "{kind:?}");
         assert_eq!(reclaims(&shared, kind), 1, "{kind:?}");
-        if kind == LEASE {
+        if kind == lease() {
             assert_release_times(&seen);
         }
     }

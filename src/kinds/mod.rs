@@ -14,7 +14,7 @@
 //! - its freeing write, guarded by exactly what was judged
 //!   ([`Kind::free`]), and the words that report it ([`Words`]).
 //!
-//! Adding a kind is a folder here (its `Kind`, and its `case` for the shared
+//! Adding a kind is a folder here (its `Kind`, and its `cases` for the shared
 //! freeing-write tests), its `pub mod` line and its line in [`KINDS`];
 //! `hack/kind-locality.sh` checks that nothing else names it.
 
@@ -239,10 +239,11 @@ pub trait Kind: Send + Sync + 'static {
         client: &'a Client,
         t: Target<'a>,
     ) -> BoxFuture<'a, Result<Answer, Error>>;
-    /// Its lock and freeing write as the shared freeing-write tests run
-    /// them on a mocked API server: every kind has one.
+    /// Its locks and freeing writes as the shared freeing-write tests run
+    /// them on a mocked API server, one for each form its write takes (its
+    /// electors' dialects): every kind has at least one.
     #[cfg(test)]
-    fn case(&self) -> &'static dyn crate::fixtures::Case;
+    fn cases(&self) -> &'static [&'static dyn crate::fixtures::Case];
 }
 
 /// Every annotation some kind's watched copy keeps, and the longest value

@@ -70,14 +70,14 @@ async fn a_holder_made_again_is_reported_not_written() {
 /// never released (the watched copy named the dead one).
 #[tokio::test]
 async fn a_lease_taken_by_another_holder_gets_no_write() {
-    let mut live = LEASE.live_at("9");
+    let mut live = lease().live_at("9");
     live["spec"]["holderIdentity"] = json!("op-2");
     live["spec"]["renewTime"] = json!(Timestamp::now().to_string());
     let mut op2 = holder_pod("Running", None, SignedDuration::ZERO);
     op2.metadata.name = Some("op-2".into());
     op2.metadata.uid = Some("op-2-uid".into());
-    let script = reads(LEASE, live, Some(&op2));
-    let (out, _, _) = run(LEASE, WRITE, script).await;
+    let script = reads(lease(), live, Some(&op2));
+    let (out, _, _) = run(lease(), WRITE, script).await;
     assert_eq!(
         out.verdict,
         Some(Verdict::Held(HeldBecause::Phase("Running".into())))
@@ -129,13 +129,13 @@ async fn a_holder_changed_after_the_intent_event_gets_no_write() {
 #[tokio::test]
 async fn a_lease_for_life_renewed_since_is_never_deleted() {
     let pod = evicted_pod();
-    let mut live = LEASE.live_at("9");
+    let mut live = lease().live_at("9");
     live["metadata"]["ownerReferences"] =
         to_json(&crate::fixtures::lease_for_life())["metadata"]["ownerReferences"].clone();
     live["spec"]["renewTime"] = json!(Timestamp::now().to_string());
-    let script = reads(LEASE, live, Some(&pod));
+    let script = reads(lease(), live, Some(&pod));
     // Judged from the live read alone: as a renewed Lease, whatever was watched.
-    let (out, _, _) = run(LEASE, WRITE, script).await;
+    let (out, _, _) = run(lease(), WRITE, script).await;
     assert_eq!(
         out.verdict,
         Some(Verdict::Held(HeldBecause::RenewedAfterDeath))
@@ -259,13 +259,13 @@ async fn live_reads_that_end_in_no_write() {
             assert!(out.verdict.is_none() && out.freed().is_none(), "{kind:?}");
         }
     }
-    let mut with_data = CONFIGMAP.live();
+    let mut with_data = configmap().live();
     with_data["data"] = json!({"leader": "op-1"});
     let script = vec![
-        Expect::get(&CONFIGMAP.path()).answer(Answer::Ok(with_data)),
+        Expect::get(&configmap().path()).answer(Answer::Ok(with_data)),
         Expect::event("ops", REASON_UNMANAGEABLE),
     ];
-    let (out, _, _) = run(CONFIGMAP, WRITE, script).await;
+    let (out, _, _) = run(configmap(), WRITE, script).await;
     assert_eq!(
         out.verdict,
         Some(Verdict::Unmanageable(crate::lock::Unmanageable::HoldsData))
@@ -279,10 +279,10 @@ async fn live_reads_that_end_in_no_write() {
 #[tokio::test]
 async fn reconcile_writes_what_it_read_live_and_requeues_a_409() {
     let pod = evicted_pod();
-    let mut live = CONFIGMAP.live_at("9");
+    let mut live = configmap().live_at("9");
     live["metadata"]["uid"] = json!("made-again");
-    let mut script = prelude(CONFIGMAP, live, Some(&pod));
-    script.push(freeing_write(CONFIGMAP, "made-again", "9").status(409));
+    let mut script = prelude(configmap(), live, Some(&pod));
+    script.push(freeing_write(configmap(), "made-again", "9").status(409));
     script.push(Expect::event("ops", REASON_STOPPED));
     let (client, server) = ApiServer::start(script);
     let (ctx, _) = janitor(client, WRITE);
@@ -332,7 +332,7 @@ async fn an_intent_event_that_fails_does_not_stop_the_write() {
 /// refused: written at the third try here, and the reclaim stands.
 #[tokio::test(start_paused = true)]
 async fn the_reclaimed_event_is_tried_again() {
-    let kind = CONFIGMAP;
+    let kind = configmap();
     let pod = evicted_pod();
     let mut script = prelude(kind, kind.live(), Some(&pod));
     script.push(write_of(kind));
@@ -450,7 +450,7 @@ async fn a_failed_pod_delete_leaves_the_reclaim_alone() {
         (Answer::Broken, Some(crate::ErrorKind::Api)),
     ] {
         let pod = evicted_pod();
-        let kind = CONFIGMAP;
+        let kind = configmap();
         let mut script = prelude(kind, kind.live(), Some(&pod));
         script.push(write_of(kind));
         script.push(Expect::event("ops", REASON_RECLAIMED));
@@ -480,7 +480,7 @@ async fn a_failed_pod_delete_leaves_the_reclaim_alone() {
 async fn a_holder_already_being_deleted_is_left_alone() {
     let mut pod = evicted_pod();
     pod.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
-    let kind = CONFIGMAP;
+    let kind = configmap();
     let mut script = prelude(kind, kind.live(), Some(&pod));
     script.push(write_of(kind));
     script.push(Expect::event("ops", REASON_RECLAIMED));
@@ -523,10 +523,10 @@ async fn a_lease_the_java_client_wrote_is_released_with_no_holder_at_all() {
         (vec![entry("fabric8-kubernetes-client")], Some(json!(""))),
     ] {
         let pod = evicted_pod();
-        let mut live = LEASE.live();
+        let mut live = lease().live();
         live["metadata"]["managedFields"] = json!(managers);
-        let mut script = prelude(LEASE, live, Some(&pod));
-        let write = Expect::put(&LEASE.path())
+        let mut script = prelude(lease(), live, Some(&pod));
+        let write = Expect::put(&lease().path())
             .with("/metadata/resourceVersion", json!("7"))
             .with("/spec/leaseDurationSeconds", json!(1));
         script.push(
@@ -537,7 +537,7 @@ async fn a_lease_the_java_client_wrote_is_released_with_no_holder_at_all() {
             .answer(Answer::Echo),
         );
         script.push(Expect::event("ops", REASON_RECLAIMED));
-        let (out, _, _) = run(LEASE, WRITE, script).await;
+        let (out, _, _) = run(lease(), WRITE, script).await;
         assert!(
             matches!(out.freed(), Some(Freed::Reclaimed { .. })),
             "{holder:?}: {out:?}"

@@ -1,20 +1,61 @@
 //! A ConfigMap's leader record in the shared freeing-write tests
 //! (`fixtures::Case`): ops/op-record, whose record names op-1, released by
 //! a merge patch of that one annotation carrying the resourceVersion read.
+//! Two dialects, each with its release written out: client-go's record
+//! (also the Java and Python clients'), and fabric8's.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{json, Value};
 
-use super::record::{self, ANNOTATION};
+use super::record::ANNOTATION;
 use crate::fixtures::{labels, lock_meta, path_of, to_json, Answer, Case, Expect, HOLDER};
 use crate::lock::LockKey;
 
-pub struct RecordCase;
+/// One dialect of the record: as its client writes it when renewed at
+/// `renewed`, and as the janitor must release it.
+pub struct RecordCase {
+    name: &'static str,
+    written: fn(renewed: &str) -> String,
+    released: fn(renewed: &str) -> String,
+}
+
+pub static CASES: [&dyn Case; 2] = [
+    // client-go's ConfigMapLock (and the Java and Python clients'): the
+    // holder null, one second, the rest as written.
+    &RecordCase {
+        name: "leader record",
+        written: |t| {
+            format!(
+                r#"{{"holderIdentity":"{HOLDER}","leaseDurationSeconds":600,"acquireTime":"2026-01-01T00:00:00Z","renewTime":"{t}","leaderTransitions":3}}"#
+            )
+        },
+        released: |t| {
+            format!(
+                r#"{{"holderIdentity":null,"leaseDurationSeconds":1,"acquireTime":"2026-01-01T00:00:00Z","renewTime":"{t}","leaderTransitions":3}}"#
+            )
+        },
+    },
+    // fabric8's: an ISO 8601 `leaseDuration`; released with an empty
+    // holder and no `leaseDurationSeconds` (a field its reader refuses).
+    &RecordCase {
+        name: "fabric8 leader record",
+        written: |t| {
+            format!(
+                r#"{{"holderIdentity":"{HOLDER}","leaseDuration":"PT10M","acquireTime":"2026-01-01T00:00:00.000000Z","renewTime":"{t}","leaderTransitions":3}}"#
+            )
+        },
+        released: |t| {
+            format!(
+                r#"{{"holderIdentity":"","leaseDuration":"PT10M","acquireTime":"2026-01-01T00:00:00.000000Z","renewTime":"{t}","leaderTransitions":3}}"#
+            )
+        },
+    },
+];
 
 impl Case for RecordCase {
     fn name(&self) -> &'static str {
-        "leader record"
+        self.name
     }
 
     fn key(&self) -> LockKey {
@@ -22,50 +63,42 @@ impl Case for RecordCase {
     }
 
     fn live(&self) -> Value {
-        to_json(&record_lock(SignedDuration::from_secs(570)))
+        to_json(&record_lock((self.written)(&renewed())))
     }
 
     /// The annotation alone, to the released record; the resourceVersion
     /// read makes the patch conditional (409 if it changed since).
     fn freeing_write(&self, _uid: &str, resource_version: &str) -> Expect {
+        let released = (self.released)(&renewed());
         Expect::patch(&path_of(&self.key()))
             .with("/metadata/resourceVersion", json!(resource_version))
-            .with("/metadata/annotations", json!({ ANNOTATION: released() }))
+            .with("/metadata/annotations", json!({ ANNOTATION: released }))
             .answer(Answer::Echo)
     }
 
     fn after_write(&self, resource_version: &str) -> Option<Value> {
         let mut cm = self.live();
         cm["metadata"]["resourceVersion"] = json!(resource_version);
-        cm["metadata"]["annotations"][ANNOTATION] = json!(released());
+        cm["metadata"]["annotations"][ANNOTATION] = json!((self.released)(&renewed()));
         Some(cm)
     }
 }
 
-/// The record of `live`, released.
-fn released() -> String {
-    let live = RecordCase.live();
-    let judged = live["metadata"]["annotations"][ANNOTATION]
-        .as_str()
-        .unwrap();
-    record::released(judged).unwrap()
+/// When the record was last renewed: 570 s before the test process's first
+/// call, the same at every call (a test expects its release exactly),
+/// within its 600 s lease and past 5/6 of it.
+fn renewed() -> String {
+    static BASE: std::sync::OnceLock<Timestamp> = std::sync::OnceLock::new();
+    (*BASE.get_or_init(Timestamp::now) - SignedDuration::from_secs(570)).to_string()
 }
 
-/// ConfigMap ops/op-record (uid `record-uid`), opted in, whose leader
-/// record annotation (as client-go's ConfigMapLock writes it) names op-1,
-/// last renewed `renewed_ago` before the test process's first call (the
-/// same record at every call: a test expects its release exactly), with a
-/// 600 s lease; no owner, no data, one other annotation.
-pub fn record_lock(renewed_ago: SignedDuration) -> ConfigMap {
-    static BASE: std::sync::OnceLock<Timestamp> = std::sync::OnceLock::new();
+/// ConfigMap ops/op-record (uid `record-uid`), opted in, with this leader
+/// record; no owner, no data, one other annotation.
+fn record_lock(record: String) -> ConfigMap {
     let mut meta = lock_meta(vec![], &[("lock-janitor.io/watch", "true")]);
     meta.name = Some("op-record".into());
     meta.uid = Some("record-uid".into());
     meta.owner_references = None;
-    let renewed = *BASE.get_or_init(Timestamp::now) - renewed_ago;
-    let record = format!(
-        r#"{{"holderIdentity":"{HOLDER}","leaseDurationSeconds":600,"acquireTime":"2026-01-01T00:00:00Z","renewTime":"{renewed}","leaderTransitions":3}}"#
-    );
     meta.annotations = Some(labels(&[("team", "ops"), (ANNOTATION, &record)]));
     ConfigMap {
         metadata: meta,

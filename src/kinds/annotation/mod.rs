@@ -180,8 +180,8 @@ impl Kind for LeaderAnnotation {
     }
 
     #[cfg(test)]
-    fn case(&self) -> &'static dyn crate::fixtures::Case {
-        &case::RecordCase
+    fn cases(&self) -> &'static [&'static dyn crate::fixtures::Case] {
+        &case::CASES
     }
 }
 

@@ -9,6 +9,8 @@ use crate::lock::LockKey;
 
 pub struct ConfigMapLockCase;
 
+pub static CASES: [&dyn Case; 1] = [&ConfigMapLockCase];
+
 impl Case for ConfigMapLockCase {
     fn name(&self) -> &'static str {
         "configmap held for life"

@@ -95,7 +95,7 @@ impl Kind for ConfigMapHeldForLife {
     }
 
     #[cfg(test)]
-    fn case(&self) -> &'static dyn crate::fixtures::Case {
-        &case::ConfigMapLockCase
+    fn cases(&self) -> &'static [&'static dyn crate::fixtures::Case] {
+        &case::CASES
     }
 }

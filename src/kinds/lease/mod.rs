@@ -164,8 +164,8 @@ impl Kind for RenewedLease {
     }
 
     #[cfg(test)]
-    fn case(&self) -> &'static dyn crate::fixtures::Case {
-        &case::RenewedLeaseCase
+    fn cases(&self) -> &'static [&'static dyn crate::fixtures::Case] {
+        &case::CASES
     }
 }
 

@@ -9,6 +9,8 @@ use crate::lock::LockKey;
 
 pub struct LeaseForLifeCase;
 
+pub static CASES: [&dyn Case; 1] = [&LeaseForLifeCase];
+
 impl Case for LeaseForLifeCase {
     fn name(&self) -> &'static str {
         "lease held for life"

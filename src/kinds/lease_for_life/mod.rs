@@ -93,7 +93,7 @@ impl Kind for LeaseHeldForLife {
     }
 
     #[cfg(test)]
-    fn case(&self) -> &'static dyn crate::fixtures::Case {
-        &case::LeaseForLifeCase
+    fn cases(&self) -> &'static [&'static dyn crate::fixtures::Case] {
+        &case::CASES
     }
 }
