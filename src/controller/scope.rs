@@ -101,7 +101,12 @@ pub fn strip_cached(m: &mut LockMeta) {
     meta.managed_fields = None;
     meta.annotations = meta.annotations.take().and_then(|mut all| {
         all.retain(|k, v| {
-            let Some((_, max)) = kinds::watched_annotations().find(|(w, _)| w == k) else {
+            // The longest any kind that reads it reads.
+            let Some(max) = kinds::watched_annotations()
+                .filter(|(w, _)| w == k)
+                .map(|(_, max)| max)
+                .max()
+            else {
                 return false;
             };
             if v.len() > max {

@@ -110,10 +110,21 @@ fn the_watched_copy_keeps_only_what_kinds_read() {
             }
             .into_response_partial();
             strip_cached(&mut meta);
-            let kept = meta.metadata.annotations.unwrap_or_default();
+            let kept = meta.metadata.annotations.clone().unwrap_or_default();
             assert_eq!(kept.len(), 1, "{name}: {:?}", kept.keys());
             assert!(kept[name] == kept_as, "{name}: {len} bytes");
             assert!(meta.metadata.labels.is_none());
+            if len > max {
+                // Still the kind that reads it, and never a lock it can
+                // judge: reported, never written.
+                let o = crate::kinds::Object::ConfigMapMeta(&meta.metadata);
+                let k = crate::kinds::of(o);
+                assert_eq!(k.watched_annotation().map(|(w, _)| w), Some(name));
+                assert_eq!(k.candidate(o), None, "{name}");
+                if k.judged() == crate::kinds::Judged::ByRenewals {
+                    assert!(matches!(k.record(o), Some(Err(_))), "{name}");
+                }
+            }
         }
     }
 }

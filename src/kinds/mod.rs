@@ -16,7 +16,8 @@
 //!
 //! Adding a kind is a folder here (its `Kind`, and its `cases` for the shared
 //! freeing-write tests), its `pub mod` line and its line in [`KINDS`];
-//! `hack/kind-locality.sh` checks that nothing else names it.
+//! `hack/kind-locality.sh` checks that nothing else in the crate depends on
+//! it.
 
 pub mod annotation;
 pub mod configmap;

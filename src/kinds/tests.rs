@@ -256,3 +256,39 @@ fn a_lease_is_the_java_clients_only_when_it_alone_wrote_holder_and_renewal() {
         renewed("op-a")
     )));
 }
+
+/// What tells two kinds apart (they are zero-sized statics: two may share
+/// an address).
+fn identity(k: &dyn Kind) -> (LockKind, Judged, &'static str) {
+    (k.resource(), k.judged(), k.words().done)
+}
+
+/// Every registered kind has its cases for the shared freeing-write tests,
+/// each named once, in its resource, and a lock each case holds is of that
+/// kind: a kind without cases would be skipped there silently.
+#[test]
+fn every_kind_brings_its_freeing_write_cases() {
+    let mut names = std::collections::BTreeSet::new();
+    let mut kinds = Vec::new();
+    for &k in KINDS {
+        assert!(!kinds.contains(&identity(k)), "{:?} twice", identity(k));
+        kinds.push(identity(k));
+        assert!(!k.cases().is_empty(), "{:?} has no case", identity(k));
+        for case in k.cases() {
+            assert!(names.insert(case.name()), "{} twice", case.name());
+            assert_eq!(case.key().kind, k.resource(), "{}", case.name());
+            let live = case.live();
+            let claimed = match k.resource() {
+                LockKind::ConfigMap => {
+                    let cm: ConfigMap = serde_json::from_value(live).unwrap();
+                    identity(of(Object::ConfigMap(&cm)))
+                }
+                LockKind::Lease => {
+                    let l: Lease = serde_json::from_value(live).unwrap();
+                    identity(of(Object::Lease(&l)))
+                }
+            };
+            assert_eq!(claimed, identity(k), "{}", case.name());
+        }
+    }
+}

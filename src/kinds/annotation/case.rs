@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{json, Value};
 
-use super::record::ANNOTATION;
+use super::record::{self, ANNOTATION};
 use crate::fixtures::{labels, lock_meta, path_of, to_json, Answer, Case, Expect, HOLDER};
 use crate::lock::LockKey;
 
@@ -20,38 +20,39 @@ pub struct RecordCase {
     released: fn(renewed: &str) -> String,
 }
 
-pub static CASES: [&dyn Case; 2] = [
-    // client-go's ConfigMapLock (and the Java and Python clients'): the
-    // holder null, one second, the rest as written.
-    &RecordCase {
-        name: "leader record",
-        written: |t| {
-            format!(
-                r#"{{"holderIdentity":"{HOLDER}","leaseDurationSeconds":600,"acquireTime":"2026-01-01T00:00:00Z","renewTime":"{t}","leaderTransitions":3}}"#
-            )
-        },
-        released: |t| {
-            format!(
-                r#"{{"holderIdentity":null,"leaseDurationSeconds":1,"acquireTime":"2026-01-01T00:00:00Z","renewTime":"{t}","leaderTransitions":3}}"#
-            )
-        },
+pub static CASES: [&dyn Case; 2] = [&CLIENT_GO, &FABRIC8];
+
+/// client-go's ConfigMapLock (and the Java and Python clients'): released
+/// with the holder null, one second, the rest as written.
+static CLIENT_GO: RecordCase = RecordCase {
+    name: "leader record",
+    written: |t| {
+        format!(
+            r#"{{"holderIdentity":"{HOLDER}","leaseDurationSeconds":600,"acquireTime":"2026-01-01T00:00:00Z","renewTime":"{t}","leaderTransitions":3}}"#
+        )
     },
-    // fabric8's: an ISO 8601 `leaseDuration`; released with an empty
-    // holder and no `leaseDurationSeconds` (a field its reader refuses).
-    &RecordCase {
-        name: "fabric8 leader record",
-        written: |t| {
-            format!(
-                r#"{{"holderIdentity":"{HOLDER}","leaseDuration":"PT10M","acquireTime":"2026-01-01T00:00:00.000000Z","renewTime":"{t}","leaderTransitions":3}}"#
-            )
-        },
-        released: |t| {
-            format!(
-                r#"{{"holderIdentity":"","leaseDuration":"PT10M","acquireTime":"2026-01-01T00:00:00.000000Z","renewTime":"{t}","leaderTransitions":3}}"#
-            )
-        },
+    released: |t| {
+        format!(
+            r#"{{"holderIdentity":null,"leaseDurationSeconds":1,"acquireTime":"2026-01-01T00:00:00Z","renewTime":"{t}","leaderTransitions":3}}"#
+        )
     },
-];
+};
+
+/// fabric8's: an ISO 8601 `leaseDuration`; released with an empty holder
+/// and no `leaseDurationSeconds` (a field its reader refuses).
+static FABRIC8: RecordCase = RecordCase {
+    name: "fabric8 leader record",
+    written: |t| {
+        format!(
+            r#"{{"holderIdentity":"{HOLDER}","leaseDuration":"PT10M","acquireTime":"2026-01-01T00:00:00.000000Z","renewTime":"{t}","leaderTransitions":3}}"#
+        )
+    },
+    released: |t| {
+        format!(
+            r#"{{"holderIdentity":"","leaseDuration":"PT10M","acquireTime":"2026-01-01T00:00:00.000000Z","renewTime":"{t}","leaderTransitions":3}}"#
+        )
+    },
+};
 
 impl Case for RecordCase {
     fn name(&self) -> &'static str {
@@ -103,5 +104,21 @@ fn record_lock(record: String) -> ConfigMap {
     ConfigMap {
         metadata: meta,
         ..Default::default()
+    }
+}
+
+/// Each release written out here is the janitor's own and one the delete
+/// guard admits for the record it releases.
+#[test]
+fn each_release_is_the_janitors_and_the_guards() {
+    for case in [&CLIENT_GO, &FABRIC8] {
+        let (written, released) = ((case.written)(&renewed()), (case.released)(&renewed()));
+        assert_eq!(
+            record::released(&written).unwrap(),
+            released,
+            "{}",
+            case.name
+        );
+        assert!(record::is_release_of(&written, &released), "{}", case.name);
     }
 }
