@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::ListParams;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::EventType;
 use kube::runtime::watcher::{self, watcher};

@@ -520,25 +520,32 @@ impl Observer {
     pub async fn pods_named(&self, namespace: &str, host: &str) -> Result<Vec<Pod>, Error> {
         // Never closed.
         let _turn = self.lists.acquire().await;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let mut named = Vec::new();
-        let what = format!("listing pods in {namespace}");
-        let api = &api;
-        let list = |lp: ListParams| async move { api.list(&lp).await };
-        crate::for_each_page(
-            &what,
-            &ListParams::default(),
-            100,
-            list,
-            |page| match page {
-                // A pod seen twice must not look like two.
-                Paged::StartOver => named.clear(),
-                Paged::Items(pods) => {
-                    named.extend(pods.into_iter().filter(|p| lock::lease::names(host, p)))
-                }
-            },
-        )
+        each_pod_page(&self.client, namespace, |page| match page {
+            // A pod seen twice must not look like two.
+            Paged::StartOver => named.clear(),
+            Paged::Items(pods) => {
+                named.extend(pods.into_iter().filter(|p| lock::lease::names(host, p)))
+            }
+        })
         .await?;
         Ok(named)
     }
+}
+
+/// Every pod of `namespace`, a page of 100 at a time (`crate::for_each_page`,
+/// which may start over): what a holder identity names by hostname, which
+/// no field selector reaches, is found by reading them all and keeping only
+/// what `each` keeps.
+pub async fn each_pod_page(
+    client: &Client,
+    namespace: &str,
+    each: impl FnMut(Paged<Pod>),
+) -> Result<(), Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let api = &api;
+    let list = |lp: ListParams| async move { api.list(&lp).await };
+    let what = format!("listing pods in {namespace}");
+    crate::for_each_page(&what, &ListParams::default(), 100, list, each).await?;
+    Ok(())
 }

@@ -212,27 +212,17 @@ pub(super) async fn pods_naming(
     namespace: &str,
     hosts: &BTreeSet<String>,
 ) -> Result<BTreeMap<String, usize>, Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    let what = format!("listing pods in {namespace}");
-    let api = &api;
-    let list = |lp: ListParams| async move { api.list(&lp).await };
-    crate::for_each_page(
-        &what,
-        &ListParams::default(),
-        100,
-        list,
-        |page| match page {
-            Paged::StartOver => counts.clear(),
-            Paged::Items(pods) => {
-                for p in &pods {
-                    for h in hosts.iter().filter(|h| lease::names(h, p)) {
-                        *counts.entry(h.clone()).or_default() += 1;
-                    }
+    crate::observe::each_pod_page(client, namespace, |page| match page {
+        Paged::StartOver => counts.clear(),
+        Paged::Items(pods) => {
+            for p in &pods {
+                for h in hosts.iter().filter(|h| lease::names(h, p)) {
+                    *counts.entry(h.clone()).or_default() += 1;
                 }
             }
-        },
-    )
+        }
+    })
     .await?;
     Ok(counts)
 }
