@@ -1,13 +1,16 @@
-//! What the real leader-election peers that nobody here wrote have in
-//! common ([`crate::python_peer`]: the official Python client;
-//! [`crate::fabric8_peer`]: fabric8's Java client; [`crate::java_peer`]:
-//! the official Java client): each is one candidate
-//! program, built once by a script under `hack/` into the cache, that takes
+//! The real leader-election peers that nobody here wrote ([`Peer`]: the
+//! official Python client, fabric8's Java client, the official Java client),
+//! driven alike: each is one candidate program, built once by a script under
+//! `hack/` into the cache beside the control plane's binaries (once per hash
+//! of its pins and source; `make test` builds it before the tests, and the
+//! first elector of a run builds it if it is missing), that takes
 //! `configmap|lease NAMESPACE LOCK IDENTITY LEASE RENEW RETRY`, reads its
 //! cluster from `$KUBECONFIG`, prints `LEADING IDENTITY` on stdout once it
-//! leads and logs the library's own lines on stderr. It needs no pod around
-//! it, so it runs as a plain child process, tied to the test process as the
-//! control plane's are.
+//! leads and logs the library's own lines on stderr. The Java electors also
+//! print `NEW LEADER HOLDER` when the library reports another holder (its
+//! `onNewLeader`) and `STOPPED IDENTITY` when they give the lead up. It needs
+//! no pod around it, so it runs as a plain child process, tied to the test
+//! process as the control plane's are.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -18,14 +21,77 @@ use std::time::{Duration, Instant};
 use crate::{process, Error};
 
 /// The repository's root (this crate is `testenv/` in it).
-pub(crate) fn repo() -> PathBuf {
+fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("testenv/ has a parent")
         .to_path_buf()
 }
 
-/// The lock kinds both clients have.
+/// A real peer: the library whose elector runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// The official Python client's `kubernetes.leaderelection` (PyPI
+    /// `kubernetes`, pinned in `testenv/peers/python/requirements.txt`),
+    /// run by `testenv/peers/python/elector.py` in a venv that
+    /// `hack/python-peer.sh` makes.
+    Python,
+    /// fabric8's `io.fabric8.kubernetes.client.extended.leaderelection`
+    /// (Maven Central `io.fabric8:kubernetes-client`, pinned in
+    /// `testenv/peers/fabric8/pom.xml` with the JDK's HTTP client), run by
+    /// `testenv/peers/fabric8/Elector.java`, built by `hack/fabric8-peer.sh`
+    /// (the jars fetched with Maven, the elector compiled with javac).
+    Fabric8,
+    /// The official Java client's `io.kubernetes.client.extended.leaderelection`
+    /// (Maven Central `io.kubernetes:client-java-extended`, pinned in
+    /// `testenv/peers/java/pom.xml`), run by `testenv/peers/java/Elector.java`,
+    /// built by `hack/java-peer.sh java`.
+    Java,
+}
+
+impl Peer {
+    /// Its name in file names and errors.
+    fn who(self) -> &'static str {
+        match self {
+            Peer::Python => "python",
+            Peer::Fabric8 => "fabric8",
+            Peer::Java => "java",
+        }
+    }
+
+    /// The command that runs its elector, before the elector's arguments;
+    /// the program is built by its script the first time it is asked for in
+    /// this process (`built_by`).
+    fn command(self) -> Result<Command, Error> {
+        static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+        static FABRIC8: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+        static JAVA: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+        Ok(match self {
+            Peer::Python => {
+                let mut cmd = Command::new(built_by(&PYTHON, "python-peer.sh", "python")?);
+                cmd.arg(repo().join("testenv/peers/python/elector.py"))
+                    .env("PYTHONUNBUFFERED", "1")
+                    .env("PYTHONDONTWRITEBYTECODE", "1");
+                cmd
+            }
+            Peer::Fabric8 => {
+                // `bin/elector` execs java with its classpath.
+                let mut cmd = Command::new(built_by(&FABRIC8, "fabric8-peer.sh", "launcher")?);
+                // The control plane's client keys are ECDSA P-256 (rcgen's
+                // default) in PKCS#8 PEM (`BEGIN PRIVATE KEY`); fabric8 tells
+                // EC from RSA only by a PEM header `BEGIN EC PRIVATE KEY`,
+                // takes any other key for RSA and fails on it ("Invalid DER:
+                // object is not integer"), unless told the algorithm (its
+                // `kubernetes.certs.client.key.algo`, as this variable).
+                cmd.env("KUBERNETES_CERTS_CLIENT_KEY_ALGO", "EC");
+                cmd
+            }
+            Peer::Java => Command::new(built_by(&JAVA, "java-peer.sh java", "launcher")?),
+        })
+    }
+}
+
+/// The lock kinds every peer has: `ConfigMapLock` and `LeaseLock`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ElectorLock {
     /// `ConfigMapLock`: the leader record is the ConfigMap's annotation
@@ -36,7 +102,7 @@ pub enum ElectorLock {
 }
 
 impl ElectorLock {
-    pub(crate) fn arg(self) -> &'static str {
+    fn arg(self) -> &'static str {
         match self {
             ElectorLock::ConfigMap => "configmap",
             ElectorLock::Lease => "lease",
@@ -57,7 +123,7 @@ pub const TIMINGS: [Duration; 3] = [
 /// process: `once` keeps the answer (the script is quick when the build is
 /// there, and takes a lock while it makes one). `script` is the script's
 /// name, then any arguments, separated by spaces (`java-peer.sh java`).
-pub(crate) fn built_by(
+fn built_by(
     once: &'static OnceLock<Result<PathBuf, String>>,
     script: &str,
     what: &str,
@@ -87,7 +153,7 @@ pub(crate) fn built_by(
     .map_err(Error::Other)
 }
 
-/// One running elector, of either client.
+/// One running elector, of any peer.
 pub struct Elector {
     child: Child,
     out: PathBuf,
@@ -98,22 +164,19 @@ pub struct Elector {
 }
 
 impl Elector {
-    /// Starts `cmd` (the program and any arguments before the elector's)
-    /// as a candidate for `namespace/lock`, holder identity `identity`, with
-    /// `timings` (lease, renew deadline, retry period: whole seconds, as the
-    /// libraries take them). Its output goes to
-    /// `<dir>/<who>-<namespace>-<identity>.{out,log}`; `who` names it in
-    /// errors.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn spawn(
-        mut cmd: Command,
-        who: &'static str,
+    /// Starts a `peer` candidate for `namespace/lock` (a ConfigMap or a
+    /// Lease, as `kind`), holder identity `identity`, with the tests'
+    /// timings ([`TIMINGS`]). Its output goes to
+    /// `<dir>/<peer>-<namespace>-<identity>.{out,log}`.
+    pub fn start(
+        peer: Peer,
         kubeconfig: &Path,
         dir: &Path,
         kind: ElectorLock,
         [namespace, lock, identity]: [&str; 3],
-        timings: [Duration; 3],
     ) -> Result<Elector, Error> {
+        let who = peer.who();
+        let mut cmd = peer.command()?;
         let base = dir.join(format!("{who}-{namespace}-{identity}"));
         let out = base.with_extension("out");
         let log = base.with_extension("log");
@@ -123,7 +186,7 @@ impl Elector {
                 source: e,
             })
         };
-        let [lease, renew, retry] = timings.map(|t| t.as_secs().to_string());
+        let [lease, renew, retry] = TIMINGS.map(|t| t.as_secs().to_string());
         cmd.args([kind.arg(), namespace, lock, identity])
             .args([&lease, &renew, &retry])
             .env("KUBECONFIG", kubeconfig)

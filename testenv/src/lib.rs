@@ -38,14 +38,11 @@ use serde::{Deserialize, Serialize};
 pub mod audit;
 mod certs;
 pub mod elector;
-pub mod fabric8_peer;
-pub mod java_peer;
 pub mod kubelet;
 pub mod node;
 mod paths;
 pub mod peers;
 mod process;
-pub mod python_peer;
 
 pub use certs::{ADMIN_GROUP, ADMIN_USER, CONTROLLER_MANAGER_USER, KUBERNETES_SERVICE_IP};
 pub use paths::{bin_dir, binary, cache_root, Versions};

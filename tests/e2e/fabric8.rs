@@ -28,15 +28,13 @@ use crate::support::*;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
 use lock_janitor::kinds::annotation::record;
-use lock_janitor_testenv::elector::Elector;
-use lock_janitor_testenv::fabric8_peer::{Fabric8Lock, Fabric8Peer};
+use lock_janitor_testenv::elector::{Elector, ElectorLock, Peer};
 use serde_json::Value;
 use std::time::Duration;
 
 /// Starts a fabric8 elector in `s`'s namespace as pod `pod`'s candidate.
-fn elector(s: &Scenario, kind: Fabric8Lock, lock: &str, pod: &str) -> Fabric8Peer {
-    Fabric8Peer::start(s.cp.kubeconfig_path(), s.cp.dir(), kind, &s.ns, lock, pod)
-        .unwrap_or_else(|e| panic!("start the fabric8 elector {pod}: {e}"))
+fn elector(s: &Scenario, kind: ElectorLock, lock: &str, pod: &str) -> Elector {
+    peer_locks::elector(s, Peer::Fabric8, kind, lock, pod)
 }
 
 /// Waits until the follower `p` has found the lock held by `holder` and
@@ -61,7 +59,7 @@ async fn fabric8_lease_candidate_leads_within_15s_after_its_leaders_death() {
     let s = scenario("f8-lease").await;
     s.pod("f8-a").await;
     s.pod("f8-b").await;
-    let mut a = elector(&s, Fabric8Lock::Lease, "f8-lease", "f8-a");
+    let mut a = elector(&s, ElectorLock::Lease, "f8-lease", "f8-a");
     leads(&mut a, "f8-a").await;
     assert_eq!(s.identity("f8-lease").await, "f8-a");
     let lease = s.leases().get("f8-lease").await.unwrap();
@@ -72,7 +70,7 @@ async fn fabric8_lease_candidate_leads_within_15s_after_its_leaders_death() {
     );
     s.label("f8-lease").await;
     let j = s.janitor().await;
-    let mut b = elector(&s, Fabric8Lock::Lease, "f8-lease", "f8-b");
+    let mut b = elector(&s, ElectorLock::Lease, "f8-lease", "f8-b");
     waits(&b, "f8-a").await;
     lease_renewed_untouched(&s, &j, "f8-lease", &b).await;
 
@@ -155,7 +153,7 @@ async fn fabric8_configmap_candidate_leads_within_15s_after_its_leaders_death() 
     let s = scenario("f8-cm").await;
     s.pod("f8-a").await;
     s.pod("f8-b").await;
-    let mut a = elector(&s, Fabric8Lock::ConfigMap, "f8-cm-lock", "f8-a");
+    let mut a = elector(&s, ElectorLock::ConfigMap, "f8-cm-lock", "f8-a");
     leads(&mut a, "f8-a").await;
     let written = annotation(&s, "f8-cm-lock").await.expect("a leader record");
     eprintln!("fabric8 ConfigMapLock's record: {written}");
@@ -163,7 +161,7 @@ async fn fabric8_configmap_candidate_leads_within_15s_after_its_leaders_death() 
     assert_fabric8_record(&rec, "f8-a");
     label_cm(&s, "f8-cm-lock").await;
     let j = janitor_for_all_kinds(&s).await;
-    let mut b = elector(&s, Fabric8Lock::ConfigMap, "f8-cm-lock", "f8-b");
+    let mut b = elector(&s, ElectorLock::ConfigMap, "f8-cm-lock", "f8-b");
     waits(&b, "f8-a").await;
     cm_renewed_around_sweeps(&s, &j, "f8-cm-lock").await;
 
@@ -256,9 +254,9 @@ async fn fabric8_configmap_candidate_leads_within_15s_after_its_leaders_death() 
 #[tokio::test]
 async fn fabric8_configmap_follower_takes_the_janitors_released_record() {
     let s = scenario("f8-cm-rel").await;
-    let mut a = elector(&s, Fabric8Lock::ConfigMap, "f8-rel", "f8-a");
+    let mut a = elector(&s, ElectorLock::ConfigMap, "f8-rel", "f8-a");
     leads(&mut a, "f8-a").await;
-    let b = &mut elector(&s, Fabric8Lock::ConfigMap, "f8-rel", "f8-b");
+    let b = &mut elector(&s, ElectorLock::ConfigMap, "f8-rel", "f8-b");
     waits(b, "f8-a").await;
     a.kill();
 

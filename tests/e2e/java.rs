@@ -27,14 +27,12 @@ use crate::support::*;
 use futures::TryStreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{WatchEvent, WatchParams};
-use lock_janitor_testenv::elector::Elector;
-use lock_janitor_testenv::java_peer::{JavaLock, JavaPeer};
+use lock_janitor_testenv::elector::{Elector, ElectorLock, Peer};
 use serde_json::Value;
 
 /// Starts a Java elector in `s`'s namespace as pod `pod`'s candidate.
-fn elector(s: &Scenario, kind: JavaLock, lock: &str, pod: &str) -> JavaPeer {
-    JavaPeer::start(s.cp.kubeconfig_path(), s.cp.dir(), kind, &s.ns, lock, pod)
-        .unwrap_or_else(|e| panic!("start the Java elector {pod}: {e}"))
+fn elector(s: &Scenario, kind: ElectorLock, lock: &str, pod: &str) -> Elector {
+    peer_locks::elector(s, Peer::Java, kind, lock, pod)
 }
 
 /// Waits until the follower `p` has found the lock held by `holder` and
@@ -48,7 +46,7 @@ async fn waits(p: &Elector, holder: &str) {
 /// the seconds it took. If it does not, it waits on (up to the lease and
 /// [`TAKEOVER`] more) to measure when it leads at all, and fails with that
 /// time and `context()` (the record, the janitor's writes).
-async fn takes_over(b: &mut JavaPeer, died: Instant, context: impl AsyncFnOnce() -> String) -> f64 {
+async fn takes_over(b: &mut Elector, died: Instant, context: impl AsyncFnOnce() -> String) -> f64 {
     if let Ok(at) = b.wait_leading(TAKEOVER).await {
         return (at - died).as_secs_f64();
     }
@@ -88,7 +86,7 @@ async fn java_lease_candidate_leads_within_15s_after_its_leaders_death() {
     let s = scenario("java-lease").await;
     s.pod("java-a").await;
     s.pod("java-b").await;
-    let mut a = elector(&s, JavaLock::Lease, "java-lease", "java-a");
+    let mut a = elector(&s, ElectorLock::Lease, "java-lease", "java-a");
     leads(&mut a, "java-a").await;
     assert_eq!(s.identity("java-lease").await, "java-a");
     let lease = s.leases().get("java-lease").await.unwrap();
@@ -98,7 +96,7 @@ async fn java_lease_candidate_leads_within_15s_after_its_leaders_death() {
     assert_eq!(spec.lease_transitions, Some(0), "{spec:?}");
     s.label("java-lease").await;
     let j = s.janitor().await;
-    let mut b = elector(&s, JavaLock::Lease, "java-lease", "java-b");
+    let mut b = elector(&s, ElectorLock::Lease, "java-lease", "java-b");
     waits(&b, "java-a").await;
     lease_renewed_untouched(&s, &j, "java-lease", &b).await;
 
@@ -192,7 +190,7 @@ async fn java_configmap_candidate_leads_within_15s_after_its_leaders_death() {
     let s = scenario("java-cm").await;
     s.pod("java-a").await;
     s.pod("java-b").await;
-    let mut a = elector(&s, JavaLock::ConfigMap, "java-cm-lock", "java-a");
+    let mut a = elector(&s, ElectorLock::ConfigMap, "java-cm-lock", "java-a");
     leads(&mut a, "java-a").await;
     let written = annotation(&s, "java-cm-lock")
         .await
@@ -204,7 +202,7 @@ async fn java_configmap_candidate_leads_within_15s_after_its_leaders_death() {
     assert!(cm.metadata.owner_references.is_none(), "{cm:?}");
     label_cm(&s, "java-cm-lock").await;
     let j = janitor_for_all_kinds(&s).await;
-    let mut b = elector(&s, JavaLock::ConfigMap, "java-cm-lock", "java-b");
+    let mut b = elector(&s, ElectorLock::ConfigMap, "java-cm-lock", "java-b");
     waits(&b, "java-a").await;
     cm_renewed_around_sweeps(&s, &j, "java-cm-lock").await;
     nothing_written_yet(&s, &j, &b);

@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use lock_janitor_testenv::audit::AuditEvent;
-use lock_janitor_testenv::elector::Elector;
+use lock_janitor_testenv::elector::{Elector, ElectorLock, Peer};
 use lock_janitor_testenv::kubelet;
 use serde_json::Value;
 
@@ -104,6 +104,24 @@ pub(crate) fn received(e: &AuditEvent) -> Timestamp {
         .expect("requestReceivedTimestamp")
         .parse()
         .expect("an RFC 3339 time")
+}
+
+/// Starts a `peer` elector in `s`'s namespace as pod `pod`'s candidate.
+pub(crate) fn elector(
+    s: &Scenario,
+    peer: Peer,
+    kind: ElectorLock,
+    lock: &str,
+    pod: &str,
+) -> Elector {
+    Elector::start(
+        peer,
+        s.cp.kubeconfig_path(),
+        s.cp.dir(),
+        kind,
+        [&s.ns, lock, pod],
+    )
+    .unwrap_or_else(|e| panic!("start the {peer:?} elector {pod}: {e}"))
 }
 
 /// Waits until `p` leads (a JVM's or an interpreter's start included).

@@ -25,14 +25,12 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::PostParams;
-use lock_janitor_testenv::elector::Elector;
+use lock_janitor_testenv::elector::{Elector, ElectorLock, Peer};
 use lock_janitor_testenv::kubelet;
-use lock_janitor_testenv::python_peer::{PyLock, PythonPeer};
 
 /// Starts a Python elector in `s`'s namespace as pod `pod`'s candidate.
-fn elector(s: &Scenario, kind: PyLock, lock: &str, pod: &str) -> PythonPeer {
-    PythonPeer::start(s.cp.kubeconfig_path(), s.cp.dir(), kind, &s.ns, lock, pod)
-        .unwrap_or_else(|e| panic!("start the Python elector {pod}: {e}"))
+fn elector(s: &Scenario, kind: ElectorLock, lock: &str, pod: &str) -> Elector {
+    peer_locks::elector(s, Peer::Python, kind, lock, pod)
 }
 
 /// Waits until the follower `p` has found the lock held and waits (the
@@ -52,12 +50,12 @@ async fn python_lease_candidate_leads_within_15s_after_its_leaders_death() {
     let s = scenario("py-lease").await;
     s.pod("py-a").await;
     s.pod("py-b").await;
-    let mut a = elector(&s, PyLock::Lease, "py-lease", "py-a");
+    let mut a = elector(&s, ElectorLock::Lease, "py-lease", "py-a");
     leads(&mut a, "py-a").await;
     assert_eq!(s.identity("py-lease").await, "py-a");
     s.label("py-lease").await;
     let j = s.janitor().await;
-    let mut b = elector(&s, PyLock::Lease, "py-lease", "py-b");
+    let mut b = elector(&s, ElectorLock::Lease, "py-lease", "py-b");
     waits(&b, "py-a").await;
     lease_renewed_untouched(&s, &j, "py-lease", &b).await;
 
@@ -119,7 +117,7 @@ async fn python_configmap_candidate_leads_within_15s_after_its_leaders_death() {
     let s = scenario("py-cm").await;
     s.pod("py-a").await;
     s.pod("py-b").await;
-    let mut a = elector(&s, PyLock::ConfigMap, "py-cm-lock", "py-a");
+    let mut a = elector(&s, ElectorLock::ConfigMap, "py-cm-lock", "py-a");
     leads(&mut a, "py-a").await;
     // The record as the Python client writes it.
     let rec = record(&s, "py-cm-lock")
@@ -131,7 +129,7 @@ async fn python_configmap_candidate_leads_within_15s_after_its_leaders_death() {
     assert!(cm.metadata.owner_references.is_none(), "{cm:?}");
     label_cm(&s, "py-cm-lock").await;
     let j = janitor_for_all_kinds(&s).await;
-    let mut b = elector(&s, PyLock::ConfigMap, "py-cm-lock", "py-b");
+    let mut b = elector(&s, ElectorLock::ConfigMap, "py-cm-lock", "py-b");
     waits(&b, "py-a").await;
     cm_renewed_around_sweeps(&s, &j, "py-cm-lock").await;
     // The label stayed through the library's renewals (each a PUT of the
@@ -260,7 +258,7 @@ async fn python_configmap_with_an_unparsable_record_is_reported_and_never_writte
 async fn python_configmap_records_naming_no_pod_are_reported_and_never_written() {
     let s = scenario("py-cm-nopod").await;
     for (lock, identity) in [("py-nobody", "nobody-here"), ("py-addr", "10.0.0.7:8443")] {
-        let mut p = elector(&s, PyLock::ConfigMap, lock, identity);
+        let mut p = elector(&s, ElectorLock::ConfigMap, lock, identity);
         leads(&mut p, identity).await;
         p.kill();
         assert_eq!(cm_holder(&s, lock).await.as_deref(), Some(identity));
