@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::support::lease::*;
 use crate::support::*;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use lock_janitor_testenv::audit::AuditEvent;
@@ -245,4 +245,42 @@ pub(crate) async fn lease_takeover_said(s: &Scenario, j: &Janitor, lease: &str, 
     assert!(janitor_writes(s)
         .iter()
         .all(|e| e.resource.as_deref() == Some("leases")));
+}
+
+/// The follower `b` (pod `follower`, a `client` elector, e.g. "Python
+/// LeaseLock") leads within [`TAKEOVER`] of the death, before the lease
+/// from `last_renewal` ran out (alone it would have waited for that), and
+/// the Lease's record names it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn lease_taken_in_time(
+    s: &Scenario,
+    j: &Janitor,
+    b: &mut Elector,
+    lease: &str,
+    follower: &str,
+    client: &str,
+    died: Instant,
+    last_renewal: Timestamp,
+) {
+    b.wait_leading(TAKEOVER).await.unwrap_or_else(|e| {
+        panic!(
+            "{follower} after its leader's eviction: {e}\njanitor:\n{}",
+            j.logs()
+        )
+    });
+    eprintln!(
+        "{follower} ({client}) leads {:.1}s after its leader's eviction (lease {}s)",
+        died.elapsed().as_secs_f64(),
+        LEASE.as_secs()
+    );
+    assert!(
+        Timestamp::now() < last_renewal + SignedDuration::try_from(LEASE).unwrap(),
+        "{follower} led only once the lease had run out"
+    );
+    wait_for(
+        &format!("{follower}'s record"),
+        Duration::from_secs(10),
+        || async { (s.identity(lease).await == follower).then_some(()) },
+    )
+    .await;
 }

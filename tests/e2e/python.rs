@@ -23,7 +23,7 @@ use crate::support::lease::*;
 use crate::support::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use lock_janitor_testenv::elector::{Elector, ElectorLock, Peer};
 use lock_janitor_testenv::kubelet;
@@ -73,21 +73,16 @@ async fn python_lease_candidate_leads_within_15s_after_its_leaders_death() {
     .expect("failed");
     let died = Instant::now();
     let died_at = Timestamp::now();
-    b.wait_leading(TAKEOVER)
-        .await
-        .unwrap_or_else(|e| panic!("py-b after py-a's eviction: {e}\njanitor:\n{}", j.logs()));
-    eprintln!(
-        "py-b (Python LeaseLock) leads {:.1}s after py-a's eviction (lease {}s)",
-        died.elapsed().as_secs_f64(),
-        LEASE.as_secs()
-    );
-    assert!(
-        Timestamp::now() < last_renewal + SignedDuration::try_from(LEASE).unwrap(),
-        "py-b led only once the lease had run out"
-    );
-    wait_for("py-b's record", Duration::from_secs(10), || async {
-        (s.identity("py-lease").await == "py-b").then_some(())
-    })
+    lease_taken_in_time(
+        &s,
+        &j,
+        &mut b,
+        "py-lease",
+        "py-b",
+        "Python LeaseLock",
+        died,
+        last_renewal,
+    )
     .await;
 
     // One write of the janitor in all, after the death: the release.
