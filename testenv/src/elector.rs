@@ -12,7 +12,6 @@
 //! no pod around it, so it runs as a plain child process, tied to the test
 //! process as the control plane's are.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -177,22 +176,13 @@ impl Elector {
     ) -> Result<Elector, Error> {
         let who = peer.who();
         let mut cmd = peer.command()?;
-        let base = dir.join(format!("{who}-{namespace}-{identity}"));
-        let out = base.with_extension("out");
-        let log = base.with_extension("log");
-        let io = |p: &Path| {
-            File::create(p).map_err(|e| Error::Io {
-                what: format!("create {}", p.display()),
-                source: e,
-            })
-        };
         let [lease, renew, retry] = TIMINGS.map(|t| t.as_secs().to_string());
         cmd.args([kind.arg(), namespace, lock, identity])
             .args([&lease, &renew, &retry])
             .env("KUBECONFIG", kubeconfig)
-            .stdin(Stdio::null())
-            .stdout(io(&out)?)
-            .stderr(io(&log)?);
+            .stdin(Stdio::null());
+        let base = dir.join(format!("{who}-{namespace}-{identity}"));
+        let (out, log) = process::output_to(&mut cmd, &base)?;
         let what = format!("start the {who} elector {cmd:?}");
         let child = process::spawn_tied(cmd).map_err(|e| Error::Io { what, source: e })?;
         Ok(Elector {

@@ -12,7 +12,6 @@
 //! the pod name as hostname, so peers run side by side and the host is left
 //! alone.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -104,15 +103,6 @@ impl Peer {
         args: &[&str],
     ) -> Result<Peer, Error> {
         let bin = paths::binary("peers")?;
-        let base = dir.join(format!("peer-{namespace}-{pod}"));
-        let out = base.with_extension("out");
-        let log = base.with_extension("log");
-        let io = |p: &Path| {
-            File::create(p).map_err(|e| Error::Io {
-                what: format!("create {}", p.display()),
-                source: e,
-            })
-        };
         let mut cmd = Command::new("unshare");
         cmd.args([
             "--mount",
@@ -128,9 +118,9 @@ impl Peer {
         .env("KUBECONFIG", kubeconfig)
         .env("POD_NAME", pod)
         .env("PEER_NAMESPACE", namespace)
-        .stdin(Stdio::null())
-        .stdout(io(&out)?)
-        .stderr(io(&log)?);
+        .stdin(Stdio::null());
+        let (out, log) =
+            process::output_to(&mut cmd, &dir.join(format!("peer-{namespace}-{pod}")))?;
         let child = process::spawn_tied(cmd).map_err(|e| Error::Io {
             what: format!("start {} (through unshare)", bin.display()),
             source: e,

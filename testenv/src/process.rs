@@ -39,6 +39,23 @@ fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
     })
 }
 
+/// Sends `cmd`'s stdout to `<base>.out` and its stderr to `<base>.log`,
+/// both made anew; their paths.
+pub(crate) fn output_to(
+    cmd: &mut Command,
+    base: &std::path::Path,
+) -> Result<(std::path::PathBuf, std::path::PathBuf), crate::Error> {
+    let (out, log) = (base.with_extension("out"), base.with_extension("log"));
+    let create = |p: &std::path::Path| {
+        std::fs::File::create(p).map_err(|e| crate::Error::Io {
+            what: format!("create {}", p.display()),
+            source: e,
+        })
+    };
+    cmd.stdout(create(&out)?).stderr(create(&log)?);
+    Ok((out, log))
+}
+
 /// Spawns `cmd` so that it dies with this process (even on SIGKILL of the test binary).
 pub(crate) fn spawn_tied(mut cmd: Command) -> io::Result<Child> {
     let parent = std::process::id() as libc::pid_t;
