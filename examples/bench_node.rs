@@ -236,7 +236,7 @@ fn held(metrics: &str, kind: &str) -> usize {
 /// Kills the holders of `burst` at once; the latencies (status write
 /// acknowledged -> lock deleted, as the watch here sees it).
 async fn burst(client: &Client, deleted: &Deletions, locks: &[Made]) -> Vec<f64> {
-    let (_, at_once) = reclaim_latency(client, deleted, &[], locks).await;
+    let at_once = at_once(client, deleted, locks).await;
     if at_once.len() < locks.len() {
         println!(
             "    {} of {} locks NOT reclaimed within 120 s",
@@ -731,7 +731,7 @@ async fn stage_locks(
 ) -> (Vec<Vec<Vec<Made>>>, Deletions, tokio::task::JoinHandle<()>) {
     step(&format!("Creating {} holder pods and locks", args.locks));
     let t = Instant::now();
-    let made = holders_and_locks(client, lock_ns, 0, args.locks).await;
+    let made = holders_and_locks(client, lock_ns, 0, args.locks, true).await;
     println!("    {} created in {}", made.len(), secs(t.elapsed()));
     let (deleted, watch, synced) =
         watch_deletions(client, &format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1));

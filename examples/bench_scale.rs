@@ -4,8 +4,11 @@
 //! server restarts and the lock watch lists every lock again), the API
 //! requests it makes
 //! while idle (from the API server's own `apiserver_request_total`, with and
-//! without the janitor), and reclaim latency, sequential and in a burst,
-//! beside two floors measured in the same run, each on locks of its own:
+//! without the janitor), and reclaim latency, sequential and in bursts,
+//! beside two floors measured in the same run, each on locks of its own
+//! (not opted in, so the janitor does not see them), all three watching
+//! throughout and taking turns: one at a time, then `--bursts` rounds of a
+//! burst each, the first of each round in turn:
 //! the safe floor, a bare client making exactly the requests the janitor
 //! must make for a reclaim (a live GET of the lock, a live GET of the
 //! holder, the intent Event, the holder read again, the DELETE with uid and
@@ -23,7 +26,7 @@
 //! ```text
 //! cargo build --release --bin lock-janitor
 //! LOCK_JANITOR_BIN=target/release/lock-janitor cargo run --release --example bench_scale -- \
-//!     [--levels 1000,10000] [--sequential 20] [--evict 100] [--idle-secs 60] [--resync-secs 20] \
+//!     [--levels 1000,10000] [--sequential 20] [--evict 100] [--bursts 3] [--idle-secs 60] [--resync-secs 20] \
 //!     [--lease-burst 100] [--lease-namespaces own|locks]
 //! ```
 //!
@@ -63,6 +66,9 @@ struct Args {
     /// Holders evicted at once (for the janitor and each floor).
     #[arg(long, default_value_t = 100)]
     evict: usize,
+    /// Bursts of --evict for each (their p99 is over all of them).
+    #[arg(long, default_value_t = 3)]
+    bursts: usize,
     /// Seconds of each idle window.
     #[arg(long = "idle-secs", value_name = "N", default_value = "60", value_parser = seconds)]
     idle: Duration,
@@ -82,8 +88,12 @@ fn parse_args() -> Args {
     let mut a = <Args as clap::Parser>::parse();
     a.levels.sort();
     let top = a.levels.last().copied().unwrap_or(0);
-    if top < 3 * (a.sequential + a.evict) || a.resync.is_zero() || a.idle < a.resync {
-        die("need the largest level >= 3 * (sequential + evict), resync-secs > 0, idle-secs >= resync-secs");
+    if top < a.sequential + a.evict * a.bursts
+        || a.bursts == 0
+        || a.resync.is_zero()
+        || a.idle < a.resync
+    {
+        die("need the largest level >= sequential + evict * bursts, bursts > 0, resync-secs > 0, idle-secs >= resync-secs");
     }
     a
 }
@@ -314,6 +324,86 @@ fn where_time_goes(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[M
     )
 }
 
+/// Each request of the reclaims of `seq`, step by step, from the API
+/// server's audit log: for the n-th request about a reclaim (its lock, its
+/// holder, an Event in its namespace), the time before the API server
+/// received it (after the previous one completed, or after the holder's
+/// status write for the first: the reclaimer's own time, its queue and its
+/// connection) and the time the API server took to answer it.
+fn step_by_step(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[Made]) -> String {
+    use k8s_openapi::jiff::Timestamp;
+    let events = lock_janitor_testenv::audit::read(cp.audit_log_path());
+    let secs = |a: Timestamp, b: Timestamp| b.duration_since(a).as_secs_f64();
+    // (what, before it, answering it) for each step.
+    let mut steps: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+    for m in seq {
+        let ns = Some(m.ns.as_str());
+        let Some(evicted) = events
+            .iter()
+            .filter(|e| {
+                e.namespace.as_deref() == ns
+                    && e.subresource.as_deref() == Some("status")
+                    && e.name.as_deref() == Some(m.holder.as_str())
+                    && e.effective_user() != user
+            })
+            .filter_map(|e| e.completed_at())
+            .max()
+        else {
+            continue;
+        };
+        let mut mine: Vec<(Timestamp, Timestamp, String)> = events
+            .iter()
+            .filter(|e| e.effective_user() == user && e.namespace.as_deref() == ns)
+            .filter(|e| e.subresource.is_none() && !matches!(e.verb.as_str(), "watch" | "list"))
+            .filter(|e| {
+                let r = e.resource.as_deref();
+                let n = e.name.as_deref();
+                (r == Some("pods") && n == Some(m.holder.as_str()))
+                    || (r == Some("configmaps") && n == Some(m.lock.as_str()))
+                    || (r == Some("events")
+                        && n.is_some_and(|n| {
+                            n.strip_prefix(m.lock.as_str())
+                                .is_some_and(|t| t.starts_with('.'))
+                        }))
+            })
+            .filter_map(|e| {
+                let what = format!("{} {}", e.verb, e.resource.as_deref().unwrap_or_default());
+                Some((e.received_at()?, e.completed_at()?, what))
+            })
+            .filter(|(t, _, _)| *t >= evicted)
+            .collect();
+        mine.sort_by_key(|(t, _, _)| *t);
+        // Up to the Event that follows the DELETE (not the takeover's
+        // look at the lock, seconds later).
+        if let Some(d) = mine.iter().position(|(_, _, w)| w.starts_with("delete")) {
+            mine.truncate(d + 2);
+        }
+        let mut prev = evicted;
+        for (i, (received, completed, what)) in mine.into_iter().enumerate() {
+            if steps.len() <= i {
+                steps.push((what.clone(), Vec::new(), Vec::new()));
+            }
+            if steps[i].0 != what {
+                steps[i].0 = format!("{} or {what}", steps[i].0);
+            }
+            steps[i].1.push(secs(prev, received));
+            steps[i].2.push(secs(received, completed));
+            prev = completed;
+        }
+    }
+    steps
+        .into_iter()
+        .map(|(what, before, answer)| {
+            format!(
+                "\n      {what} ({} of them): before {}; answered in {}",
+                before.len(),
+                median_p99_max(before),
+                median_p99_max(answer)
+            )
+        })
+        .collect()
+}
+
 /// As when a node dies some time after start: the janitor has done its
 /// start-up work (ready: its watches listed and its first sweep done).
 async fn settled(j: &Janitor) {
@@ -448,9 +538,27 @@ async fn lease_floor(
     (floor, line)
 }
 
-/// One reclaimer's latencies (one at a time, the burst) and where the time
-/// went in each (the API server's audit log).
-type Measured = (Vec<f64>, Vec<f64>, String, String);
+/// The reclaimers of the latency phase, in the order of their rows.
+const WHO: [&str; 3] = ["janitor,    ", "safe floor, ", "bare DELETE,"];
+
+/// Their users, which tell their requests apart in the audit log.
+const USERS: [&str; 3] = [JANITOR_USER, SAFE_FLOOR_USER, FLOOR_USER];
+
+/// Between two bursts: the last one's Events and watch events are done.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// One reclaimer's latencies: one at a time, and each burst's.
+#[derive(Default)]
+struct Latencies {
+    seq: Vec<f64>,
+    bursts: Vec<Vec<f64>>,
+}
+
+impl Latencies {
+    fn burst(&self) -> Vec<f64> {
+        self.bursts.concat()
+    }
+}
 
 /// Locks by their holder (namespace, pod), as the floors look them up.
 fn by_holder(set: &[Made]) -> HashMap<(String, String), Made> {
@@ -459,61 +567,142 @@ fn by_holder(set: &[Made]) -> HashMap<(String, String), Made> {
         .collect()
 }
 
-/// The safe floor reclaims `set`: its first `s` one at a time, the rest at
-/// once.
-async fn safe_floor_phase(
-    cp: &lock_janitor_testenv::ControlPlane,
-    client: &Client,
-    deleted: &Deletions,
-    set: &[Made],
-    s: usize,
-) -> Measured {
-    step(&format!(
-        "Reclaim latency: the safe floor (a bare client making the janitor's requests: GET lock, GET holder, \
-         intent Event, GET holder, guarded DELETE; {JANITOR_CONCURRENCY} at a time)"
-    ));
-    // Each floor as a user of its own, so that the audit log tells its
-    // requests from the benchmark's.
-    let safe_client = floor_client(cp, client, SAFE_FLOOR_USER, JANITOR_USER).await;
-    let (safe, misses) = safe_floor_deleter(&safe_client, by_holder(set));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (sf_seq, sf_burst) = reclaim_latency(client, deleted, &set[..s], &set[s..]).await;
-    let sf_breakdown = where_time_goes(cp, SAFE_FLOOR_USER, &set[..s]);
-    let sf_burst_breakdown = where_time_goes(cp, SAFE_FLOOR_USER, &set[s..]);
-    safe.abort();
-    let count = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
-    let (skipped, failed, events_failed) = (
-        count(&misses.skipped),
-        count(&misses.failed),
-        count(&misses.events_failed),
-    );
-    if skipped + failed + events_failed > 0 {
-        println!(
-            "    the safe floor skipped {skipped} locks after a read, failed {failed} reclaims \
-             and {events_failed} intent Events"
-        );
-    }
-    (sf_seq, sf_burst, sf_breakdown, sf_burst_breakdown)
+/// The two floors, each watching for the deaths of its own locks' holders.
+struct Floors {
+    safe: tokio::task::JoinHandle<()>,
+    misses: std::sync::Arc<SafeFloorMisses>,
+    bare: tokio::task::JoinHandle<()>,
 }
 
-/// The bare-DELETE floor reclaims `set`: its first `s` one at a time, the
-/// rest at once.
-async fn bare_floor_phase(
-    cp: &lock_janitor_testenv::ControlPlane,
+impl Floors {
+    async fn start(
+        cp: &lock_janitor_testenv::ControlPlane,
+        client: &Client,
+        safe: &[Made],
+        bare: &[Made],
+    ) -> Floors {
+        // Each floor as a user of its own, so that the audit log tells its
+        // requests from the benchmark's.
+        let safe_client = floor_client(cp, client, SAFE_FLOOR_USER, JANITOR_USER).await;
+        let (safe, misses) = safe_floor_deleter(&safe_client, by_holder(safe));
+        let bare_client = floor_client(cp, client, FLOOR_USER, JANITOR_USER).await;
+        let bare = floor_deleter(&bare_client, by_holder(bare));
+        // Their watches listed.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Floors { safe, misses, bare }
+    }
+
+    fn stop(self) {
+        self.safe.abort();
+        self.bare.abort();
+        let count =
+            |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
+        let m = &self.misses;
+        let (skipped, failed, events_failed) =
+            (count(&m.skipped), count(&m.failed), count(&m.events_failed));
+        if skipped + failed + events_failed > 0 {
+            println!(
+                "    the safe floor skipped {skipped} locks after a read, failed {failed} reclaims \
+                 and {events_failed} intent Events"
+            );
+        }
+    }
+}
+
+/// The janitor and the two floors take turns on locks of their own: each
+/// evicts `s` holders one at a time, then each a burst of `b` at once,
+/// `bursts` rounds, the first of each round in turn. All three watch
+/// throughout, so each burst meets the same watchers and the same drift
+/// of the control plane.
+async fn take_turns(
     client: &Client,
     deleted: &Deletions,
-    set: &[Made],
-    s: usize,
-) -> Measured {
-    step("Reclaim latency: the bare-DELETE floor (a bare terminal-pod watcher, one guarded DELETE per death)");
-    let floor_client = floor_client(cp, client, FLOOR_USER, JANITOR_USER).await;
-    let floor = floor_deleter(&floor_client, by_holder(set));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (f_seq, f_burst) = reclaim_latency(client, deleted, &set[..s], &set[s..]).await;
-    let f_breakdown = where_time_goes(cp, FLOOR_USER, &set[..s]);
-    let f_burst_breakdown = where_time_goes(cp, FLOOR_USER, &set[s..]);
-    floor.abort();
-    (f_seq, f_burst, f_breakdown, f_burst_breakdown)
+    sets: [&[Made]; 3],
+    (s, b, bursts): (usize, usize, usize),
+) -> [Latencies; 3] {
+    let mut l: [Latencies; 3] = Default::default();
+    for (i, set) in sets.iter().enumerate() {
+        l[i].seq = one_at_a_time(client, deleted, &set[..s]).await;
+    }
+    for k in 0..bursts {
+        for i in (0..3).map(|i| (i + k) % 3) {
+            let burst = &sets[i][s + k * b..s + (k + 1) * b];
+            let took = at_once(client, deleted, burst).await;
+            if took.len() < b {
+                println!(
+                    "    {}: {} of {b} locks NOT reclaimed within 120 s",
+                    WHO[i].trim(),
+                    b - took.len()
+                );
+            }
+            l[i].bursts.push(took);
+            tokio::time::sleep(SETTLE).await;
+        }
+    }
+    l
+}
+
+/// What the latency phase prints: the latencies, the janitor's p99 over
+/// the safe floor's, and where the time went (the audit log).
+fn print_latencies(
+    cp: &lock_janitor_testenv::ControlPlane,
+    top: usize,
+    sets: [&[Made]; 3],
+    lat: &[Latencies; 3],
+    (s, b): (usize, usize),
+) {
+    let n = lat[0].bursts.len();
+    println!("reclaim latency over {top} locks (holder's status write acknowledged -> lock deleted, as a watch here sees it):");
+    for (who, l) in WHO.iter().zip(lat) {
+        println!("  {who} one at a time: {}", distribution(l.seq.clone()));
+    }
+    for (who, l) in WHO.iter().zip(lat) {
+        println!("  {who} {n} bursts of {b}: {}", distribution(l.burst()));
+    }
+    println!("median / p99 / max, and the janitor's p99 over the safe floor's:");
+    let rows = [
+        (
+            "one at a time".to_string(),
+            lat.each_ref().map(|l| l.seq.clone()),
+        ),
+        (
+            format!("{n} bursts of {b}"),
+            lat.each_ref().map(Latencies::burst),
+        ),
+    ];
+    for (what, [j, sf, f]) in rows {
+        println!("  {what}:");
+        println!("    janitor:     {}", median_p99_max(j.clone()));
+        println!("    safe floor:  {}", median_p99_max(sf.clone()));
+        println!("    bare DELETE: {}", median_p99_max(f.clone()));
+        println!(
+            "    janitor p99 / safe floor p99 = {}",
+            ratio(p99(&j), p99(&sf))
+        );
+    }
+    let each: Vec<String> = (0..n)
+        .map(|k| ratio(p99(&lat[0].bursts[k]), p99(&lat[1].bursts[k])))
+        .collect();
+    println!(
+        "  each burst alone, janitor p99 / safe floor p99: {}",
+        each.join(", ")
+    );
+    println!("where one reclaim's time goes (one at a time; the API server's audit log):");
+    for (who, (user, set)) in WHO.iter().zip(USERS.iter().zip(sets)) {
+        println!("  {who} {}", where_time_goes(cp, user, &set[..s]));
+    }
+    println!("where the time goes in the bursts:");
+    for (who, (user, set)) in WHO.iter().zip(USERS.iter().zip(sets)) {
+        println!("  {who} {}", where_time_goes(cp, user, &set[s..s + n * b]));
+    }
+    println!("step by step in the bursts (the API server's audit log; median / p99 / max):");
+    for (who, (user, set)) in WHO.iter().zip(USERS.iter().zip(sets)).take(2) {
+        println!(
+            "  {}:{}",
+            who.trim().trim_end_matches(','),
+            step_by_step(cp, user, &set[s..s + n * b])
+        );
+    }
 }
 
 /// The table of the levels: memory and API load at each lock count.
@@ -580,32 +769,34 @@ async fn main() {
     for &n in &args.levels {
         step(&format!("Creating holders and locks up to {n}"));
         let t = Instant::now();
-        let more = holders_and_locks(&client, &lock_ns, made.len(), n).await;
+        let more = holders_and_locks(&client, &lock_ns, made.len(), n, true).await;
         made.extend(more);
         println!("    {} created in {}", made.len(), secs(t.elapsed()));
         levels.push(measure_level(&cp, &client, &kubeconfig, n, &args).await);
     }
 
     let top = made.len();
-    step(&format!("Reclaim latency over {top} locks: the janitor"));
-    let (deleted, watch, synced) =
-        watch_deletions(&client, &format!("{}={}", WATCH_LABEL.0, WATCH_LABEL.1));
+    let (s, b, n) = (args.sequential, args.evict, args.bursts);
+    let per = s + b * n;
+    step(&format!(
+        "Reclaim latency over {top} locks: the janitor, the safe floor (a bare client making the \
+         janitor's requests: GET lock, GET holder, intent Event, GET holder, guarded DELETE; \
+         {JANITOR_CONCURRENCY} at a time) and the bare-DELETE floor (one guarded DELETE per death), \
+         taking turns"
+    ));
+    // Each floor reclaims locks of its own, not opted in: the janitor, which
+    // watches the `top` opted-in locks, does not see them.
+    let floors = holders_and_locks(&client, &lock_ns, top, top + 2 * per, false).await;
+    let (deleted, watch, synced) = watch_deletions(&client, "");
     let _ = synced.await;
-    let (s, b) = (args.sequential, args.evict);
     let j = Janitor::start(&kubeconfig, &[]).await;
     all_held(&j, top, "every lock held").await;
     settled(&j).await;
-    let (j_seq, j_burst) = reclaim_latency(&client, &deleted, &made[..s], &made[s..s + b]).await;
-    let j_breakdown = where_time_goes(&cp, JANITOR_USER, &made[..s]);
-    let j_burst_breakdown = where_time_goes(&cp, JANITOR_USER, &made[s..s + b]);
+    let sets = [&made[..per], &floors[..per], &floors[per..]];
+    let running = Floors::start(&cp, &client, sets[1], sets[2]).await;
+    let lat = take_turns(&client, &deleted, sets, (s, b, n)).await;
+    running.stop();
     drop(j);
-    let sets = [&made[s + b..2 * (s + b)], &made[2 * (s + b)..3 * (s + b)]];
-
-    let (sf_seq, sf_burst, sf_breakdown, sf_burst_breakdown) =
-        safe_floor_phase(&cp, &client, &deleted, sets[0], s).await;
-
-    let (f_seq, f_burst, f_breakdown, f_burst_breakdown) =
-        bare_floor_phase(&cp, &client, &deleted, sets[1], s).await;
     watch.abort();
     let leases = if args.lease_burst > 0 {
         Some(lease_burst_phase(&cp, &client, &kubeconfig, &lock_ns, &args).await)
@@ -616,40 +807,7 @@ async fn main() {
     println!();
     print_levels(&args, &levels);
     println!();
-    println!("reclaim latency over {top} locks (holder's status write acknowledged -> lock deleted, as a watch here sees it):");
-    let rows = [
-        ("janitor,    ", &j_seq, &j_burst),
-        ("safe floor, ", &sf_seq, &sf_burst),
-        ("bare DELETE,", &f_seq, &f_burst),
-    ];
-    for (who, seq, _) in &rows {
-        println!("  {who} one at a time: {}", distribution(seq.to_vec()));
-    }
-    for (who, _, burst) in &rows {
-        println!("  {who} burst of {b}:   {}", distribution(burst.to_vec()));
-    }
-    println!("median / p99 / max, and the janitor's p99 over the safe floor's:");
-    for (what, j, sf, f) in [
-        ("one at a time".to_string(), &j_seq, &sf_seq, &f_seq),
-        (format!("burst of {b}"), &j_burst, &sf_burst, &f_burst),
-    ] {
-        println!("  {what}:");
-        println!("    janitor:     {}", median_p99_max(j.clone()));
-        println!("    safe floor:  {}", median_p99_max(sf.clone()));
-        println!("    bare DELETE: {}", median_p99_max(f.clone()));
-        println!(
-            "    janitor p99 / safe floor p99 = {}",
-            ratio(p99(j), p99(sf))
-        );
-    }
-    println!("where one reclaim's time goes (one at a time; the API server's audit log):");
-    println!("  janitor:     {j_breakdown}");
-    println!("  safe floor:  {sf_breakdown}");
-    println!("  bare DELETE: {f_breakdown}");
-    println!("where the time goes in the burst of {b}:");
-    println!("  janitor:     {j_burst_breakdown}");
-    println!("  safe floor:  {sf_burst_breakdown}");
-    println!("  bare DELETE: {f_burst_breakdown}");
+    print_latencies(&cp, top, sets, &lat, (s, b));
     if let Some((janitor, floor, windows, requests)) = leases {
         let n = args.lease_burst;
         println!(

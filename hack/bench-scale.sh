@@ -7,7 +7,7 @@
 # fails on nothing but errors. About 10 minutes on 2 cores with the
 # defaults, after the builds.
 #
-#   hack/bench-scale.sh [--levels 1000,10000] [--sequential 20] [--evict 100]
+#   hack/bench-scale.sh [--levels 1000,10000] [--sequential 20] [--evict 100] [--bursts 3]
 #       [--idle-secs 60] [--resync-secs 20] [--lease-burst 100]
 #       [--lease-namespaces own|locks]     (--help says what each is)
 #

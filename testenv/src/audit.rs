@@ -32,6 +32,9 @@ pub struct AuditEvent {
     pub user_agent: Option<String>,
     /// `requestReceivedTimestamp` (RFC 3339, microseconds).
     pub received: Option<String>,
+    /// `stageTimestamp` (RFC 3339, microseconds): for `ResponseComplete`,
+    /// when the API server finished the answer.
+    pub completed: Option<String>,
     /// `requestObject`: the body, logged for Lease updates and deletes and
     /// for pod status writes (a release's fields and a delete's
     /// preconditions are checked against it).
@@ -52,6 +55,11 @@ impl AuditEvent {
     /// `requestReceivedTimestamp` as a time; `None` if absent or not one.
     pub fn received_at(&self) -> Option<k8s_openapi::jiff::Timestamp> {
         self.received.as_deref()?.parse().ok()
+    }
+
+    /// `stageTimestamp` as a time; `None` if absent or not one.
+    pub fn completed_at(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        self.completed.as_deref()?.parse().ok()
     }
 
     /// Parses one line of the log; `None` if it is not an audit event.
@@ -76,6 +84,7 @@ impl AuditEvent {
             audit_id: s("/auditID").unwrap_or_default(),
             user_agent: s("/userAgent"),
             received: s("/requestReceivedTimestamp"),
+            completed: s("/stageTimestamp"),
             request_object: v.pointer("/requestObject").cloned(),
             response_object: v.pointer("/responseObject").cloned(),
         })

@@ -46,11 +46,12 @@ pub struct Made {
     pub rv: String,
 }
 
-/// Holder pod `operator-<i>` (Running, on `node_of(i)`) and its opted-in lock.
-pub async fn holder_and_lock(client: Client, ns: String, i: usize) -> Made {
+/// Holder pod `operator-<i>` (Running, on `node_of(i)`) and its lock,
+/// opted in or not (a floor's, which the janitor does not watch).
+pub async fn holder_and_lock(client: Client, ns: String, i: usize, opted_in: bool) -> Made {
     let holder = format!("operator-{i}");
     let pod = running(&client, &ns, &holder, &node_of(i), "operator").await;
-    let cm = crate::lock_for(&format!("{holder}-lock"), &pod, true);
+    let cm = crate::lock_for(&format!("{holder}-lock"), &pod, opted_in);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let made = retry(&format!("creating lock {ns}/{holder}-lock"), || async {
         match cms.create(&PostParams::default(), &cm).await {
@@ -74,9 +75,13 @@ pub async fn holders_and_locks(
     namespaces: &[String],
     from: usize,
     to: usize,
+    opted_in: bool,
 ) -> Vec<Made> {
     futures::stream::iter(from..to)
-        .map(|i| holder_and_lock(client.clone(), namespaces[i % namespaces.len()].clone(), i))
+        .map(|i| {
+            let ns = namespaces[i % namespaces.len()].clone();
+            holder_and_lock(client.clone(), ns, i, opted_in)
+        })
         .buffered(WRITERS)
         .collect()
         .await
@@ -121,19 +126,29 @@ pub async fn gone_after(
     }
 }
 
-/// Evicts the holders of `seq` one at a time, then of `burst` at once;
-/// returns the latencies (status write acknowledged -> lock deleted).
-pub async fn reclaim_latency(
+/// Evicts the holders of `seq` one at a time, each after the last one's
+/// lock was deleted; the latencies (status write acknowledged -> lock
+/// deleted, as the watch here sees it).
+pub async fn one_at_a_time(
     client: &Client,
-    deleted: &Mutex<HashMap<String, Instant>>,
+    deleted: &crate::bench::Deletions,
     seq: &[Made],
-    burst: &[Made],
-) -> (Vec<f64>, Vec<f64>) {
-    let mut one_by_one = Vec::new();
+) -> Vec<f64> {
+    let mut latencies = Vec::new();
     for m in seq {
         let acked = evict(client, m).await;
-        one_by_one.extend(gone_after(deleted, m, acked).await);
+        latencies.extend(gone_after(deleted, m, acked).await);
     }
+    latencies
+}
+
+/// Evicts the holders of `burst` at once; the latencies, as
+/// `one_at_a_time`'s. A lock not deleted within 120 s has none.
+pub async fn at_once(
+    client: &Client,
+    deleted: &crate::bench::Deletions,
+    burst: &[Made],
+) -> Vec<f64> {
     let acks: Vec<(Made, Instant)> = futures::stream::iter(burst.iter().cloned())
         .map(|m| async move {
             let acked = evict(client, &m).await;
@@ -142,11 +157,11 @@ pub async fn reclaim_latency(
         .buffer_unordered(WRITERS)
         .collect()
         .await;
-    let mut at_once = Vec::new();
+    let mut latencies = Vec::new();
     for (m, acked) in &acks {
-        at_once.extend(gone_after(deleted, m, *acked).await);
+        latencies.extend(gone_after(deleted, m, *acked).await);
     }
-    (one_by_one, at_once)
+    latencies
 }
 
 /// The bare-DELETE floor: a bare watcher of terminal pods that deletes each
