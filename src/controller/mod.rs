@@ -65,7 +65,8 @@ pub fn resync_after(resync: Duration) -> Duration {
 /// Reconciles in flight per scope and kind: a mass eviction frees its locks
 /// side by side, each waiting on its reads, its write and its Event (a few
 /// round trips). The API server sees at most this many per scope and kind
-/// (each --namespace is a scope; the whole cluster is one).
+/// (each --namespace is a scope; the whole cluster is one); the others wait
+/// their turn in the order they were queued (`wiring::in_turn`).
 const CONCURRENCY: u16 = 16;
 
 pub type LockMeta = PartialObjectMeta<ConfigMap>;

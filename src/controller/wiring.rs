@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures::future;
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -198,6 +199,47 @@ pub(super) struct Wiring<K: Watched, L> {
     pub(super) concurrency: u16,
 }
 
+/// Reconciles a Controller takes at once, most of them waiting their turn
+/// (see `in_turn`); past this many, kube-runtime holds the rest itself.
+const QUEUED: u16 = 1024;
+
+/// The reconciler of a Controller: at most `concurrency` judgements at once,
+/// begun in the order they were queued. kube-runtime's Controller can bound
+/// them itself, but a lock queued while its reconciles are all busy waits
+/// in a set, and any of the set runs next: in a burst larger than the
+/// bound, the lock whose holder died first could be judged last, behind
+/// every later one. So the Controller takes each queued lock at once (up to
+/// `QUEUED`), and a fair semaphore lets `concurrency` of them on, first come
+/// first served. A lock waiting its turn holds a few pointers (its
+/// judgement's future is made once it is on); once `shutdown` is
+/// cancelled, a lock whose turn comes is not judged, as kube-runtime would
+/// not begin a queued one.
+fn in_turn<O, C, F, Fut>(
+    concurrency: u16,
+    shutdown: CancellationToken,
+    judge: F,
+) -> impl FnMut(Arc<O>, Arc<C>) -> future::BoxFuture<'static, Result<Action, crate::Error>>
+where
+    O: Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    F: Fn(Arc<O>, Arc<C>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<Action, crate::Error>> + Send + 'static,
+{
+    let turns = Arc::new(tokio::sync::Semaphore::new(usize::from(concurrency)));
+    move |obj, ctx| {
+        let (turns, shutdown, judge) = (turns.clone(), shutdown.clone(), judge.clone());
+        Box::pin(async move {
+            // The semaphore is never closed; were it, the judgement would
+            // run without a turn rather than not at all.
+            let _turn = turns.acquire().await.ok();
+            if shutdown.is_cancelled() {
+                return Ok(Action::await_change());
+            }
+            Box::pin(judge(obj, ctx)).await
+        })
+    }
+}
+
 /// Runs a scope's Controller for one kind until `shutdown`, then stops its
 /// lead trigger.
 pub(super) async fn drive<K, L>(
@@ -221,9 +263,9 @@ pub(super) async fn drive<K, L>(
         .with_label_values(&[crate::ErrorKind::Controller.as_str()]);
     Controller::for_stream(locks, w.reader)
         .reconcile_on(w.suspects)
-        .with_config(ControllerConfig::default().concurrency(w.concurrency))
-        .graceful_shutdown_on(shutdown.cancelled_owned())
-        .run(reconcile::<K>, error_policy::<K>, ctx)
+        .with_config(ControllerConfig::default().concurrency(QUEUED))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(in_turn(w.concurrency, shutdown, reconcile::<K>), error_policy::<K>, ctx)
         .for_each(|res| {
             match res {
                 Ok((obj, _)) => debug!(lock = %obj, "reconciled"),
@@ -248,4 +290,66 @@ pub(super) async fn drive<K, L>(
         t.abort();
     }
     info!(scope = %scope, kind = %K::KIND, "stopped watching");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// What the judgements did: the order they began in, how many ran at
+    /// once at most.
+    #[derive(Default)]
+    struct Seen {
+        began: Mutex<Vec<usize>>,
+        running: Mutex<(usize, usize)>,
+    }
+
+    async fn judge(n: Arc<usize>, seen: Arc<Seen>) -> Result<Action, crate::Error> {
+        seen.began.lock().unwrap().push(*n);
+        {
+            let mut r = seen.running.lock().unwrap();
+            r.0 += 1;
+            r.1 = r.1.max(r.0);
+        }
+        // The reads and the write of a judgement, here a pause.
+        tokio::time::sleep(Duration::from_millis(10 + 7 * (*n as u64 % 3))).await;
+        seen.running.lock().unwrap().0 -= 1;
+        Ok(Action::requeue(Duration::from_secs(1)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queued_locks_are_judged_in_the_order_they_came_a_few_at_a_time() {
+        let seen = Arc::new(Seen::default());
+        let mut turn = in_turn(3, CancellationToken::new(), judge);
+        // 40 locks queued at once, more than 3 may run: each begins after
+        // every lock queued before it, and never more than 3 run.
+        let all = (0..40).map(|n| turn(Arc::new(n), seen.clone()));
+        let out = futures::future::join_all(all).await;
+        assert!(out
+            .iter()
+            .all(|r| matches!(r, Ok(a) if *a == Action::requeue(Duration::from_secs(1)))));
+        assert_eq!(*seen.began.lock().unwrap(), (0..40).collect::<Vec<_>>());
+        assert_eq!(seen.running.lock().unwrap().1, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_whose_turn_comes_after_shutdown_is_not_judged() {
+        let seen = Arc::new(Seen::default());
+        let shutdown = CancellationToken::new();
+        let mut turn = in_turn(1, shutdown.clone(), judge);
+        let first = turn(Arc::new(0), seen.clone());
+        let second = turn(Arc::new(1), seen.clone());
+        let stop = async {
+            // The first is judging; the second waits its turn.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            shutdown.cancel();
+        };
+        let (a, b, ()) = futures::join!(first, second, stop);
+        assert!(matches!(a, Ok(x) if x == Action::requeue(Duration::from_secs(1))));
+        assert!(matches!(b, Ok(x) if x == Action::await_change()));
+        assert_eq!(*seen.began.lock().unwrap(), vec![0]);
+    }
 }
