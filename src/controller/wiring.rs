@@ -204,19 +204,27 @@ pub(super) struct Wiring<K: Watched, L> {
 const QUEUED: u16 = 1024;
 
 /// The reconciler of a Controller: at most `concurrency` judgements at once,
-/// begun in the order they were queued. kube-runtime's Controller can bound
-/// them itself, but a lock queued while its reconciles are all busy waits
-/// in a set, and any of the set runs next: in a burst larger than the
-/// bound, the lock whose holder died first could be judged last, behind
-/// every later one. So the Controller takes each queued lock at once (up to
-/// `QUEUED`), and a fair semaphore lets `concurrency` of them on, first come
-/// first served. A lock waiting its turn holds a few pointers (its
-/// judgement's future is made once it is on); once `shutdown` is
-/// cancelled, a lock whose turn comes is not judged, as kube-runtime would
-/// not begin a queued one.
+/// begun in the order the Controller hands their locks over. kube-runtime's
+/// Controller can bound them itself, but a lock queued while its reconciles
+/// are all busy waits in a set, and any of the set runs next: in a burst
+/// larger than the bound, the lock whose holder died first could be judged
+/// last, behind every later one. So the Controller takes each queued lock
+/// at once (up to `QUEUED`), and a fair semaphore lets `concurrency` of them
+/// on, first come first served.
+///
+/// A lock's place in line is taken here, as the Controller hands it over
+/// (in the order of its queue; locks queued within the same millisecond
+/// come out of it last first), not when its task is first run (the
+/// Controller spawns each reconcile, and a runtime's threads pick spawned
+/// tasks in no set order). While it waits, a lock holds its task and a few
+/// pointers; its judgement's future is made once its turn comes, from the
+/// store's copy then (`current`: none if the lock is gone meanwhile, and
+/// nothing is judged). Once `shutdown` is cancelled, a lock whose turn
+/// comes is not judged, as kube-runtime would not begin a queued one.
 fn in_turn<O, C, F, Fut>(
     concurrency: u16,
     shutdown: CancellationToken,
+    current: impl Fn(&O) -> Option<Arc<O>> + Clone + Send + 'static,
     judge: F,
 ) -> impl FnMut(Arc<O>, Arc<C>) -> future::BoxFuture<'static, Result<Action, crate::Error>>
 where
@@ -225,16 +233,29 @@ where
     F: Fn(Arc<O>, Arc<C>) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<Action, crate::Error>> + Send + 'static,
 {
+    use std::future::Future;
+    use std::task::Poll;
     let turns = Arc::new(tokio::sync::Semaphore::new(usize::from(concurrency)));
     move |obj, ctx| {
-        let (turns, shutdown, judge) = (turns.clone(), shutdown.clone(), judge.clone());
+        let (shutdown, current, judge) = (shutdown.clone(), current.clone(), judge.clone());
+        // In line now: a first poll enqueues the wait (the task's own poll
+        // later takes the place of this waker, which wakes nothing).
+        let mut waiting = Box::pin(turns.clone().acquire_owned());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let first = waiting.as_mut().poll(&mut cx);
         Box::pin(async move {
-            // The semaphore is never closed; were it, the judgement would
-            // run without a turn rather than not at all.
-            let _turn = turns.acquire().await.ok();
-            if shutdown.is_cancelled() {
+            let turn = match first {
+                Poll::Ready(turn) => turn,
+                Poll::Pending => waiting.await,
+            };
+            // Never closed; were it, nothing would be judged.
+            let (Ok(_turn), false) = (turn, shutdown.is_cancelled()) else {
                 return Ok(Action::await_change());
-            }
+            };
+            let Some(obj) = current(&obj) else {
+                debug!("lock gone before its judgement");
+                return Ok(Action::await_change());
+            };
             Box::pin(judge(obj, ctx)).await
         })
     }
@@ -254,6 +275,10 @@ pub(super) async fn drive<K, L>(
     use futures::StreamExt;
     use kube::runtime::controller::{Config as ControllerConfig, Controller};
     let lead = on_lead(&ctx, w.reader.clone(), w.accepting.clone(), w.suspects_tx);
+    let current = {
+        let reader = w.reader.clone();
+        move |o: &K| reader.get(&kube::runtime::reflector::ObjectRef::from_obj(o))
+    };
     let locks = needs_judging_only(&ctx, w.accepting, w.locks);
     info!(scope = %scope, kind = %K::KIND, selector = %ctx.settings.selector, "watching locks");
     let ctx_errors = ctx
@@ -265,7 +290,11 @@ pub(super) async fn drive<K, L>(
         .reconcile_on(w.suspects)
         .with_config(ControllerConfig::default().concurrency(QUEUED))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(in_turn(w.concurrency, shutdown, reconcile::<K>), error_policy::<K>, ctx)
+        .run(
+            in_turn(w.concurrency, shutdown, current, reconcile::<K>),
+            error_policy::<K>,
+            ctx,
+        )
         .for_each(|res| {
             match res {
                 Ok((obj, _)) => debug!(lock = %obj, "reconciled"),
@@ -320,26 +349,60 @@ mod tests {
         Ok(Action::requeue(Duration::from_secs(1)))
     }
 
+    /// The store's copy: the one the lock was queued with.
+    fn same(n: &usize) -> Option<Arc<usize>> {
+        Some(Arc::new(*n))
+    }
+
     #[tokio::test(start_paused = true)]
     async fn queued_locks_are_judged_in_the_order_they_came_a_few_at_a_time() {
         let seen = Arc::new(Seen::default());
-        let mut turn = in_turn(3, CancellationToken::new(), judge);
-        // 40 locks queued at once, more than 3 may run: each begins after
+        let mut turn = in_turn(3, CancellationToken::new(), same, judge);
+        // 30 locks queued at once, more than 3 may run: each begins after
         // every lock queued before it, and never more than 3 run.
-        let all = (0..40).map(|n| turn(Arc::new(n), seen.clone()));
+        let all: Vec<_> = (0..30).map(|n| turn(Arc::new(n), seen.clone())).collect();
         let out = futures::future::join_all(all).await;
         assert!(out
             .iter()
             .all(|r| matches!(r, Ok(a) if *a == Action::requeue(Duration::from_secs(1)))));
-        assert_eq!(*seen.began.lock().unwrap(), (0..40).collect::<Vec<_>>());
+        assert_eq!(*seen.began.lock().unwrap(), (0..30).collect::<Vec<_>>());
         assert_eq!(seen.running.lock().unwrap().1, 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_place_in_line_is_taken_when_the_lock_is_handed_over_not_when_its_task_runs() {
+        // As the Controller does: each reconcile is spawned as it is handed
+        // over, and the runtime's threads pick the tasks in no set order.
+        let seen = Arc::new(Seen::default());
+        let mut turn = in_turn(1, CancellationToken::new(), same, judge);
+        let tasks: Vec<_> = (0..40)
+            .map(|n| tokio::spawn(turn(Arc::new(n), seen.clone())))
+            .collect();
+        for t in tasks {
+            assert!(t.await.unwrap().is_ok());
+        }
+        assert_eq!(*seen.began.lock().unwrap(), (0..40).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_gone_from_the_store_while_it_waited_is_not_judged() {
+        let seen = Arc::new(Seen::default());
+        let gone = |n: &usize| (*n != 1).then(|| Arc::new(*n));
+        let mut turn = in_turn(1, CancellationToken::new(), gone, judge);
+        let (a, b) = futures::join!(
+            turn(Arc::new(0), seen.clone()),
+            turn(Arc::new(1), seen.clone())
+        );
+        assert!(matches!(a, Ok(x) if x == Action::requeue(Duration::from_secs(1))));
+        assert!(matches!(b, Ok(x) if x == Action::await_change()));
+        assert_eq!(*seen.began.lock().unwrap(), vec![0]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_lock_whose_turn_comes_after_shutdown_is_not_judged() {
         let seen = Arc::new(Seen::default());
         let shutdown = CancellationToken::new();
-        let mut turn = in_turn(1, shutdown.clone(), judge);
+        let mut turn = in_turn(1, shutdown.clone(), same, judge);
         let first = turn(Arc::new(0), seen.clone());
         let second = turn(Arc::new(1), seen.clone());
         let stop = async {
