@@ -214,13 +214,18 @@ const QUEUED: u16 = 1024;
 ///
 /// A lock's place in line is taken here, as the Controller hands it over
 /// (in the order of its queue; locks queued within the same millisecond
-/// come out of it last first), not when its task is first run (the
+/// come out of it in no fixed order), not when its task is first run (the
 /// Controller spawns each reconcile, and a runtime's threads pick spawned
-/// tasks in no set order). While it waits, a lock holds its task and a few
-/// pointers; its judgement's future is made once its turn comes, from the
-/// store's copy then (`current`: none if the lock is gone meanwhile, and
-/// nothing is judged). Once `shutdown` is cancelled, a lock whose turn
-/// comes is not judged, as kube-runtime would not begin a queued one.
+/// tasks in no set order; so do the first `concurrency`, which get their
+/// turn at once). While it waits, a lock holds its task, its Controller
+/// entry and a few pointers; its judgement's future is made once its turn
+/// comes, from the store's copy then (`current`: none if the lock is gone
+/// meanwhile, and nothing is judged). A lock named again while it waits is
+/// judged again after its turn (kube-runtime merges the names of a lock not
+/// yet handed over, not of one handed over); that judgement finds the
+/// first one standing, unless something changed. Once `shutdown` is
+/// cancelled, a lock whose turn comes is not judged, as kube-runtime would
+/// not begin a queued one.
 fn in_turn<O, C, F, Fut>(
     concurrency: u16,
     shutdown: CancellationToken,
@@ -239,8 +244,10 @@ where
     move |obj, ctx| {
         let (shutdown, current, judge) = (shutdown.clone(), current.clone(), judge.clone());
         // In line now: a first poll enqueues the wait (the task's own poll
-        // later takes the place of this waker, which wakes nothing).
-        let mut waiting = Box::pin(turns.clone().acquire_owned());
+        // later takes the place of this waker, which wakes nothing). Out of
+        // tokio's cooperative budget, which could otherwise answer this
+        // poll with Pending before it gets in line.
+        let mut waiting = Box::pin(tokio::task::unconstrained(turns.clone().acquire_owned()));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let first = waiting.as_mut().poll(&mut cx);
         Box::pin(async move {
@@ -302,8 +309,8 @@ pub(super) async fn drive<K, L>(
                 // error_policy; this is anything else the Controller
                 // reports (a queue or trigger failure).
                 Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
-                // Deleted before its turn came (a reclaim's own trigger, a
-                // suspect named twice): nothing to judge.
+                // Deleted before the Controller handed it over (a reclaim's
+                // own trigger, a suspect named twice): nothing to judge.
                 Err(kube::runtime::controller::Error::ObjectNotFound(r)) => {
                     debug!(scope = %scope, lock = %r, "lock gone before its judgement");
                 }
@@ -359,7 +366,8 @@ mod tests {
         let seen = Arc::new(Seen::default());
         let mut turn = in_turn(3, CancellationToken::new(), same, judge);
         // 30 locks queued at once, more than 3 may run: each begins after
-        // every lock queued before it, and never more than 3 run.
+        // every lock queued before it, and never more than 3 run. (30:
+        // join_all's limit for polling each future only when woken.)
         let all: Vec<_> = (0..30).map(|n| turn(Arc::new(n), seen.clone())).collect();
         let out = futures::future::join_all(all).await;
         assert!(out
@@ -369,33 +377,43 @@ mod tests {
         assert_eq!(seen.running.lock().unwrap().1, 3);
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[tokio::test(start_paused = true)]
     async fn the_place_in_line_is_taken_when_the_lock_is_handed_over_not_when_its_task_runs() {
-        // As the Controller does: each reconcile is spawned as it is handed
-        // over, and the runtime's threads pick the tasks in no set order.
+        // The Controller hands locks over in order and spawns each; the
+        // runtime may run the tasks in any order, here the reverse.
         let seen = Arc::new(Seen::default());
         let mut turn = in_turn(1, CancellationToken::new(), same, judge);
-        let tasks: Vec<_> = (0..40)
-            .map(|n| tokio::spawn(turn(Arc::new(n), seen.clone())))
-            .collect();
-        for t in tasks {
-            assert!(t.await.unwrap().is_ok());
-        }
-        assert_eq!(*seen.began.lock().unwrap(), (0..40).collect::<Vec<_>>());
+        let handed: Vec<_> = (0..20).map(|n| turn(Arc::new(n), seen.clone())).collect();
+        let out = futures::future::join_all(handed.into_iter().rev()).await;
+        assert!(out.iter().all(Result::is_ok));
+        assert_eq!(*seen.began.lock().unwrap(), (0..20).collect::<Vec<_>>());
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_lock_gone_from_the_store_while_it_waited_is_not_judged() {
+    async fn a_lock_dropped_while_it_waits_gives_its_turn_up() {
+        // As when the Controller stops and drops its queued reconciles.
         let seen = Arc::new(Seen::default());
-        let gone = |n: &usize| (*n != 1).then(|| Arc::new(*n));
-        let mut turn = in_turn(1, CancellationToken::new(), gone, judge);
+        let mut turn = in_turn(1, CancellationToken::new(), same, judge);
+        let first = turn(Arc::new(0), seen.clone());
+        drop(first);
+        let second = tokio::time::timeout(Duration::from_secs(5), turn(Arc::new(1), seen.clone()));
+        assert!(matches!(second.await, Ok(Ok(_))));
+        assert_eq!(*seen.began.lock().unwrap(), vec![1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_store_copy_is_judged_and_a_lock_gone_from_it_while_it_waited_is_not() {
+        let seen = Arc::new(Seen::default());
+        // The store holds 100 for 0 (changed while it waited), nothing for 1.
+        let now = |n: &usize| (*n != 1).then(|| Arc::new(*n + 100));
+        let mut turn = in_turn(1, CancellationToken::new(), now, judge);
         let (a, b) = futures::join!(
             turn(Arc::new(0), seen.clone()),
             turn(Arc::new(1), seen.clone())
         );
         assert!(matches!(a, Ok(x) if x == Action::requeue(Duration::from_secs(1))));
         assert!(matches!(b, Ok(x) if x == Action::await_change()));
-        assert_eq!(*seen.began.lock().unwrap(), vec![0]);
+        assert_eq!(*seen.began.lock().unwrap(), vec![100]);
     }
 
     #[tokio::test(start_paused = true)]
