@@ -383,7 +383,7 @@ fn step_by_step(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[Made
             if steps.len() <= i {
                 steps.push((what.clone(), Vec::new(), Vec::new()));
             }
-            if steps[i].0 != what {
+            if !steps[i].0.split(" or ").any(|w| w == what) {
                 steps[i].0 = format!("{} or {what}", steps[i].0);
             }
             steps[i].1.push(secs(prev, received));
