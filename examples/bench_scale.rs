@@ -259,6 +259,25 @@ async fn relisted(
     Some(mem(j.pid()))
 }
 
+/// The last status write of `m`'s holder that `user` did not make: the
+/// benchmark's eviction.
+fn evicted<'a>(
+    events: &'a [lock_janitor_testenv::audit::AuditEvent],
+    m: &Made,
+    user: &str,
+) -> Option<&'a lock_janitor_testenv::audit::AuditEvent> {
+    events
+        .iter()
+        .filter(|e| {
+            e.namespace.as_deref() == Some(m.ns.as_str())
+                && e.resource.as_deref() == Some("pods")
+                && e.subresource.as_deref() == Some("status")
+                && e.name.as_deref() == Some(m.holder.as_str())
+                && e.effective_user() != user
+        })
+        .max_by_key(|e| e.received_at())
+}
+
 /// Where each reclaim of `seq` spent its time, from the API server's audit
 /// log (request-received times, on the API server's clock): from the
 /// eviction's status write to the reclaimer's first request about the lock
@@ -277,18 +296,7 @@ fn where_time_goes(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[M
     let (mut to_first, mut to_delete, mut reads) = (Vec::new(), Vec::new(), Vec::new());
     for m in seq {
         let ns = Some(m.ns.as_str());
-        let Some(evicted) = events
-            .iter()
-            .filter(|e| {
-                e.namespace.as_deref() == ns
-                    && e.resource.as_deref() == Some("pods")
-                    && e.subresource.as_deref() == Some("status")
-                    && e.name.as_deref() == Some(m.holder.as_str())
-                    && e.effective_user() != user
-            })
-            .filter_map(at)
-            .max()
-        else {
+        let Some(evicted) = evicted(&events, m, user).and_then(at) else {
             continue;
         };
         let mine: Vec<(k8s_openapi::jiff::Timestamp, &str)> = events
@@ -338,17 +346,7 @@ fn step_by_step(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[Made
     let mut steps: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
     for m in seq {
         let ns = Some(m.ns.as_str());
-        let Some(evicted) = events
-            .iter()
-            .filter(|e| {
-                e.namespace.as_deref() == ns
-                    && e.subresource.as_deref() == Some("status")
-                    && e.name.as_deref() == Some(m.holder.as_str())
-                    && e.effective_user() != user
-            })
-            .filter_map(|e| e.completed_at())
-            .max()
-        else {
+        let Some(evicted) = evicted(&events, m, user).and_then(|e| e.completed_at()) else {
             continue;
         };
         let mut mine: Vec<(Timestamp, Timestamp, String)> = events
