@@ -44,7 +44,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
+use lock_janitor_testenv::audit::AuditEvent;
 use lock_janitor_testsupport::bench::*;
 use lock_janitor_testsupport::lease_burst;
 use lock_janitor_testsupport::reclaim::*;
@@ -261,11 +263,7 @@ async fn relisted(
 
 /// The last status write of `m`'s holder that `user` did not make: the
 /// benchmark's eviction.
-fn evicted<'a>(
-    events: &'a [lock_janitor_testenv::audit::AuditEvent],
-    m: &Made,
-    user: &str,
-) -> Option<&'a lock_janitor_testenv::audit::AuditEvent> {
+fn evicted<'a>(events: &'a [AuditEvent], m: &Made, user: &str) -> Option<&'a AuditEvent> {
     events
         .iter()
         .filter(|e| {
@@ -278,38 +276,44 @@ fn evicted<'a>(
         .max_by_key(|e| e.received_at())
 }
 
+/// The requests `user` made about `m`'s reclaim, after the eviction: the
+/// GETs and the DELETE of its lock and its holder (no watch, no list) and,
+/// with `events`, the Events about its lock.
+fn about<'a>(
+    events: &'a [AuditEvent],
+    m: &'a Made,
+    user: &'a str,
+    with_events: bool,
+) -> impl Iterator<Item = &'a AuditEvent> {
+    events
+        .iter()
+        .filter(move |e| e.effective_user() == user && e.namespace.as_deref() == Some(&m.ns))
+        .filter(|e| e.subresource.is_none() && !matches!(e.verb.as_str(), "watch" | "list"))
+        .filter(move |e| {
+            let (r, n) = (e.resource.as_deref(), e.name.as_deref());
+            (r == Some("pods") && n == Some(m.holder.as_str()))
+                || (r == Some("configmaps") && n == Some(m.lock.as_str()))
+                || (with_events
+                    && r == Some("events")
+                    && n.and_then(|n| n.strip_prefix(m.lock.as_str()))
+                        .is_some_and(|t| t.starts_with('.')))
+        })
+}
+
 /// Where each reclaim of `seq` spent its time, from the API server's audit
 /// log (request-received times, on the API server's clock): from the
 /// eviction's status write to the reclaimer's first request about the lock
 /// (the watch event, the queue), from there to its DELETE (the reads on
 /// the critical path), and how many reads it made (lock and holder GETs).
-fn where_time_goes(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[Made]) -> String {
-    let events = lock_janitor_testenv::audit::read(cp.audit_log_path());
-    let at = |e: &lock_janitor_testenv::audit::AuditEvent| {
-        e.received
-            .as_deref()
-            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-    };
-    let secs = |a: k8s_openapi::jiff::Timestamp, b: k8s_openapi::jiff::Timestamp| {
-        b.duration_since(a).as_secs_f64()
-    };
+fn where_time_goes(events: &[AuditEvent], user: &str, seq: &[Made]) -> String {
+    let secs = |a: Timestamp, b: Timestamp| b.duration_since(a).as_secs_f64();
     let (mut to_first, mut to_delete, mut reads) = (Vec::new(), Vec::new(), Vec::new());
     for m in seq {
-        let ns = Some(m.ns.as_str());
-        let Some(evicted) = evicted(&events, m, user).and_then(at) else {
+        let Some(evicted) = evicted(events, m, user).and_then(AuditEvent::received_at) else {
             continue;
         };
-        let mine: Vec<(k8s_openapi::jiff::Timestamp, &str)> = events
-            .iter()
-            .filter(|e| e.effective_user() == user && e.namespace.as_deref() == ns)
-            .filter(|e| {
-                (e.resource.as_deref() == Some("pods")
-                    && e.name.as_deref() == Some(m.holder.as_str()))
-                    || (e.resource.as_deref() == Some("configmaps")
-                        && e.name.as_deref() == Some(m.lock.as_str()))
-            })
-            .filter(|e| e.subresource.is_none())
-            .filter_map(|e| Some((at(e)?, e.verb.as_str())))
+        let mine: Vec<(Timestamp, &str)> = about(events, m, user, false)
+            .filter_map(|e| Some((e.received_at()?, e.verb.as_str())))
             .filter(|(t, _)| *t >= evicted)
             .collect();
         let Some(delete) = mine.iter().find(|(_, v)| *v == "delete").map(|(t, _)| *t) else {
@@ -338,32 +342,15 @@ fn where_time_goes(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[M
 /// received it (after the previous one completed, or after the holder's
 /// status write for the first: the reclaimer's own time, its queue and its
 /// connection) and the time the API server took to answer it.
-fn step_by_step(cp: &lock_janitor_testenv::ControlPlane, user: &str, seq: &[Made]) -> String {
-    use k8s_openapi::jiff::Timestamp;
-    let events = lock_janitor_testenv::audit::read(cp.audit_log_path());
+fn step_by_step(events: &[AuditEvent], user: &str, seq: &[Made]) -> String {
     let secs = |a: Timestamp, b: Timestamp| b.duration_since(a).as_secs_f64();
     // (what, before it, answering it) for each step.
     let mut steps: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
     for m in seq {
-        let ns = Some(m.ns.as_str());
-        let Some(evicted) = evicted(&events, m, user).and_then(|e| e.completed_at()) else {
+        let Some(evicted) = evicted(events, m, user).and_then(AuditEvent::completed_at) else {
             continue;
         };
-        let mut mine: Vec<(Timestamp, Timestamp, String)> = events
-            .iter()
-            .filter(|e| e.effective_user() == user && e.namespace.as_deref() == ns)
-            .filter(|e| e.subresource.is_none() && !matches!(e.verb.as_str(), "watch" | "list"))
-            .filter(|e| {
-                let r = e.resource.as_deref();
-                let n = e.name.as_deref();
-                (r == Some("pods") && n == Some(m.holder.as_str()))
-                    || (r == Some("configmaps") && n == Some(m.lock.as_str()))
-                    || (r == Some("events")
-                        && n.is_some_and(|n| {
-                            n.strip_prefix(m.lock.as_str())
-                                .is_some_and(|t| t.starts_with('.'))
-                        }))
-            })
+        let mut mine: Vec<(Timestamp, Timestamp, String)> = about(events, m, user, true)
             .filter_map(|e| {
                 let what = format!("{} {}", e.verb, e.resource.as_deref().unwrap_or_default());
                 Some((e.received_at()?, e.completed_at()?, what))
@@ -685,20 +672,24 @@ fn print_latencies(
         "  each burst alone, janitor p99 / safe floor p99: {}",
         each.join(", ")
     );
+    let events = lock_janitor_testenv::audit::read(cp.audit_log_path());
     println!("where one reclaim's time goes (one at a time; the API server's audit log):");
     for (who, (user, set)) in WHO.iter().zip(USERS.iter().zip(sets)) {
-        println!("  {who} {}", where_time_goes(cp, user, &set[..s]));
+        println!("  {who} {}", where_time_goes(&events, user, &set[..s]));
     }
     println!("where the time goes in the bursts:");
     for (who, (user, set)) in WHO.iter().zip(USERS.iter().zip(sets)) {
-        println!("  {who} {}", where_time_goes(cp, user, &set[s..s + n * b]));
+        println!(
+            "  {who} {}",
+            where_time_goes(&events, user, &set[s..s + n * b])
+        );
     }
     println!("step by step in the bursts (the API server's audit log; median / p99 / max):");
     for (who, (user, set)) in WHO.iter().zip(USERS.iter().zip(sets)).take(2) {
         println!(
             "  {}:{}",
             who.trim().trim_end_matches(','),
-            step_by_step(cp, user, &set[s..s + n * b])
+            step_by_step(&events, user, &set[s..s + n * b])
         );
     }
 }
