@@ -18,8 +18,13 @@
 //! janitor's p99 over the safe floor's. Then a burst of Lease holders
 //! that die at once (`--lease-burst`, renewing every 2 s until they die):
 //! the time from the moment the renewal rule allows a release to the
-//! release, beside a bare releaser in the same run that updates each Lease
-//! at that moment. It reports numbers; it passes or fails nothing on time.
+//! release, beside two floors in the same run, each with holders of its
+//! own: the Lease safe floor, which makes the janitor's requests from that
+//! moment (a live GET of the Lease, the pods of its namespace listed, the
+//! intent Event, the holder read again, the guarded release), 16 at a
+//! time; and a bare releaser that updates each Lease at that moment and
+//! does nothing else. It prints the janitor's p99 over the safe floor's.
+//! It reports numbers; it passes or fails nothing on time.
 //!
 //! `make bench` builds the release binary and runs this. By hand:
 //!
@@ -395,18 +400,27 @@ async fn settled(j: &Janitor) {
     j.wait_ready().await;
 }
 
+/// The Lease burst's figures: each reclaimer's latencies from "the rule
+/// allows it" to the release, the windows, and where the time went.
+struct LeaseFigures {
+    janitor: Vec<f64>,
+    safe: Vec<f64>,
+    bare: Vec<f64>,
+    windows: Vec<f64>,
+    requests: String,
+}
+
 /// The Lease burst: `n` holders renew (client-go's timings), the janitor
 /// watches (beside every ConfigMap lock still there), all fail at once;
-/// then the same for a second set of `n` with a bare releaser in its place.
-/// Returns (janitor, floor) latencies from "the rule allows it" to the
-/// release, the windows, and the janitor's requests meanwhile.
+/// then the same for a second set of `n` with the safe floor in its
+/// place, and for a third with a bare releaser.
 async fn lease_burst_phase(
     cp: &lock_janitor_testenv::ControlPlane,
     client: &Client,
     kubeconfig: &std::path::Path,
     lock_ns: &[String],
     args: &Args,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>, String) {
+) -> LeaseFigures {
     let n = args.lease_burst;
     let namespaces = lease_namespaces(client, lock_ns, args).await;
     step(&format!(
@@ -421,6 +435,7 @@ async fn lease_burst_phase(
         }
     ));
     let watched = lease_burst::holders(client, &namespaces, "leader", n, true).await;
+    let safe = lease_burst::holders(client, &namespaces, "safe-leader", n, false).await;
     let bare = lease_burst::holders(client, &namespaces, "bare-leader", n, false).await;
     let (released, watch, synced) = lease_burst::watch_releases(client);
     let _ = synced.await;
@@ -469,15 +484,68 @@ async fn lease_burst_phase(
     );
     drop(j);
 
-    let (floor, floor_timeline) = lease_floor(cp, client, &bare, &released).await;
+    let (safe, safe_timeline) = lease_safe_floor(cp, client, &safe, &released).await;
+    let (bare, bare_timeline) = lease_floor(cp, client, &bare, &released).await;
     watch.abort();
-    timeline.push_str(&floor_timeline);
-    (
+    timeline.push_str(&safe_timeline);
+    timeline.push_str(&bare_timeline);
+    LeaseFigures {
         janitor,
-        floor,
+        safe,
+        bare,
         windows,
-        format!("{requests}\n  where the time goes (the API server's audit log):\n  {timeline}"),
+        requests: format!(
+            "{requests}\n  where the time goes (the API server's audit log):\n  {timeline}"
+        ),
+    }
+}
+
+/// The safe floor: the same burst, released with the janitor's requests
+/// (`lease_burst::safe_releases`). Returns its latencies and its lines of
+/// the timeline.
+async fn lease_safe_floor(
+    cp: &lock_janitor_testenv::ControlPlane,
+    admin: &Client,
+    holders: &[lease_burst::Holder],
+    released: &lease_burst::Releases,
+) -> (Vec<f64>, String) {
+    let client = floor_client(cp, admin, SAFE_FLOOR_USER, JANITOR_USER).await;
+    let renewer = lease_burst::Renewer::start(admin, holders);
+    renewer.rounds(5).await;
+    let renewed = renewer.stop().await;
+    let allowed = lease_burst::fail_all(admin, holders, &renewed).await;
+    let misses = lease_burst::safe_releases(
+        &client,
+        &allowed,
+        lock_janitor::lock::lease::released,
+        lock_janitor::lock::lease::names,
     )
+    .await;
+    let (skipped, failed, events) = (
+        misses.skipped.load(std::sync::atomic::Ordering::Relaxed),
+        misses.failed.load(std::sync::atomic::Ordering::Relaxed),
+        misses
+            .events_failed
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
+    if skipped + failed + events > 0 {
+        println!(
+            "    the Lease safe floor skipped {skipped} Leases after a read, failed {failed} \
+             releases and {events} intent Events"
+        );
+    }
+    let safe = lease_burst::release_latencies(released, &allowed, Duration::from_secs(120)).await;
+    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
+    let (to_list, list_to_release, to_release) =
+        lease_burst::timeline(&audit, Some(SAFE_FLOOR_USER), JANITOR_USER, &allowed);
+    let line = format!(
+        "\n  safe floor: allowed -> its last pod list: {}\n    pod list -> release:          {}\n    \
+         allowed -> release:           {}",
+        distribution(to_list),
+        distribution(list_to_release),
+        distribution(to_release)
+    );
+    (safe, line)
 }
 
 /// Where the Lease holders live: among the ConfigMap holders, or in
@@ -517,7 +585,7 @@ async fn lease_floor(
     let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
     let (_, _, to_release) = lease_burst::timeline(&audit, None, JANITOR_USER, &allowed);
     let line = format!(
-        "\n  floor:   allowed -> release:           {}",
+        "\n  bare release: allowed -> release:           {}",
         distribution(to_release)
     );
     (floor, line)
@@ -797,15 +865,23 @@ async fn main() {
     print_levels(&args, &levels);
     println!();
     print_latencies(&cp, top, sets, &lat, (s, b));
-    if let Some((janitor, floor, windows, requests)) = leases {
+    if let Some(f) = leases {
         let n = args.lease_burst;
         println!(
             "Lease release, {n} holders failed at once (the renewal rule allows it -> released, as a watch here sees it; W {}):",
-            distribution(windows)
+            distribution(f.windows)
         );
-        println!("  janitor: {}", distribution(janitor));
-        println!("  floor:   {}", distribution(floor));
-        println!("  janitor's requests in the Lease namespaces after the deaths: {requests}");
+        println!("  janitor:      {}", distribution(f.janitor.clone()));
+        println!("  safe floor:   {}", distribution(f.safe.clone()));
+        println!("  bare release: {}", distribution(f.bare));
+        println!(
+            "  janitor p99 / safe floor p99 = {}",
+            ratio(p99(&f.janitor), p99(&f.safe))
+        );
+        println!(
+            "  janitor's requests in the Lease namespaces after the deaths: {}",
+            f.requests
+        );
     }
     println!("\nwhole run {}", secs(run.elapsed()));
     drop(client);

@@ -347,6 +347,166 @@ pub async fn bare_releases(
     refused
 }
 
+/// What the Lease safe floor did that was not a release.
+#[derive(Default)]
+pub struct SafeMisses {
+    /// A live read found the Lease changed (renewed, released, gone) or
+    /// its holder not exactly one dead pod: nothing written.
+    pub skipped: AtomicUsize,
+    /// A request failed (or the release was refused): no release.
+    pub failed: AtomicUsize,
+    /// Intent Events refused or not answered within `INTENT_WITHIN`.
+    pub events_failed: AtomicUsize,
+}
+
+/// The safe floor of the Lease burst: a bare client making exactly the
+/// requests the janitor must make for a release once the renewal rule
+/// allows it, in the janitor's order, and no others: a live GET of the
+/// Lease; a list of its namespace's pods in pages of 100 (a holder
+/// identity may name a pod by `spec.hostname`, which no field selector
+/// reaches); the intent Event (as the ConfigMap safe floor writes it);
+/// the holder read again by name; the release (`released`, the janitor's
+/// own) of the Lease as read, its resourceVersion guarding it. Each
+/// begins at its moment (`allowed`) and waits for one of
+/// `JANITOR_CONCURRENCY` turns, first come first served, as the janitor's
+/// judgements do. Its judgement is the least that reads can decide: the
+/// Lease still names the holder and was not renewed since the last
+/// renewal, and exactly one pod is named (`names`, the janitor's
+/// `lock::lease::names`), Failed or Succeeded.
+pub async fn safe_releases(
+    client: &Client,
+    allowed: &HashMap<String, Allowed>,
+    released: impl Fn(Lease, Timestamp) -> Lease + Sync,
+    names: impl Fn(&str, &k8s_openapi::api::core::v1::Pod) -> bool + Sync,
+) -> SafeMisses {
+    use crate::reclaim::{JANITOR_CONCURRENCY, SAFE_FLOOR_USER};
+    // HTTP/1.1: a request in flight holds a connection; opened first, as
+    // a janitor that has run a while holds them.
+    let warm = (0..JANITOR_CONCURRENCY).map(|_| client.apiserver_version());
+    let _ = futures::future::join_all(warm).await;
+    let recorder = kube::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: SAFE_FLOOR_USER.into(),
+            instance: None,
+        },
+    );
+    let turns = tokio::sync::Semaphore::new(JANITOR_CONCURRENCY);
+    let misses = SafeMisses::default();
+    futures::stream::iter(allowed)
+        .for_each_concurrent(None, |(key, a)| {
+            let (turns, misses, recorder) = (&turns, &misses, &recorder);
+            let (released, names) = (&released, &names);
+            async move {
+                if let Ok(wait) = Duration::try_from(a.at.duration_since(Timestamp::now())) {
+                    tokio::time::sleep(wait).await;
+                }
+                let Ok(_turn) = turns.acquire().await else {
+                    return;
+                };
+                let fns = (released, names);
+                match safe_release(client, recorder, key, a, fns, &misses.events_failed).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        misses.skipped.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        eprintln!("Lease safe floor: {key}: {e}");
+                        misses.failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+        .await;
+    misses
+}
+
+/// One release of the Lease safe floor (see `safe_releases`): true if the
+/// Lease was released, false if a read stopped it.
+async fn safe_release(
+    client: &Client,
+    recorder: &kube::runtime::events::Recorder,
+    key: &str,
+    a: &Allowed,
+    (released, names): (
+        impl Fn(Lease, Timestamp) -> Lease,
+        impl Fn(&str, &k8s_openapi::api::core::v1::Pod) -> bool,
+    ),
+    events_failed: &AtomicUsize,
+) -> kube::Result<bool> {
+    use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+    use kube::api::ListParams;
+    use kube::runtime::events::{Event, EventType};
+    use kube::Resource;
+    let (ns, name) = key.split_once('/').unwrap_or_default();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let Some(live) = leases.get_opt(name).await? else {
+        return Ok(false);
+    };
+    let spec = |l: &Lease| l.spec.clone().unwrap_or_default();
+    let host = spec(&live).holder_identity.unwrap_or_default();
+    if host.is_empty() || spec(&live).renew_time != spec(&a.lease).renew_time {
+        return Ok(false);
+    }
+    let mut named = Vec::new();
+    let mut lp = ListParams::default().limit(100);
+    loop {
+        let page = pods.list(&lp).await?;
+        let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+        named.extend(page.items.into_iter().filter(|p| names(&host, p)));
+        match next {
+            Some(c) => lp = lp.continue_token(&c),
+            None => break,
+        }
+    }
+    let dead = |p: &Pod| {
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        matches!(phase, Some("Failed" | "Succeeded"))
+    };
+    let [holder] = named.as_slice() else {
+        return Ok(false);
+    };
+    if !dead(holder) {
+        return Ok(false);
+    }
+    let intent = Event {
+        type_: EventType::Normal,
+        reason: "StaleLockReclaiming".into(),
+        note: Some(format!(
+            "Releasing this Lease: holder pod {} was evicted (it can never run again) and \
+             nothing renewed it. Released by the safe floor of bench-scale.",
+            holder.name_any()
+        )),
+        action: "Reclaim".into(),
+        secondary: Some(ObjectReference {
+            resource_version: None,
+            ..holder.object_ref(&())
+        }),
+    };
+    // As the janitor: the Event is waited for a while, never required.
+    let published = tokio::time::timeout(
+        crate::reclaim::INTENT_WITHIN,
+        recorder.publish(&intent, &live.object_ref(&())),
+    )
+    .await;
+    if !matches!(published, Ok(Ok(()))) {
+        events_failed.fetch_add(1, Ordering::Relaxed);
+    }
+    let again = pods.get_opt(&holder.name_any()).await?;
+    if !again.is_some_and(|p| p.metadata.uid == holder.metadata.uid && dead(&p)) {
+        return Ok(false);
+    }
+    leases
+        .replace(
+            name,
+            &PostParams::default(),
+            &released(live, Timestamp::now()),
+        )
+        .await?;
+    Ok(true)
+}
+
 /// Waits until every Lease of `allowed` is released (or `timeout` after
 /// the last moment allowed); returns release - allowed, in seconds.
 pub async fn release_latencies(

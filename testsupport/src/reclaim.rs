@@ -32,7 +32,7 @@ pub const SAFE_FLOOR_USER: &str = "lock-janitor-bench-safe-floor";
 pub const JANITOR_CONCURRENCY: usize = 16;
 /// How long the janitor waits for its intent Event before it goes on
 /// (`INTENT_WITHIN` in src/reclaim.rs).
-const INTENT_WITHIN: Duration = Duration::from_millis(500);
+pub(crate) const INTENT_WITHIN: Duration = Duration::from_millis(500);
 /// Pods that can no longer run (the janitor's own field selector).
 pub const TERMINAL_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
 
