@@ -168,8 +168,8 @@ impl Events {
             }
             false
         };
-        // Bounded as a whole: a slow Events API must not hold a reconcile
-        // worker (16 per kind) for three API timeouts.
+        // Bounded as a whole: a slow Events API must not hold a report's
+        // place (`reclaim::REPORTS_AT_ONCE`) for three API timeouts.
         tokio::time::timeout(RECORD_WITHIN, tries)
             .await
             .unwrap_or(false)

@@ -258,7 +258,8 @@ fn start_election(
           "leader election on; writing only while holding the lease");
     // A client of its own: its renewals never share a connection with
     // the reads and writes of a mass eviction (the judgements' live
-    // reads and writes, up to 16 at a time per kind, go on `control`).
+    // reads and writes, up to 16 at a time per scope and kind, and their
+    // reports, up to 64, go on `control`).
     let elector = lock_janitor::client::control(config.clone(), &shared.metrics)
         .context("building the election client")?;
     let (gate, task) = lock_janitor::election::start(

@@ -19,7 +19,9 @@
 //!    `Freed::Gone`, 409 `Freed::Changed`;
 //! 4. once freed, `StaleLockReclaimed` (up to three tries), then, with
 //!    `--delete-pod`, a DELETE of the dead pod with a uid precondition and
-//!    `DeadHolderDeleted`.
+//!    `DeadHolderDeleted`. The controller's turn has ended before these
+//!    (`reclaim_with`): they are what the reclaim says, not its judgement,
+//!    and go `REPORTS_AT_ONCE` at a time.
 //!
 //! The holder's GET is the last request before the freeing write: no
 //! precondition sees a pod made again under the holder's name.
@@ -47,6 +49,16 @@ use crate::{api_code, call, words, Error};
 /// the write.
 const INTENT_WITHIN: Duration = Duration::from_millis(500);
 
+/// What judgements say once their writes are answered, or when they make
+/// none (`StaleLockReclaimed`, `--delete-pod`'s deletion and its Event, a
+/// dry run's or a blocked lock's Event, the report of a lock never
+/// touched), at most this many at once in all, first come first served.
+/// The judgements' turns end before it (`controller::Turn`), so a slow
+/// Events API during a mass eviction holds at most this many requests
+/// and connections for reports; the rest wait, each holding its
+/// judgement (the lock and holder as read).
+pub const REPORTS_AT_ONCE: usize = 64;
+
 pub use crate::decide::{Done, Freed};
 
 /// What the janitor may write.
@@ -68,6 +80,8 @@ pub struct Reclaimer {
     events: Events,
     metrics: Metrics,
     mode: Mode,
+    /// Places for what is said after a write (`REPORTS_AT_ONCE`).
+    reports: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl Reclaimer {
@@ -86,6 +100,7 @@ impl Reclaimer {
             events,
             metrics,
             mode,
+            reports: std::sync::Arc::new(tokio::sync::Semaphore::new(REPORTS_AT_ONCE)),
         }
     }
 
@@ -105,7 +120,8 @@ impl Reclaimer {
     }
 
     /// Reports a lock the janitor will never touch (ambiguous or
-    /// unmanageable); whether the Event was written.
+    /// unmanageable); whether the Event was written. Its Event waits for
+    /// one of `REPORTS_AT_ONCE` places.
     pub async fn report_untouchable(&self, j: &Judgement) -> bool {
         let reason = match &j.verdict {
             Verdict::Ambiguous { .. } | Verdict::AmbiguousHolders(_) => events::REASON_AMBIGUOUS,
@@ -121,6 +137,8 @@ impl Reclaimer {
             return false;
         };
         warn!(namespace = %j.key.namespace, lock = %j.key.name, reason, "{note}");
+        // Never closed.
+        let _place = self.reports.acquire().await;
         let say = Say {
             type_: EventType::Warning,
             reason,
@@ -136,10 +154,25 @@ impl Reclaimer {
     /// and a blocked lock's Event is written once per version:
     /// `reported(reason)` says whether it was. The error of a failed write
     /// comes back beside `Freed::Failed`.
+    /// (The controller's reconcile calls `reclaim_with`; tests call this.)
     pub async fn reclaim(
         &self,
         j: &Judgement,
         reported: impl Fn(&str) -> bool,
+    ) -> (Done, Option<Error>) {
+        self.reclaim_with(j, reported, || {}).await
+    }
+
+    /// `reclaim`, calling `after_write` once the write is answered (or it
+    /// is known that none is made; for a lock not judged stale, never),
+    /// before what the reclaim says after it (a `StaleLockReclaimStopped`
+    /// is said before). What is said after waits for one of
+    /// `REPORTS_AT_ONCE` places.
+    pub async fn reclaim_with(
+        &self,
+        j: &Judgement,
+        reported: impl Fn(&str) -> bool,
+        after_write: impl FnOnce(),
     ) -> (Done, Option<Error>) {
         let (Verdict::Stale { reason, .. }, Some(lock)) = (&j.verdict, &j.lock) else {
             // Only stale locks come here; anything else is judged again, never deleted.
@@ -153,6 +186,9 @@ impl Reclaimer {
             Ok(f) => (f, None),
             Err(e) => (Freed::Failed, Some(e)),
         };
+        after_write();
+        // Never closed.
+        let _place = self.reports.acquire().await;
         // Said first: a reclaim counts as done once its Event is written.
         let said = self.say(j, lock, *reason, &freed, reported).await;
         self.record(j, lock, *reason, &freed, error.as_ref());

@@ -40,6 +40,7 @@ use crate::Error;
 /// How soon a leader whose claim had lapsed during a write judges again.
 const LAPSED_RETRY: Duration = Duration::from_secs(5);
 use memory::Memory;
+pub use wiring::Turn;
 
 /// Retry delay after a first error (counted in `error_policy`); it doubles
 /// with each failure in a row, up to `MAX_ERROR_BACKOFF`, with ±20% jitter.
@@ -62,11 +63,13 @@ pub fn resync_after(resync: Duration) -> Duration {
     resync.mul_f64(0.75 + 0.25 * fastrand::f64())
 }
 
-/// Reconciles in flight per scope and kind: a mass eviction frees its locks
-/// side by side, each waiting on its reads, its write and its Event (a few
-/// round trips). The API server sees at most this many per scope and kind
-/// (each --namespace is a scope; the whole cluster is one); the others wait
-/// their turn in the order they were queued (`wiring::in_turn`).
+/// Judgements in flight per scope and kind: a mass eviction frees its
+/// locks side by side, each waiting on its reads, its intent Event and its
+/// write (a few round trips). The API server sees at most this many
+/// judgements per scope and kind (each --namespace is a scope; the whole
+/// cluster is one); the others wait their turn in the order they were
+/// queued (`wiring::in_turn`). What reclaims say once written goes on
+/// outside the turns, `reclaim::REPORTS_AT_ONCE` at a time in all.
 const CONCURRENCY: u16 = 16;
 
 pub type LockMeta = PartialObjectMeta<ConfigMap>;
@@ -235,18 +238,27 @@ impl Context {
         }
     }
 
-    /// Writes what the decision calls for.
-    async fn write(&self, j: &Judgement, step: Step, state: &State) -> (Done, Option<Error>) {
+    /// Writes what the decision calls for; `turn` ends once the write is
+    /// answered (or at once when there is none), before it is said.
+    async fn write(
+        &self,
+        j: &Judgement,
+        step: Step,
+        state: &State,
+        turn: Turn,
+    ) -> (Done, Option<Error>) {
         match step {
             Step::Nothing => (Done::default(), None),
             Step::Report(reason) => {
+                turn.end();
                 let said = self.reclaimer.report_untouchable(j).await.then_some(reason);
                 (Done { freed: None, said }, None)
             }
             Step::Reclaim => {
                 let version = j.version();
+                let reported = |reason: &str| state.reported(&version, reason);
                 self.reclaimer
-                    .reclaim(j, |reason| state.reported(&version, reason))
+                    .reclaim_with(j, reported, || turn.end())
                     .await
             }
         }
@@ -310,8 +322,14 @@ pub fn key_of<K: Watched>(o: &K) -> LockKey {
 }
 
 /// Judges one lock from live reads and writes what the verdict calls for,
-/// unless its last judgement still stands (nothing changed since).
-pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// unless its last judgement still stands (nothing changed since). `turn`:
+/// its place among the judgements that run at once (`wiring::in_turn`),
+/// given up once its write is answered.
+pub async fn reconcile<K: Watched>(
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+    turn: Turn,
+) -> Result<Action, Error> {
     let key = key_of(&*obj);
     if !ctx.shared.readiness.serves(&key.namespace) {
         // Safety rule 4: nothing happens in a scope before each of its
@@ -333,7 +351,7 @@ pub async fn reconcile<K: Watched>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Act
     say_held(&j);
     let version = j.version();
     let step = decide::step(&j.verdict, &state, &version);
-    let (done, error) = ctx.write(&j, step, &state).await;
+    let (done, error) = ctx.write(&j, step, &state, turn).await;
     let judged = Judged {
         verdict: &j.verdict,
         version: &version,

@@ -524,3 +524,4 @@ async fn a_lock_already_being_deleted_gets_no_second_delete() {
 
 mod reads;
 mod stopped;
+mod turns;

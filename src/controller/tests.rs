@@ -67,14 +67,16 @@ async fn nothing_happens_before_the_watches_sync() {
     lock.metadata.name = Some("op-lock".into());
     lock.metadata.namespace = Some("ops".into());
     let lock = Arc::new(lock);
-    let action = reconcile(lock.clone(), ctx.clone()).await.unwrap();
+    let action = reconcile(lock.clone(), ctx.clone(), Turn::default())
+        .await
+        .unwrap();
     assert_eq!(action, Action::requeue(Duration::from_secs(1)));
     assert_eq!(shared.metrics.reconcile_duration.get_sample_count(), 0);
 
     // Once synced, the same reconcile reads live, and fails here (nothing
     // listens): an error, never a verdict.
     shared.readiness.synced_in("");
-    let err = reconcile(lock, ctx).await.unwrap_err();
+    let err = reconcile(lock, ctx, Turn::default()).await.unwrap_err();
     assert!(
         matches!(
             err.kind(),

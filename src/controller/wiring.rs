@@ -199,6 +199,34 @@ pub(super) struct Wiring<K: Watched, L> {
     pub(super) concurrency: u16,
 }
 
+/// A judgement's turn (`in_turn`): held from the judgement's first read
+/// until its write is answered (the intent Event, the holder read again
+/// and the freeing write, or a `StaleLockReclaimStopped` said instead), or
+/// until `Context::write` returns when there is no write. What a reclaim
+/// says after its write (`StaleLockReclaimed`, `--delete-pod`'s deletion)
+/// goes on past `end`, in the same reconcile, while the next lock is
+/// judged: a report never holds a turn a death waits for. Outside the
+/// Controller (unit and end-to-end tests call `reconcile` directly) a
+/// reconcile has none (`Turn::default`).
+#[derive(Default)]
+pub struct Turn {
+    /// Held for its drop, which gives the turn on.
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Turn {
+    /// Gives the turn to the next lock in line.
+    pub fn end(self) {}
+
+    /// A turn taken from `permit` (a test's own semaphore).
+    #[cfg(test)]
+    pub(super) fn of(permit: tokio::sync::OwnedSemaphorePermit) -> Turn {
+        Turn {
+            _permit: Some(permit),
+        }
+    }
+}
+
 /// Reconciles a Controller takes at once, most of them waiting their turn
 /// (see `in_turn`); past this many, kube-runtime holds the rest itself.
 const QUEUED: u16 = 1024;
@@ -235,7 +263,7 @@ fn in_turn<O, C, F, Fut>(
 where
     O: Send + Sync + 'static,
     C: Send + Sync + 'static,
-    F: Fn(Arc<O>, Arc<C>) -> Fut + Clone + Send + 'static,
+    F: Fn(Arc<O>, Arc<C>, Turn) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<Action, crate::Error>> + Send + 'static,
 {
     use std::future::Future;
@@ -256,14 +284,17 @@ where
                 Poll::Pending => waiting.await,
             };
             // Never closed; were it, nothing would be judged.
-            let (Ok(_turn), false) = (turn, shutdown.is_cancelled()) else {
+            let (Ok(turn), false) = (turn, shutdown.is_cancelled()) else {
                 return Ok(Action::await_change());
             };
             let Some(obj) = current(&obj) else {
                 debug!("lock gone before its judgement");
                 return Ok(Action::await_change());
             };
-            Box::pin(judge(obj, ctx)).await
+            let turn = Turn {
+                _permit: Some(turn),
+            };
+            Box::pin(judge(obj, ctx, turn)).await
         })
     }
 }
@@ -343,7 +374,8 @@ mod tests {
         running: Mutex<(usize, usize)>,
     }
 
-    async fn judge(n: Arc<usize>, seen: Arc<Seen>) -> Result<Action, crate::Error> {
+    /// A judgement that holds its turn to the end (one that writes nothing).
+    async fn judge(n: Arc<usize>, seen: Arc<Seen>, _turn: Turn) -> Result<Action, crate::Error> {
         seen.began.lock().unwrap().push(*n);
         {
             let mut r = seen.running.lock().unwrap();
@@ -375,6 +407,37 @@ mod tests {
             .all(|r| matches!(r, Ok(a) if *a == Action::requeue(Duration::from_secs(1)))));
         assert_eq!(*seen.began.lock().unwrap(), (0..30).collect::<Vec<_>>());
         assert_eq!(seen.running.lock().unwrap().1, 3);
+    }
+
+    /// A reclaim: its reads and write (10 ms), its turn ended once the
+    /// write is answered, then its Event (1 s).
+    async fn reclaim(n: Arc<usize>, seen: Arc<Seen>, turn: Turn) -> Result<Action, crate::Error> {
+        seen.began.lock().unwrap().push(*n);
+        {
+            let mut r = seen.running.lock().unwrap();
+            r.0 += 1;
+            r.1 = r.1.max(r.0);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        seen.running.lock().unwrap().0 -= 1;
+        turn.end();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(Action::await_change())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_ends_with_the_write_not_with_what_is_said_after_it() {
+        let seen = Arc::new(Seen::default());
+        let mut turn = in_turn(2, CancellationToken::new(), same, reclaim);
+        let started = tokio::time::Instant::now();
+        let all: Vec<_> = (0..8).map(|n| turn(Arc::new(n), seen.clone())).collect();
+        let out = futures::future::join_all(all).await;
+        assert!(out.iter().all(Result::is_ok));
+        assert_eq!(*seen.began.lock().unwrap(), (0..8).collect::<Vec<_>>());
+        assert_eq!(seen.running.lock().unwrap().1, 2, "2 writes at most");
+        // 4 rounds of writes, then the last Event: not 4 rounds of both.
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(1100), "{took:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -794,7 +794,7 @@ async fn a_holder_recreated_under_its_name_is_seen_before_any_write() {
         .unwrap();
     lock_janitor::controller::strip_cached(&mut cached);
     let cached = std::sync::Arc::new(cached);
-    lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
+    lock_janitor::controller::reconcile(cached.clone(), ctx.clone(), Default::default())
         .await
         .unwrap();
     assert!(
@@ -812,7 +812,7 @@ async fn a_holder_recreated_under_its_name_is_seen_before_any_write() {
         .unwrap();
     s.pod("op-0").await;
     ctx.memory.suspect(&key);
-    lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
+    lock_janitor::controller::reconcile(cached.clone(), ctx.clone(), Default::default())
         .await
         .unwrap();
     if lock_exists(&s.client, &s.ns, "op-lock").await {
@@ -925,7 +925,7 @@ async fn a_cached_copy_behind_the_lock_never_leads_to_a_delete() {
     let mut cached = metas.get_metadata("op-lock").await.unwrap();
     lock_janitor::controller::strip_cached(&mut cached);
     let cached = std::sync::Arc::new(cached);
-    lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
+    lock_janitor::controller::reconcile(cached.clone(), ctx.clone(), Default::default())
         .await
         .unwrap();
 
@@ -938,7 +938,7 @@ async fn a_cached_copy_behind_the_lock_never_leads_to_a_delete() {
         .unwrap();
     for _ in 0..2 {
         ctx.memory.suspect(&key);
-        lock_janitor::controller::reconcile(cached.clone(), ctx.clone())
+        lock_janitor::controller::reconcile(cached.clone(), ctx.clone(), Default::default())
             .await
             .unwrap();
     }

@@ -342,7 +342,7 @@ async fn a_lease_copy_behind_the_lease_frees_nothing() {
     let audit = || lock_janitor_testenv::audit::read(s.cp.audit_log_path());
     let gets_before = s.janitor_requests(&audit(), "get", "leases");
     ctx.memory.suspect(&key);
-    lock_janitor::controller::reconcile(copy.clone(), ctx.clone())
+    lock_janitor::controller::reconcile(copy.clone(), ctx.clone(), Default::default())
         .await
         .unwrap();
     assert_eq!(
@@ -364,7 +364,7 @@ async fn a_lease_copy_behind_the_lease_frees_nothing() {
         .await
         .unwrap();
     ctx.memory.suspect(&key);
-    lock_janitor::controller::reconcile(copy, ctx.clone())
+    lock_janitor::controller::reconcile(copy, ctx.clone(), Default::default())
         .await
         .unwrap();
     assert_eq!(s.identity("op-lease").await, "dead");

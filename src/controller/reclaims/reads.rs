@@ -288,7 +288,9 @@ async fn reconcile_writes_what_it_read_live_and_requeues_a_409() {
     let (ctx, _) = janitor(client, WRITE);
     // The watched copy: the lock as it was before (uid cm-uid, version 7).
     let watched: LockMeta = crate::fixtures::cm_lock().metadata.into_response_partial();
-    let action = controller::reconcile(Arc::new(watched), ctx).await.unwrap();
+    let action = controller::reconcile(Arc::new(watched), ctx, Default::default())
+        .await
+        .unwrap();
     server.finish().await;
     assert_eq!(
         action,
