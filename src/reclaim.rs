@@ -104,6 +104,13 @@ impl Reclaimer {
         }
     }
 
+    /// Takes every report place (a test's Events API that is slow).
+    #[cfg(test)]
+    pub(crate) fn hold_reports(&self) -> tokio::sync::OwnedSemaphorePermit {
+        let all = u32::try_from(REPORTS_AT_ONCE).unwrap();
+        self.reports.clone().try_acquire_many_owned(all).unwrap()
+    }
+
     async fn publish(&self, j: &Judgement, say: Say) -> bool {
         let related = j.lock.as_ref().map(events::holder_ref);
         self.events
@@ -137,6 +144,10 @@ impl Reclaimer {
             return false;
         };
         warn!(namespace = %j.key.namespace, lock = %j.key.name, reason, "{note}");
+        if !self.gate.may_write() {
+            // A standby says nothing; the leader reports.
+            return false;
+        }
         // Never closed.
         let _place = self.reports.acquire().await;
         let say = Say {
@@ -167,7 +178,9 @@ impl Reclaimer {
     /// is known that none is made; for a lock not judged stale, never),
     /// before what the reclaim says after it (a `StaleLockReclaimStopped`
     /// is said before). What is said after waits for one of
-    /// `REPORTS_AT_ONCE` places.
+    /// `REPORTS_AT_ONCE` places; a reclaim that says nothing more (a lock
+    /// gone, changed, a write failed, a lead lost, a dry run already
+    /// reported) takes none.
     pub async fn reclaim_with(
         &self,
         j: &Judgement,
@@ -187,8 +200,6 @@ impl Reclaimer {
             Err(e) => (Freed::Failed, Some(e)),
         };
         after_write();
-        // Never closed.
-        let _place = self.reports.acquire().await;
         // Said first: a reclaim counts as done once its Event is written.
         let said = self.say(j, lock, *reason, &freed, reported).await;
         self.record(j, lock, *reason, &freed, error.as_ref());
@@ -412,6 +423,8 @@ impl Reclaimer {
                         &self.marker,
                     ),
                 };
+                // Never closed.
+                let _place = self.reports.acquire().await;
                 // Written before the reclaim counts as done, leading or
                 // not: after a crash, `takeover::restore` finds the
                 // takeovers to await from these Events alone.
@@ -427,9 +440,12 @@ impl Reclaimer {
             Freed::NotLeader | Freed::Gone | Freed::Changed(_) | Freed::Failed => return None,
         };
         let reason = once.reason;
-        if reported(reason) {
+        if reported(reason) || !self.gate.may_write() {
+            // Said already, or a standby, which says nothing.
             return None;
         }
+        // Never closed.
+        let _place = self.reports.acquire().await;
         self.publish(j, once).await.then_some(reason)
     }
 

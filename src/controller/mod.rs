@@ -68,8 +68,9 @@ pub fn resync_after(resync: Duration) -> Duration {
 /// write (a few round trips). The API server sees at most this many
 /// judgements per scope and kind (each --namespace is a scope; the whole
 /// cluster is one); the others wait their turn in the order they were
-/// queued (`wiring::in_turn`). What reclaims say once written goes on
-/// outside the turns, `reclaim::REPORTS_AT_ONCE` at a time in all.
+/// queued (`wiring::in_turn`). What judgements say after their writes
+/// (or with none to make) goes on outside the turns,
+/// `reclaim::REPORTS_AT_ONCE` at a time in all.
 const CONCURRENCY: u16 = 16;
 
 pub type LockMeta = PartialObjectMeta<ConfigMap>;

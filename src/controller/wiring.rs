@@ -200,12 +200,14 @@ pub(super) struct Wiring<K: Watched, L> {
 }
 
 /// A judgement's turn (`in_turn`): held from the judgement's first read
-/// until its write is answered (the intent Event, the holder read again
-/// and the freeing write, or a `StaleLockReclaimStopped` said instead), or
-/// until `Context::write` returns when there is no write. What a reclaim
-/// says after its write (`StaleLockReclaimed`, `--delete-pod`'s deletion)
-/// goes on past `end`, in the same reconcile, while the next lock is
-/// judged: a report never holds a turn a death waits for. Outside the
+/// until its write is answered (the intent Event, the holder read again,
+/// the freeing write, and a `StaleLockReclaimStopped` when the holder or
+/// the lock changed), or, when none is made, until that is known, before
+/// anything is said; at the latest until `reconcile` returns. What is said
+/// after (`StaleLockReclaimed`, `--delete-pod`'s deletion, a dry run's,
+/// a blocked or an untouchable lock's Event) goes on past `end`, in the
+/// same reconcile, while the next lock is judged: a report never holds a
+/// turn a death waits for. Outside the
 /// Controller (unit and end-to-end tests call `reconcile` directly) a
 /// reconcile has none (`Turn::default`).
 #[derive(Default)]

@@ -154,6 +154,50 @@ async fn reports_go_a_bounded_number_at_a_time() {
     assert!(reports.await.unwrap(), "every report written");
 }
 
+/// The freeing write never waits for a report place; what a reclaim says
+/// after it (`StaleLockReclaimed`) does. A reclaim with nothing more to
+/// say (the lock gone: 404) takes none.
+#[tokio::test(start_paused = true)]
+async fn writes_never_wait_for_a_report_place() {
+    let (kind, pod) = (configmap(), evicted_pod());
+    let written = Arc::new(AtomicBool::new(false));
+    let mut script = prelude(kind, kind.live(), Some(&pod));
+    let flag = written.clone();
+    script.push(write_of(kind).then(move || flag.store(true, SeqCst)));
+    script.push(Expect::event("ops", REASON_RECLAIMED));
+    let (client, server) = ApiServer::start(script);
+    let (ctx, _) = janitor(client, WRITE);
+    let j = ctx.observer.judge_live(&kind.key(), &mut LockAge).await;
+    let j = j.unwrap().unwrap();
+    let places = ctx.reclaimer.hold_reports();
+    let reclaim = ctx.reclaimer.reclaim(&j, |_| false);
+    futures::pin_mut!(reclaim);
+    // Every task has run until it waits (the clock moves only then).
+    let early = tokio::time::timeout(Duration::from_millis(100), &mut reclaim).await;
+    assert!(early.is_err(), "StaleLockReclaimed went without a place");
+    assert!(written.load(SeqCst), "the write waited for a place");
+    drop(places);
+    let (done, error) = reclaim.await;
+    assert!(error.is_none(), "{error:?}");
+    assert!(matches!(done.freed, Some(Freed::Reclaimed { .. })));
+    server.finish().await;
+
+    let mut script = prelude(kind, kind.live(), Some(&pod));
+    script.push(write_of(kind).status(404));
+    let (client, server) = ApiServer::start(script);
+    let (ctx, _) = janitor(client, WRITE);
+    let j = ctx.observer.judge_live(&kind.key(), &mut LockAge).await;
+    let j = j.unwrap().unwrap();
+    let _places = ctx.reclaimer.hold_reports();
+    let gone = tokio::time::timeout(
+        Duration::from_millis(100),
+        ctx.reclaimer.reclaim(&j, |_| false),
+    );
+    let (done, _) = gone.await.expect("a 404 waited for a report place");
+    assert_eq!(done.freed, Some(Freed::Gone));
+    server.finish().await;
+}
+
 type Received = (
     http::Request<kube::client::Body>,
     tower_test::mock::SendResponse<http::Response<kube::client::Body>>,
