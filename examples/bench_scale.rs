@@ -510,10 +510,7 @@ async fn lease_safe_floor(
     released: &lease_burst::Releases,
 ) -> (Vec<f64>, String) {
     let client = floor_client(cp, admin, SAFE_FLOOR_USER, JANITOR_USER).await;
-    let renewer = lease_burst::Renewer::start(admin, holders);
-    renewer.rounds(5).await;
-    let renewed = renewer.stop().await;
-    let allowed = lease_burst::fail_all(admin, holders, &renewed).await;
+    let allowed = lease_burst::renew_then_fail(admin, holders).await;
     let misses = lease_burst::safe_releases(
         &client,
         &allowed,
@@ -572,10 +569,7 @@ async fn lease_floor(
     bare: &[lease_burst::Holder],
     released: &lease_burst::Releases,
 ) -> (Vec<f64>, String) {
-    let renewer = lease_burst::Renewer::start(client, bare);
-    renewer.rounds(5).await;
-    let renewed = renewer.stop().await;
-    let allowed = lease_burst::fail_all(client, bare, &renewed).await;
+    let allowed = lease_burst::renew_then_fail(client, bare).await;
     let refused =
         lease_burst::bare_releases(client, &allowed, lock_janitor::lock::lease::released).await;
     if refused > 0 {
@@ -752,6 +746,17 @@ fn print_latencies(
             where_time_goes(&events, user, &set[s..s + n * b])
         );
     }
+    println!("other requests during each burst of one's own (the API server's audit log):");
+    for (who, (user, set)) in WHO.iter().zip(USERS.iter().zip(sets)).take(2) {
+        for k in 0..n {
+            let burst = &set[s + k * b..s + (k + 1) * b];
+            println!(
+                "  {who} burst {}: {}",
+                k + 1,
+                meanwhile(&events, user, burst)
+            );
+        }
+    }
     println!("step by step in the bursts (the API server's audit log; median / p99 / max):");
     for (who, (user, set)) in WHO.iter().zip(USERS.iter().zip(sets)).take(2) {
         println!(
@@ -760,6 +765,41 @@ fn print_latencies(
             step_by_step(&events, user, &set[s..s + n * b])
         );
     }
+}
+
+/// What else `user` asked of the API server while a burst of its own was
+/// reclaimed (from the first eviction's status write to the last DELETE):
+/// requests about none of the burst's locks and holders, by verb and
+/// resource (watches aside). For the janitor: its takeover looks at the
+/// locks it freed before, its sweeps, its lease.
+fn meanwhile(events: &[AuditEvent], user: &str, burst: &[Made]) -> String {
+    let start = burst
+        .iter()
+        .filter_map(|m| evicted(events, m, user)?.received_at())
+        .min();
+    let end = burst
+        .iter()
+        .flat_map(|m| about(events, m, user, false))
+        .filter(|e| e.verb == "delete")
+        .filter_map(AuditEvent::received_at)
+        .max();
+    let (Some(start), Some(end)) = (start, end) else {
+        return "no window".into();
+    };
+    let ours: std::collections::HashSet<&str> = burst
+        .iter()
+        .flat_map(|m| [m.holder.as_str(), m.lock.as_str()])
+        .collect();
+    let others = events.iter().filter(|e| {
+        let in_window = e.received_at().is_some_and(|t| t >= start && t <= end);
+        let named = e.name.as_deref().map(|n| n.split('.').next().unwrap_or(n));
+        e.effective_user() == user
+            && in_window
+            && e.verb != "watch"
+            && !named.is_some_and(|n| ours.contains(n))
+    });
+    let secs = end.duration_since(start).as_secs_f64();
+    format!("over {secs:.3}s: {}", by_verb(others))
 }
 
 /// The table of the levels: memory and API load at each lock count.

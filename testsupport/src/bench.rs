@@ -262,3 +262,29 @@ pub async fn bench_plane(
     }
     (cp, client, kubeconfig, out)
 }
+
+/// Requests of the API server's audit log counted by verb and resource
+/// (with its subresource): "3 get pods, 1 update leases/status", or
+/// "none".
+pub fn by_verb<'a>(
+    events: impl Iterator<Item = &'a lock_janitor_testenv::audit::AuditEvent>,
+) -> String {
+    let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+    for e in events {
+        let what = format!(
+            "{} {}{}",
+            e.verb,
+            e.resource.as_deref().unwrap_or("-"),
+            e.subresource
+                .as_deref()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default()
+        );
+        *by.entry(what).or_default() += 1;
+    }
+    if by.is_empty() {
+        return "none".into();
+    }
+    let all: Vec<String> = by.into_iter().map(|(w, n)| format!("{n} {w}")).collect();
+    all.join(", ")
+}

@@ -194,6 +194,15 @@ impl Renewer {
     }
 }
 
+/// A floor's holders renew five rounds (four gaps, as the janitor keeps),
+/// then all fail at once: when the rule allows each release.
+pub async fn renew_then_fail(client: &Client, holders: &[Holder]) -> HashMap<String, Allowed> {
+    let renewer = Renewer::start(client, holders);
+    renewer.rounds(5).await;
+    let renewed = renewer.stop().await;
+    fail_all(client, holders, &renewed).await
+}
+
 /// The janitor's renewal window for a Lease renewed at `times` (see
 /// `verdict::lease::renewal_window`): `max(5 s, 2.5 x the longest of the
 /// last four gaps of at least 1 s)`, the gap taken as at most the lease.
@@ -380,8 +389,10 @@ pub async fn safe_releases(
     names: impl Fn(&str, &k8s_openapi::api::core::v1::Pod) -> bool + Sync,
 ) -> SafeMisses {
     use crate::reclaim::{JANITOR_CONCURRENCY, SAFE_FLOOR_USER};
-    // HTTP/1.1: a request in flight holds a connection; opened first, as
-    // a janitor that has run a while holds them.
+    // HTTP/1.1: a request in flight holds a connection. The janitor's
+    // are open from its judgements at the deaths (a list and a read of
+    // each Lease, seconds before); the floor, which reads nothing then,
+    // opens as many first.
     let warm = (0..JANITOR_CONCURRENCY).map(|_| client.apiserver_version());
     let _ = futures::future::join_all(warm).await;
     let recorder = kube::runtime::events::Recorder::new(
@@ -547,33 +558,13 @@ pub fn requests_in(
     namespaces: &[String],
     since: Timestamp,
 ) -> String {
-    let mut by: std::collections::BTreeMap<String, usize> = Default::default();
-    for e in audit {
-        let at = e.received_at();
-        if e.effective_user() != user
-            || at.is_none_or(|t| t < since)
-            || !e
-                .namespace
+    by_verb(audit.iter().filter(|e| {
+        e.effective_user() == user
+            && e.received_at().is_some_and(|t| t >= since)
+            && e.namespace
                 .as_deref()
                 .is_some_and(|ns| namespaces.iter().any(|n| n == ns))
-        {
-            continue;
-        }
-        let what = format!(
-            "{} {}{}",
-            e.verb,
-            e.resource.as_deref().unwrap_or("-"),
-            e.subresource
-                .as_deref()
-                .map(|s| format!("/{s}"))
-                .unwrap_or_default()
-        );
-        *by.entry(what).or_default() += 1;
-    }
-    by.into_iter()
-        .map(|(w, n)| format!("{n} {w}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    }))
 }
 
 /// Where each release's time goes, from the API server's audit log: for

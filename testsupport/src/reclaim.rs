@@ -218,9 +218,11 @@ pub struct SafeFloorMisses {
 /// most); the holder read again (the last request before the write); the
 /// DELETE with the uid and resourceVersion of the lock as read.
 /// `JANITOR_CONCURRENCY` reclaims at a time, the watch read on meanwhile
-/// into a queue, as the janitor's Controller does; its connections are
-/// opened first (one a worker, as a janitor that has run a while holds
-/// them). Its judgement is the least that reads can decide: the holder is
+/// into a queue, as the janitor's Controller does. Its connections are
+/// opened as its requests need them, as the janitor's are (HTTP/1.1: a
+/// request in flight holds one; idle ones close after 90 s), not before:
+/// the first burst after one-at-a-time reclaims pays the same TLS
+/// handshakes for both. Its judgement is the least that reads can decide: the holder is
 /// the pod the lock's owner reference names (its uid) and is Failed or
 /// Succeeded; else nothing is written (counted in `skipped`).
 pub fn safe_floor_deleter(
@@ -232,11 +234,6 @@ pub fn safe_floor_deleter(
     let task = {
         let misses = misses.clone();
         tokio::spawn(async move {
-            // HTTP/1.1: a request in flight holds a connection. A janitor
-            // that has run a while holds as many as its workers; so does
-            // the floor before its first death, not a TLS handshake each.
-            let warm = (0..JANITOR_CONCURRENCY).map(|_| client.apiserver_version());
-            let _ = futures::future::join_all(warm).await;
             let (tx, rx) = futures::channel::mpsc::unbounded::<Made>();
             let api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
             // One task with the workers: aborting it ends the watch too.
