@@ -111,6 +111,13 @@ impl Reclaimer {
         self.reports.clone().try_acquire_many_owned(all).unwrap()
     }
 
+    /// One of the `REPORTS_AT_ONCE` places, held while something is said
+    /// after a write (or for a lock never touched).
+    async fn report_place(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        // Never closed (were it, the report would go without a place).
+        self.reports.acquire().await.ok()
+    }
+
     async fn publish(&self, j: &Judgement, say: Say) -> bool {
         let related = j.lock.as_ref().map(events::holder_ref);
         self.events
@@ -148,8 +155,7 @@ impl Reclaimer {
             // A standby says nothing; the leader reports.
             return false;
         }
-        // Never closed.
-        let _place = self.reports.acquire().await;
+        let _place = self.report_place().await;
         let say = Say {
             type_: EventType::Warning,
             reason,
@@ -423,8 +429,7 @@ impl Reclaimer {
                         &self.marker,
                     ),
                 };
-                // Never closed.
-                let _place = self.reports.acquire().await;
+                let _place = self.report_place().await;
                 // Written before the reclaim counts as done, leading or
                 // not: after a crash, `takeover::restore` finds the
                 // takeovers to await from these Events alone.
@@ -444,8 +449,7 @@ impl Reclaimer {
             // Said already, or a standby, which says nothing.
             return None;
         }
-        // Never closed.
-        let _place = self.reports.acquire().await;
+        let _place = self.report_place().await;
         self.publish(j, once).await.then_some(reason)
     }
 

@@ -445,9 +445,8 @@ async fn safe_release(
     ),
     events_failed: &AtomicUsize,
 ) -> kube::Result<bool> {
-    use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+    use k8s_openapi::api::core::v1::Pod;
     use kube::api::ListParams;
-    use kube::runtime::events::{Event, EventType};
     use kube::Resource;
     let (ns, name) = key.split_once('/').unwrap_or_default();
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
@@ -481,29 +480,19 @@ async fn safe_release(
     if !dead(holder) {
         return Ok(false);
     }
-    let intent = Event {
-        type_: EventType::Normal,
-        reason: "StaleLockReclaiming".into(),
-        note: Some(format!(
-            "Releasing this Lease: holder pod {} was evicted (it can never run again) and \
-             nothing renewed it. Released by the safe floor of bench-scale.",
-            holder.name_any()
-        )),
-        action: "Reclaim".into(),
-        secondary: Some(ObjectReference {
-            resource_version: None,
-            ..holder.object_ref(&())
-        }),
-    };
-    // As the janitor: the Event is waited for a while, never required.
-    let published = tokio::time::timeout(
-        crate::reclaim::INTENT_WITHIN,
-        recorder.publish(&intent, &live.object_ref(&())),
+    let note = format!(
+        "Releasing this Lease: holder pod {} was evicted (it can never run again) and \
+         nothing renewed it. Released by the safe floor of bench-scale.",
+        holder.name_any()
+    );
+    crate::reclaim::intent(
+        recorder,
+        &live.object_ref(&()),
+        Some(holder),
+        note,
+        events_failed,
     )
     .await;
-    if !matches!(published, Ok(Ok(()))) {
-        events_failed.fetch_add(1, Ordering::Relaxed);
-    }
     let again = pods.get_opt(&holder.name_any()).await?;
     if !again.is_some_and(|p| p.metadata.uid == holder.metadata.uid && dead(&p)) {
         return Ok(false);

@@ -32,7 +32,7 @@ pub const SAFE_FLOOR_USER: &str = "lock-janitor-bench-safe-floor";
 pub const JANITOR_CONCURRENCY: usize = 16;
 /// How long the janitor waits for its intent Event before it goes on
 /// (`INTENT_WITHIN` in src/reclaim.rs).
-pub(crate) const INTENT_WITHIN: Duration = Duration::from_millis(500);
+const INTENT_WITHIN: Duration = Duration::from_millis(500);
 /// Pods that can no longer run (the janitor's own field selector).
 pub const TERMINAL_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
 
@@ -307,28 +307,19 @@ async fn safe_reclaim(
     if !dead_holder(&cm, holder.as_ref()) {
         return Ok(false);
     }
-    let regarding = cm.object_ref(&());
-    let related = holder.as_ref().map(|p| ObjectReference {
-        resource_version: None,
-        ..p.object_ref(&())
-    });
-    let intent = Event {
-        type_: EventType::Normal,
-        reason: "StaleLockReclaiming".into(),
-        note: Some(format!(
-            "Deleting this lock: holder pod {} was evicted (it can never run again). \
-             Reclaimed by the safe floor of bench-scale.",
-            m.holder
-        )),
-        action: "Reclaim".into(),
-        secondary: related,
-    };
-    // As the janitor: the Event is waited for a while, never required.
-    let published =
-        tokio::time::timeout(INTENT_WITHIN, recorder.publish(&intent, &regarding)).await;
-    if !matches!(published, Ok(Ok(()))) {
-        events_failed.fetch_add(1, Ordering::Relaxed);
-    }
+    let note = format!(
+        "Deleting this lock: holder pod {} was evicted (it can never run again). \
+         Reclaimed by the safe floor of bench-scale.",
+        m.holder
+    );
+    intent(
+        recorder,
+        &cm.object_ref(&()),
+        holder.as_ref(),
+        note,
+        events_failed,
+    )
+    .await;
     let again = pods.get_opt(&m.holder).await?;
     if !dead_holder(&cm, again.as_ref()) {
         return Ok(false);
@@ -342,6 +333,33 @@ async fn safe_reclaim(
     };
     cms.delete(&m.lock, &dp).await?;
     Ok(true)
+}
+
+/// A safe floor's intent Event (`StaleLockReclaiming` on the lock, the
+/// holder related, through kube's `Recorder` as the janitor writes it):
+/// waited for `INTENT_WITHIN` at most, never required, as the janitor's;
+/// one refused or not answered counts in `failed`.
+pub(crate) async fn intent(
+    recorder: &Recorder,
+    regarding: &ObjectReference,
+    holder: Option<&Pod>,
+    note: String,
+    failed: &AtomicUsize,
+) {
+    let intent = Event {
+        type_: EventType::Normal,
+        reason: "StaleLockReclaiming".into(),
+        note: Some(note),
+        action: "Reclaim".into(),
+        secondary: holder.map(|p| ObjectReference {
+            resource_version: None,
+            ..p.object_ref(&())
+        }),
+    };
+    let published = tokio::time::timeout(INTENT_WITHIN, recorder.publish(&intent, regarding)).await;
+    if !matches!(published, Ok(Ok(()))) {
+        failed.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A client as `user`, bound to `role` (the janitor's grants), so that the
