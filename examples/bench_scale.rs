@@ -16,9 +16,10 @@
 //! runs them; and the bare-DELETE floor, a watcher of terminal pods that
 //! sends one guarded DELETE per death and nothing else. It prints the
 //! janitor's p99 over the safe floor's. Then a burst of Lease holders
-//! that die at once (`--lease-burst`, renewing every 2 s until they die):
-//! the time from the moment the renewal rule allows a release to the
-//! release, beside two floors in the same run, each with holders of its
+//! that die at once (`--lease-burst`, renewing every 2 s until they die),
+//! `--lease-rounds` rounds of it: the time from the moment the renewal
+//! rule allows a release to the release, beside two floors in the same
+//! run, taking turns as the ConfigMap bursts do, each with holders of its
 //! own: the Lease safe floor, which makes the janitor's requests from that
 //! moment (a live GET of the Lease, the pods of its namespace listed, the
 //! intent Event, the holder read again, the guarded release), 16 at a
@@ -32,7 +33,7 @@
 //! cargo build --release --bin lock-janitor
 //! LOCK_JANITOR_BIN=target/release/lock-janitor cargo run --release --example bench_scale -- \
 //!     [--levels 1000,10000] [--sequential 20] [--evict 100] [--bursts 3] [--idle-secs 60] [--resync-secs 20] \
-//!     [--lease-burst 100] [--lease-namespaces own|locks]
+//!     [--lease-burst 100] [--lease-rounds 3] [--lease-namespaces own|locks]
 //! ```
 //!
 //! `--lease-namespaces locks` puts the Lease holders among the ConfigMap
@@ -82,9 +83,14 @@ struct Args {
     /// The janitor's --resync while idle, in seconds.
     #[arg(long = "resync-secs", value_name = "N", default_value = "20", value_parser = seconds)]
     resync: Duration,
-    /// Lease holders that fail at once (0: none).
+    /// Lease holders that fail at once, for each (0: none).
     #[arg(long, default_value_t = 100)]
     lease_burst: usize,
+    /// Rounds of a Lease burst for each (their p99 is over all of them).
+    /// The dead holders stay, so later turns list more pods; a multiple
+    /// of 3 gives each reclaimer the same share of early and late turns.
+    #[arg(long, default_value_t = 3)]
+    lease_rounds: usize,
     /// `locks`: the Lease holders live among the ConfigMap holders (1,000
     /// pods a namespace at 10,000 locks); `own`: in namespaces of their own.
     #[arg(long = "lease-namespaces", value_name = "own|locks", default_value = "own", value_parser = own_or_locks, action = clap::ArgAction::Set)]
@@ -400,20 +406,33 @@ async fn settled(j: &Janitor) {
     j.wait_ready().await;
 }
 
-/// The Lease burst's figures: each reclaimer's latencies from "the rule
-/// allows it" to the release, the windows, and where the time went.
+/// The Lease bursts' figures: each reclaimer's latencies from "the rule
+/// allows it" to the release (pooled over the rounds, and each round's
+/// own), the windows, and where the time went.
+#[derive(Default)]
 struct LeaseFigures {
-    janitor: Vec<f64>,
-    safe: Vec<f64>,
-    bare: Vec<f64>,
+    /// Janitor, safe floor, bare releaser: one list per round.
+    rounds: [Vec<Vec<f64>>; 3],
     windows: Vec<f64>,
     requests: String,
 }
 
-/// The Lease burst: `n` holders renew (client-go's timings), the janitor
-/// watches (beside every ConfigMap lock still there), all fail at once;
-/// then the same for a second set of `n` with the safe floor in its
-/// place, and for a third with a bare releaser.
+impl LeaseFigures {
+    fn pooled(&self, i: usize) -> Vec<f64> {
+        self.rounds[i].concat()
+    }
+}
+
+/// Who releases in a Lease round, in the order of `LeaseFigures::rounds`.
+const LEASE_WHO: [&str; 3] = ["leader", "safe-leader", "bare-leader"];
+
+/// The Lease bursts: `--lease-rounds` rounds, in each of which the janitor,
+/// the Lease safe floor and the bare releaser take turns (the first of each
+/// round in turn, as the ConfigMap bursts do), each on `n` holders of its
+/// own made for the round, which renew (client-go's timings) and then all
+/// fail at once. The janitor watches throughout (beside every ConfigMap
+/// lock still there); the floors' Leases are not opted in, so it does not
+/// see them.
 async fn lease_burst_phase(
     cp: &lock_janitor_testenv::ControlPlane,
     client: &Client,
@@ -424,7 +443,9 @@ async fn lease_burst_phase(
     let n = args.lease_burst;
     let namespaces = lease_namespaces(client, lock_ns, args).await;
     step(&format!(
-        "Lease burst: {n} holders renewing every {} on a {} s lease, in {} namespaces ({})",
+        "Lease bursts: {} rounds of {n} holders each for the janitor and the two floors, renewing every {} \
+         on a {} s lease, in {} namespaces ({})",
+        args.lease_rounds,
         secs(lease_burst::RENEW),
         lease_burst::LEASE_SECONDS,
         namespaces.len(),
@@ -434,85 +455,136 @@ async fn lease_burst_phase(
             "of their own"
         }
     ));
-    let watched = lease_burst::holders(client, &namespaces, "leader", n, true).await;
-    let safe = lease_burst::holders(client, &namespaces, "safe-leader", n, false).await;
-    let bare = lease_burst::holders(client, &namespaces, "bare-leader", n, false).await;
     let (released, watch, synced) = lease_burst::watch_releases(client);
     let _ = synced.await;
-
-    // The janitor: it learns each holder's renew period from its watch.
-    let renewer = lease_burst::Renewer::start(client, &watched);
     let j = Janitor::start(kubeconfig, &[]).await;
-    wait_for("every Lease held", Duration::from_secs(300), || async {
-        let m = j.metrics().await;
-        let held = sample(
-            &m,
-            "lock_janitor_locks",
-            &[("kind", "lease"), ("state", "held")],
-        );
-        (held.unwrap_or(0.0) as usize == n).then_some(())
-    })
-    .await;
     // Its start-up work over the ConfigMap locks still there is done.
     settled(&j).await;
+    let safe_client = floor_client(cp, client, SAFE_FLOOR_USER, JANITOR_USER).await;
+    let mut f = LeaseFigures::default();
+    let mut allowed: [HashMap<String, lease_burst::Allowed>; 3] = Default::default();
+    // Each janitor turn's span, from its holders' deaths to the last release.
+    let mut turns = Vec::new();
+    for k in 0..args.lease_rounds {
+        for i in (0..3).map(|i| (i + k) % 3) {
+            let prefix = format!("{}-{k}", LEASE_WHO[i]);
+            // The Leases the janitor holds already (those it released stay
+            // held: judged released) before this round's are made.
+            let before = held_leases(&j).await;
+            let holders = lease_burst::holders(client, &namespaces, &prefix, n, i == 0).await;
+            let mut deaths = None;
+            let now = match i {
+                0 => {
+                    let (now, at) = janitor_lease_round(client, &j, &holders, before).await;
+                    deaths = Some(at);
+                    now
+                }
+                1 => lease_safe_floor(client, &safe_client, &holders).await,
+                _ => lease_floor(client, &holders).await,
+            };
+            let took =
+                lease_burst::release_latencies(&released, &now, Duration::from_secs(120)).await;
+            if let Some(at) = deaths {
+                turns.push((at, Timestamp::now()));
+            }
+            if took.len() < n {
+                println!("    {}: {} of {n} Leases NOT released within 120 s", LEASE_WHO[i], n - took.len());
+            }
+            f.rounds[i].push(took);
+            allowed[i].extend(now);
+            tokio::time::sleep(SETTLE).await;
+        }
+    }
+    f.windows = allowed[0].values().map(|a| a.window.as_secs_f64()).collect();
+    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
+    let requests = lease_burst::requests_in(&audit, JANITOR_USER, &namespaces, &turns);
+    let timeline = lease_timeline(&audit, &allowed, &released, &j.logs());
+    drop(j);
+    watch.abort();
+    f.requests = format!("{requests}\n  where the time goes (the API server's audit log):\n  {timeline}");
+    f
+}
+
+/// The janitor's round: its holders renew until it has seen four gaps (it
+/// learns each holder's renew period from its watch), then all fail at
+/// once. Returns when the rule allows each release.
+async fn janitor_lease_round(
+    client: &Client,
+    j: &Janitor,
+    holders: &[lease_burst::Holder],
+    held_before: usize,
+) -> (HashMap<String, lease_burst::Allowed>, Timestamp) {
+    let renewer = lease_burst::Renewer::start(client, holders);
+    wait_for("every Lease of the round held", Duration::from_secs(300), || async {
+        (held_leases(j).await >= held_before + holders.len()).then_some(())
+    })
+    .await;
     // Four gaps seen (the janitor keeps the last four).
     renewer.rounds(5).await;
     let renewed = renewer.stop().await;
-    let since = k8s_openapi::jiff::Timestamp::now();
-    let allowed = lease_burst::fail_all(client, &watched, &renewed).await;
-    let janitor =
-        lease_burst::release_latencies(&released, &allowed, Duration::from_secs(120)).await;
-    let windows: Vec<f64> = allowed.values().map(|a| a.window.as_secs_f64()).collect();
-    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
-    let requests = lease_burst::requests_in(&audit, JANITOR_USER, &namespaces, since);
-    let (to_list, list_to_release, to_release) =
-        lease_burst::timeline(&audit, Some(JANITOR_USER), JANITOR_USER, &allowed);
-    let (to_own, own_to_release) = lease_burst::by_janitor_moment(
-        &released,
-        &allowed,
-        &lease_burst::janitor_moments(&j.logs()),
+    let deaths = Timestamp::now();
+    (lease_burst::fail_all(client, holders, &renewed).await, deaths)
+}
+
+/// The Leases the janitor counts as held (`lock_janitor_locks`).
+async fn held_leases(j: &Janitor) -> usize {
+    let m = j.metrics().await;
+    let held = sample(
+        &m,
+        "lock_janitor_locks",
+        &[("kind", "lease"), ("state", "held")],
     );
-    let mut timeline = format!(
+    held.unwrap_or(0.0) as usize
+}
+
+/// Where each release's time went, pooled over the rounds (the audit log,
+/// and the janitor's own log for the moment it found).
+fn lease_timeline(
+    audit: &[AuditEvent],
+    allowed: &[HashMap<String, lease_burst::Allowed>; 3],
+    released: &lease_burst::Releases,
+    janitor_log: &str,
+) -> String {
+    let (to_list, list_to_release, to_release) =
+        lease_burst::timeline(audit, Some(JANITOR_USER), JANITOR_USER, &allowed[0]);
+    let (to_own, own_to_release) = lease_burst::by_janitor_moment(
+        released,
+        &allowed[0],
+        &lease_burst::janitor_moments(janitor_log),
+    );
+    let (s_list, s_list_to_release, s_release) =
+        lease_burst::timeline(audit, Some(SAFE_FLOOR_USER), JANITOR_USER, &allowed[1]);
+    let (_, _, b_release) = lease_burst::timeline(audit, None, JANITOR_USER, &allowed[2]);
+    format!(
         "janitor: allowed -> its last pod list: {}\n    pod list -> release:          {}\n    allowed -> release:           {}\n    \
          allowed -> the janitor's own moment (its log: the window it found, on its own clock): {}\n    \
-         its own moment -> released (as the watch here sees it): {}",
+         its own moment -> released (as the watch here sees it): {}\n  \
+         safe floor: allowed -> its last pod list: {}\n    pod list -> release:          {}\n    \
+         allowed -> release:           {}\n  \
+         bare release: allowed -> release:           {}",
         distribution(to_list),
         distribution(list_to_release),
         distribution(to_release),
         distribution(to_own),
-        distribution(own_to_release)
-    );
-    drop(j);
-
-    let (safe, safe_timeline) = lease_safe_floor(cp, client, &safe, &released).await;
-    let (bare, bare_timeline) = lease_floor(cp, client, &bare, &released).await;
-    watch.abort();
-    timeline.push_str(&safe_timeline);
-    timeline.push_str(&bare_timeline);
-    LeaseFigures {
-        janitor,
-        safe,
-        bare,
-        windows,
-        requests: format!(
-            "{requests}\n  where the time goes (the API server's audit log):\n  {timeline}"
-        ),
-    }
+        distribution(own_to_release),
+        distribution(s_list),
+        distribution(s_list_to_release),
+        distribution(s_release),
+        distribution(b_release)
+    )
 }
 
-/// The safe floor: the same burst, released with the janitor's requests
-/// (`lease_burst::safe_releases`). Returns its latencies and its lines of
-/// the timeline.
+/// The Lease safe floor's round: its holders renew five rounds, then all
+/// fail at once, and it releases them with the janitor's requests
+/// (`lease_burst::safe_releases`) as the rule allows each.
 async fn lease_safe_floor(
-    cp: &lock_janitor_testenv::ControlPlane,
     admin: &Client,
+    client: &Client,
     holders: &[lease_burst::Holder],
-    released: &lease_burst::Releases,
-) -> (Vec<f64>, String) {
-    let client = floor_client(cp, admin, SAFE_FLOOR_USER, JANITOR_USER).await;
+) -> HashMap<String, lease_burst::Allowed> {
     let allowed = lease_burst::renew_then_fail(admin, holders).await;
     let misses = lease_burst::safe_releases(
-        &client,
+        client,
         &allowed,
         lock_janitor::lock::lease::released,
         lock_janitor::lock::lease::names,
@@ -531,18 +603,7 @@ async fn lease_safe_floor(
              releases and {events} intent Events"
         );
     }
-    let safe = lease_burst::release_latencies(released, &allowed, Duration::from_secs(120)).await;
-    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
-    let (to_list, list_to_release, to_release) =
-        lease_burst::timeline(&audit, Some(SAFE_FLOOR_USER), JANITOR_USER, &allowed);
-    let line = format!(
-        "\n  safe floor: allowed -> its last pod list: {}\n    pod list -> release:          {}\n    \
-         allowed -> release:           {}",
-        distribution(to_list),
-        distribution(list_to_release),
-        distribution(to_release)
-    );
-    (safe, line)
+    allowed
 }
 
 /// Where the Lease holders live: among the ConfigMap holders, or in
@@ -561,28 +622,19 @@ async fn lease_namespaces(client: &Client, lock_ns: &[String], args: &Args) -> V
     }
 }
 
-/// The floor: the same burst, released by the rule's clock alone. Returns
-/// its latencies and its line of the timeline.
+/// The bare releaser's round: its holders renew five rounds, then all
+/// fail at once, and it releases each by the rule's clock alone.
 async fn lease_floor(
-    cp: &lock_janitor_testenv::ControlPlane,
     client: &Client,
     bare: &[lease_burst::Holder],
-    released: &lease_burst::Releases,
-) -> (Vec<f64>, String) {
+) -> HashMap<String, lease_burst::Allowed> {
     let allowed = lease_burst::renew_then_fail(client, bare).await;
     let refused =
         lease_burst::bare_releases(client, &allowed, lock_janitor::lock::lease::released).await;
     if refused > 0 {
         println!("    the bare releaser was refused {refused} times");
     }
-    let floor = lease_burst::release_latencies(released, &allowed, Duration::from_secs(120)).await;
-    let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
-    let (_, _, to_release) = lease_burst::timeline(&audit, None, JANITOR_USER, &allowed);
-    let line = format!(
-        "\n  bare release: allowed -> release:           {}",
-        distribution(to_release)
-    );
-    (floor, line)
+    allowed
 }
 
 /// The reclaimers of the latency phase, in the order of their rows.
@@ -802,6 +854,36 @@ fn meanwhile(events: &[AuditEvent], user: &str, burst: &[Made]) -> String {
     format!("over {secs:.3}s: {}", by_verb(others))
 }
 
+/// What the Lease phase prints: the latencies pooled over the rounds, the
+/// janitor's p99 over the safe floor's (pooled, and each round's), and
+/// where the time went.
+fn print_lease_latencies(f: &LeaseFigures, n: usize) {
+    let rounds = f.rounds[0].len();
+    println!(
+        "Lease release, {rounds} rounds of {n} holders failed at once for each (the renewal rule allows it -> \
+         released, as a watch here sees it; W {}):",
+        distribution(f.windows.clone())
+    );
+    for (i, who) in ["janitor:     ", "safe floor:  ", "bare release:"].iter().enumerate() {
+        println!("  {who} {}", distribution(f.pooled(i)));
+    }
+    println!(
+        "  janitor p99 / safe floor p99 = {}",
+        ratio(p99(&f.pooled(0)), p99(&f.pooled(1)))
+    );
+    let each: Vec<String> = (0..rounds)
+        .map(|k| ratio(p99(&f.rounds[0][k]), p99(&f.rounds[1][k])))
+        .collect();
+    println!(
+        "  each round alone, janitor p99 / safe floor p99: {}",
+        each.join(", ")
+    );
+    println!(
+        "  janitor's requests in the Lease namespaces during its turns (from the deaths to the last release): {}",
+        f.requests
+    );
+}
+
 /// The table of the levels: memory and API load at each lock count.
 fn print_levels(args: &Args, levels: &[Level]) {
     println!("janitor at scale (release build; idle load at --resync {}; default-flag load = that x {}/300)", secs(args.resync), args.resync.as_secs());
@@ -895,7 +977,7 @@ async fn main() {
     running.stop();
     drop(j);
     watch.abort();
-    let leases = if args.lease_burst > 0 {
+    let leases = if args.lease_burst > 0 && args.lease_rounds > 0 {
         Some(lease_burst_phase(&cp, &client, &kubeconfig, &lock_ns, &args).await)
     } else {
         None
@@ -906,22 +988,7 @@ async fn main() {
     println!();
     print_latencies(&cp, top, sets, &lat, (s, b));
     if let Some(f) = leases {
-        let n = args.lease_burst;
-        println!(
-            "Lease release, {n} holders failed at once (the renewal rule allows it -> released, as a watch here sees it; W {}):",
-            distribution(f.windows)
-        );
-        println!("  janitor:      {}", distribution(f.janitor.clone()));
-        println!("  safe floor:   {}", distribution(f.safe.clone()));
-        println!("  bare release: {}", distribution(f.bare));
-        println!(
-            "  janitor p99 / safe floor p99 = {}",
-            ratio(p99(&f.janitor), p99(&f.safe))
-        );
-        println!(
-            "  janitor's requests in the Lease namespaces after the deaths: {}",
-            f.requests
-        );
+        print_lease_latencies(&f, args.lease_burst);
     }
     println!("\nwhole run {}", secs(run.elapsed()));
     drop(client);

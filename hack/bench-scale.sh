@@ -8,7 +8,7 @@
 # defaults, after the builds.
 #
 #   hack/bench-scale.sh [--levels 1000,10000] [--sequential 20] [--evict 100] [--bursts 3]
-#       [--idle-secs 60] [--resync-secs 20] [--lease-burst 100]
+#       [--idle-secs 60] [--resync-secs 20] [--lease-burst 100] [--lease-rounds 3]
 #       [--lease-namespaces own|locks]     (--help says what each is)
 #
 # It measures the image's binary (the static musl build of the Dockerfile);

@@ -539,17 +539,19 @@ pub async fn release_latencies(
         .collect()
 }
 
-/// The janitor's requests in `namespaces` from `since` on, by verb and
-/// resource, from the API server's audit log.
+/// The janitor's requests in `namespaces` within `windows` (each from its
+/// start to its end), by verb and resource, from the API server's audit
+/// log.
 pub fn requests_in(
     audit: &[AuditEvent],
     user: &str,
     namespaces: &[String],
-    since: Timestamp,
+    windows: &[(Timestamp, Timestamp)],
 ) -> String {
     by_verb(audit.iter().filter(|e| {
         e.effective_user() == user
-            && e.received_at().is_some_and(|t| t >= since)
+            && e.received_at()
+                .is_some_and(|t| windows.iter().any(|(from, to)| t >= *from && t <= *to))
             && e.namespace
                 .as_deref()
                 .is_some_and(|ns| namespaces.iter().any(|n| n == ns))
