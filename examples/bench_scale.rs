@@ -488,20 +488,28 @@ async fn lease_burst_phase(
                 turns.push((at, Timestamp::now()));
             }
             if took.len() < n {
-                println!("    {}: {} of {n} Leases NOT released within 120 s", LEASE_WHO[i], n - took.len());
+                println!(
+                    "    {}: {} of {n} Leases NOT released within 120 s",
+                    LEASE_WHO[i],
+                    n - took.len()
+                );
             }
             f.rounds[i].push(took);
             allowed[i].extend(now);
             tokio::time::sleep(SETTLE).await;
         }
     }
-    f.windows = allowed[0].values().map(|a| a.window.as_secs_f64()).collect();
+    f.windows = allowed[0]
+        .values()
+        .map(|a| a.window.as_secs_f64())
+        .collect();
     let audit = lock_janitor_testenv::audit::read(cp.audit_log_path());
     let requests = lease_burst::requests_in(&audit, JANITOR_USER, &namespaces, &turns);
     let timeline = lease_timeline(&audit, &allowed, &released, &j.logs());
     drop(j);
     watch.abort();
-    f.requests = format!("{requests}\n  where the time goes (the API server's audit log):\n  {timeline}");
+    f.requests =
+        format!("{requests}\n  where the time goes (the API server's audit log):\n  {timeline}");
     f
 }
 
@@ -515,15 +523,20 @@ async fn janitor_lease_round(
     held_before: usize,
 ) -> (HashMap<String, lease_burst::Allowed>, Timestamp) {
     let renewer = lease_burst::Renewer::start(client, holders);
-    wait_for("every Lease of the round held", Duration::from_secs(300), || async {
-        (held_leases(j).await >= held_before + holders.len()).then_some(())
-    })
+    wait_for(
+        "every Lease of the round held",
+        Duration::from_secs(300),
+        || async { (held_leases(j).await >= held_before + holders.len()).then_some(()) },
+    )
     .await;
     // Four gaps seen (the janitor keeps the last four).
     renewer.rounds(5).await;
     let renewed = renewer.stop().await;
     let deaths = Timestamp::now();
-    (lease_burst::fail_all(client, holders, &renewed).await, deaths)
+    (
+        lease_burst::fail_all(client, holders, &renewed).await,
+        deaths,
+    )
 }
 
 /// The Leases the janitor counts as held (`lock_janitor_locks`).
@@ -864,7 +877,10 @@ fn print_lease_latencies(f: &LeaseFigures, n: usize) {
          released, as a watch here sees it; W {}):",
         distribution(f.windows.clone())
     );
-    for (i, who) in ["janitor:     ", "safe floor:  ", "bare release:"].iter().enumerate() {
+    for (i, who) in ["janitor:     ", "safe floor:  ", "bare release:"]
+        .iter()
+        .enumerate()
+    {
         println!("  {who} {}", distribution(f.pooled(i)));
     }
     println!(
