@@ -4,7 +4,7 @@
 # reclaim latency beside two floors (the safe floor: the janitor's own
 # requests from a bare client; the bare DELETE), in one run on a local
 # control plane (docs/performance.md "Two floors"). It prints numbers and
-# fails on nothing but errors. About 10 minutes on 2 cores with the
+# fails on nothing but errors. About 12 minutes on 2 cores with the
 # defaults, after the builds.
 #
 #   hack/bench-scale.sh [--levels 1000,10000] [--sequential 20] [--evict 100] [--bursts 3]
