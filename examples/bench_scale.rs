@@ -799,6 +799,21 @@ fn print_latencies(
         "  each burst alone, janitor p99 / safe floor p99: {}",
         each.join(", ")
     );
+    // Each burst's p99 itself, and who went before it in its round.
+    for (i, (who, l)) in WHO.iter().zip(lat).enumerate().take(2) {
+        let each: Vec<String> = (0..n)
+            .map(|k| {
+                // Burst k's order is (j + k) % 3 for j = 0, 1, 2.
+                let place = (i + 3 - k % 3) % 3 + 1;
+                let p = p99(&l.bursts[k]).map_or("-".into(), |p| format!("{p:.3}"));
+                format!("{p} ({place})")
+            })
+            .collect();
+        println!(
+            "  each burst's p99 (its place in the round), {who} {}",
+            each.join(", ")
+        );
+    }
     let events = lock_janitor_testenv::audit::read(cp.audit_log_path());
     println!("where one reclaim's time goes (one at a time; the API server's audit log):");
     for (who, (user, set)) in WHO.iter().zip(USERS.iter().zip(sets)) {
