@@ -466,11 +466,11 @@ async fn lease_burst_phase(
     // Each janitor turn's span, from its holders' deaths to the last release.
     let mut turns = Vec::new();
     for k in 0..args.lease_rounds {
-        for i in (0..3).map(|i| (i + k) % 3) {
+        for i in turn_order(k) {
             let prefix = format!("{}-{k}", LEASE_WHO[i]);
             // The Leases the janitor holds already (those it released stay
-            // held: judged released) before this round's are made.
-            let before = held_leases(&j).await;
+            // held: judged released) before its turn's are made.
+            let before = if i == 0 { held_leases(&j).await } else { 0 };
             let holders = lease_burst::holders(client, &namespaces, &prefix, n, i == 0).await;
             let mut deaths = None;
             let now = match i {
@@ -653,6 +653,17 @@ async fn lease_floor(
 /// The reclaimers of the latency phase, in the order of their rows.
 const WHO: [&str; 3] = ["janitor,    ", "safe floor, ", "bare DELETE,"];
 
+/// Who goes in round `k`, in order (indexes into `WHO`): the first of each
+/// round in turn, so each reclaimer has each place once in three rounds.
+fn turn_order(k: usize) -> impl Iterator<Item = usize> {
+    (0..3).map(move |j| (j + k) % 3)
+}
+
+/// The place (1 to 3) reclaimer `i` has in round `k` (see `turn_order`).
+fn place_in(i: usize, k: usize) -> usize {
+    (i + 3 - k % 3) % 3 + 1
+}
+
 /// Their users, which tell their requests apart in the audit log.
 const USERS: [&str; 3] = [JANITOR_USER, SAFE_FLOOR_USER, FLOOR_USER];
 
@@ -737,7 +748,7 @@ async fn take_turns(
         l[i].seq = one_at_a_time(client, deleted, &set[..s]).await;
     }
     for k in 0..bursts {
-        for i in (0..3).map(|i| (i + k) % 3) {
+        for i in turn_order(k) {
             let burst = &sets[i][s + k * b..s + (k + 1) * b];
             let took = at_once(client, deleted, burst).await;
             if took.len() < b {
@@ -803,8 +814,7 @@ fn print_latencies(
     for (i, (who, l)) in WHO.iter().zip(lat).enumerate().take(2) {
         let each: Vec<String> = (0..n)
             .map(|k| {
-                // Burst k's order is (j + k) % 3 for j = 0, 1, 2.
-                let place = (i + 3 - k % 3) % 3 + 1;
+                let place = place_in(i, k);
                 let p = p99(&l.bursts[k]).map_or("-".into(), |p| format!("{p:.3}"));
                 format!("{p} ({place})")
             })
