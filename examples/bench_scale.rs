@@ -465,6 +465,8 @@ async fn lease_burst_phase(
     let mut allowed: [HashMap<String, lease_burst::Allowed>; 3] = Default::default();
     // Each janitor turn's span, from its holders' deaths to the last release.
     let mut turns = Vec::new();
+    // The janitor's releases so far.
+    let mut freed = 0;
     for k in 0..args.lease_rounds {
         for i in turn_order(k) {
             let prefix = format!("{}-{k}", LEASE_WHO[i]);
@@ -486,6 +488,8 @@ async fn lease_burst_phase(
                 lease_burst::release_latencies(&released, &now, Duration::from_secs(120)).await;
             if let Some(at) = deaths {
                 turns.push((at, Timestamp::now()));
+                freed += took.len();
+                said(&j, "lease", freed).await;
             }
             if took.len() < n {
                 println!(
@@ -740,6 +744,7 @@ impl Floors {
 async fn take_turns(
     client: &Client,
     deleted: &Deletions,
+    j: &Janitor,
     sets: [&[Made]; 3],
     (s, b, bursts): (usize, usize, usize),
 ) -> [Latencies; 3] {
@@ -747,6 +752,7 @@ async fn take_turns(
     for (i, set) in sets.iter().enumerate() {
         l[i].seq = one_at_a_time(client, deleted, &set[..s]).await;
     }
+    let mut freed = l[0].seq.len();
     for k in 0..bursts {
         for i in turn_order(k) {
             let burst = &sets[i][s + k * b..s + (k + 1) * b];
@@ -758,11 +764,48 @@ async fn take_turns(
                     b - took.len()
                 );
             }
+            if i == 0 {
+                freed += took.len();
+                said(j, "configmap", freed).await;
+            }
             l[i].bursts.push(took);
             tokio::time::sleep(SETTLE).await;
         }
     }
     l
+}
+
+/// Waits until the janitor has said what it freed: `n` reclaims of `kind`
+/// counted (`lock_janitor_reclaims_by_reason_total`, counted once the
+/// `StaleLockReclaimed` Event is written), so that its reports are not
+/// served during the next reclaimer's turn. 30 s at most: a lock freed but
+/// not counted (a DELETE whose answer was lost, then a 404) is said, and
+/// the run goes on.
+async fn said(j: &Janitor, kind: &str, n: usize) {
+    let kind = format!("kind=\"{kind}\"");
+    let counted = || async {
+        let m = j.metrics().await;
+        m.lines()
+            .filter(|l| {
+                l.starts_with("lock_janitor_reclaims_by_reason_total{") && l.contains(&kind)
+            })
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let c = counted().await;
+        if c >= n as f64 {
+            return;
+        }
+        if Instant::now() > deadline {
+            println!(
+                "    the janitor counted {c} reclaims of {kind}, not {n}, 30 s after its turn"
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// What the latency phase prints: the latencies, the janitor's p99 over
@@ -1014,7 +1057,7 @@ async fn main() {
     settled(&j).await;
     let sets = [&made[..per], &floors[..per], &floors[per..]];
     let running = Floors::start(&cp, &client, sets[1], sets[2]).await;
-    let lat = take_turns(&client, &deleted, sets, (s, b, n)).await;
+    let lat = take_turns(&client, &deleted, &j, sets, (s, b, n)).await;
     running.stop();
     drop(j);
     watch.abort();
