@@ -20,8 +20,9 @@
 //! 4. once freed, `StaleLockReclaimed` (up to three tries), then, with
 //!    `--delete-pod`, a DELETE of the dead pod with a uid precondition and
 //!    `DeadHolderDeleted`. The controller's turn has ended before these
-//!    (`reclaim_with`): they are what the reclaim says, not its judgement,
-//!    and go `REPORTS_AT_ONCE` at a time.
+//!    (`reclaim_with`): they are what the reclaim says, not its judgement;
+//!    they wait while other judgements are in line or under way (1 s at
+//!    most, `first`) and go `REPORTS_AT_ONCE` at a time.
 //!
 //! The holder's GET is the last request before the freeing write: no
 //! precondition sees a pod made again under the holder's name.
@@ -52,14 +53,17 @@ const INTENT_WITHIN: Duration = Duration::from_millis(500);
 /// What judgements say once their writes are answered, or when they make
 /// none (`StaleLockReclaimed`, `--delete-pod`'s deletion and its Event, a
 /// dry run's or a blocked lock's Event, the report of a lock never
-/// touched), at most this many at once in all, first come first served.
-/// The judgements' turns end before it (`controller::Turn`), so a slow
+/// touched), at most this many at once in all, once no judgement is in
+/// line or under way (`first`). The judgements' turns end before it (`controller::Turn`), so a slow
 /// Events API during a mass eviction holds at most this many requests
 /// and connections for reports; the rest wait, each holding its
 /// judgement (the lock and holder as read).
 pub const REPORTS_AT_ONCE: usize = 64;
 
 pub use crate::decide::{Done, Freed};
+pub use first::{InLine, Judging};
+
+mod first;
 
 /// What the janitor may write.
 #[derive(Clone, Copy, Debug, Default)]
@@ -82,6 +86,8 @@ pub struct Reclaimer {
     mode: Mode,
     /// Places for what is said after a write (`REPORTS_AT_ONCE`).
     reports: std::sync::Arc<tokio::sync::Semaphore>,
+    /// The judgements a report yields to (`first`).
+    judging: Judging,
 }
 
 impl Reclaimer {
@@ -101,7 +107,14 @@ impl Reclaimer {
             metrics,
             mode,
             reports: std::sync::Arc::new(tokio::sync::Semaphore::new(REPORTS_AT_ONCE)),
+            judging: Judging::default(),
         }
+    }
+
+    /// The count of judgements in line or under way, which the turns keep
+    /// (`controller::Turn`) and reports yield to.
+    pub fn judging(&self) -> Judging {
+        self.judging.clone()
     }
 
     /// Takes every report place (a test's Events API that is slow).
@@ -112,8 +125,10 @@ impl Reclaimer {
     }
 
     /// One of the `REPORTS_AT_ONCE` places, held while something is said
-    /// after a write (or for a lock never touched).
+    /// after a write (or for a lock never touched), taken once no
+    /// judgement is in line or under way (`first::YIELD_AT_MOST` at most).
     async fn report_place(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.judging.quiet(first::YIELD_AT_MOST).await;
         // Never closed (were it, the report would go without a place).
         self.reports.acquire().await.ok()
     }
@@ -384,7 +399,7 @@ impl Reclaimer {
 
     /// What a reclaim did, said as an Event: a dry run's and a blocked
     /// lock's once per version (the reason returned when written now); a
-    /// reclaim's right after the write, before the reclaim is counted,
+    /// reclaim's after the write (`report_place`), before it is counted,
     /// followed by the dead pod's deletion when asked.
     async fn say(
         &self,

@@ -207,13 +207,18 @@ pub(super) struct Wiring<K: Watched, L> {
 /// after (`StaleLockReclaimed`, `--delete-pod`'s deletion, a dry run's,
 /// a blocked or an untouchable lock's Event) goes on past `end`, in the
 /// same reconcile, while the next lock is judged: a report never holds a
-/// turn a death waits for. Outside the
+/// turn a death waits for, and waits itself while a lock is in line or
+/// judged (`reclaim::Judging`, 1 s at most), which the turn counts from
+/// the lock's handover to its `end`. Outside the
 /// Controller (unit and end-to-end tests call `reconcile` directly) a
 /// reconcile has none (`Turn::default`).
 #[derive(Default)]
 pub struct Turn {
     /// Held for its drop, which gives the turn on.
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Counted among the judgements reports yield to, from the lock's
+    /// handover to the turn's end (`reclaim::Judging`).
+    _in_line: Option<crate::reclaim::InLine>,
 }
 
 impl Turn {
@@ -225,6 +230,7 @@ impl Turn {
     pub(super) fn of(permit: tokio::sync::OwnedSemaphorePermit) -> Turn {
         Turn {
             _permit: Some(permit),
+            _in_line: None,
         }
     }
 }
@@ -258,6 +264,7 @@ const QUEUED: u16 = 1024;
 /// not begin a queued one.
 fn in_turn<O, C, F, Fut>(
     concurrency: u16,
+    judging: crate::reclaim::Judging,
     shutdown: CancellationToken,
     current: impl Fn(&O) -> Option<Arc<O>> + Clone + Send + 'static,
     judge: F,
@@ -273,6 +280,7 @@ where
     let turns = Arc::new(tokio::sync::Semaphore::new(usize::from(concurrency)));
     move |obj, ctx| {
         let (shutdown, current, judge) = (shutdown.clone(), current.clone(), judge.clone());
+        let in_line = judging.enter();
         // In line now: a first poll enqueues the wait (the task's own poll
         // later takes the place of this waker, which wakes nothing). Out of
         // tokio's cooperative budget, which could otherwise answer this
@@ -295,6 +303,7 @@ where
             };
             let turn = Turn {
                 _permit: Some(turn),
+                _in_line: Some(in_line),
             };
             Box::pin(judge(obj, ctx, turn)).await
         })
@@ -331,7 +340,13 @@ pub(super) async fn drive<K, L>(
         .with_config(ControllerConfig::default().concurrency(QUEUED))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(
-            in_turn(w.concurrency, shutdown, current, reconcile::<K>),
+            in_turn(
+                w.concurrency,
+                ctx.reclaimer.judging(),
+                shutdown,
+                current,
+                reconcile::<K>,
+            ),
             error_policy::<K>,
             ctx,
         )
@@ -398,7 +413,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn queued_locks_are_judged_in_the_order_they_came_a_few_at_a_time() {
         let seen = Arc::new(Seen::default());
-        let mut turn = in_turn(3, CancellationToken::new(), same, judge);
+        let mut turn = in_turn(3, Default::default(), CancellationToken::new(), same, judge);
         // 30 locks queued at once, more than 3 may run: each begins after
         // every lock queued before it, and never more than 3 run. (30:
         // join_all's limit for polling each future only when woken.)
@@ -430,7 +445,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_turn_ends_with_the_write_not_with_what_is_said_after_it() {
         let seen = Arc::new(Seen::default());
-        let mut turn = in_turn(2, CancellationToken::new(), same, reclaim);
+        let mut turn = in_turn(
+            2,
+            Default::default(),
+            CancellationToken::new(),
+            same,
+            reclaim,
+        );
         let started = tokio::time::Instant::now();
         let all: Vec<_> = (0..8).map(|n| turn(Arc::new(n), seen.clone())).collect();
         let out = futures::future::join_all(all).await;
@@ -442,12 +463,75 @@ mod tests {
         assert!(took < Duration::from_millis(1100), "{took:?}");
     }
 
+    /// When each report went, after the start, with the count it yields to.
+    struct Reports {
+        judging: crate::reclaim::Judging,
+        t0: tokio::time::Instant,
+        went: Mutex<Vec<Duration>>,
+    }
+
+    /// A reclaim whose report yields to the judgements (`Judging::quiet`):
+    /// its write (10 ms), its turn ended, then its report.
+    async fn reclaim_then_report(
+        _n: Arc<usize>,
+        r: Arc<Reports>,
+        turn: Turn,
+    ) -> Result<Action, crate::Error> {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        turn.end();
+        r.judging.quiet(Duration::from_secs(5)).await;
+        r.went.lock().unwrap().push(r.t0.elapsed());
+        Ok(Action::await_change())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_follow_the_last_write_of_a_burst_and_the_count_returns_to_zero() {
+        let judging = crate::reclaim::Judging::default();
+        let r = Arc::new(Reports {
+            judging: judging.clone(),
+            t0: tokio::time::Instant::now(),
+            went: Mutex::default(),
+        });
+        let shutdown = CancellationToken::new();
+        let mut turn = in_turn(
+            2,
+            judging.clone(),
+            shutdown.clone(),
+            same,
+            reclaim_then_report,
+        );
+        let all: Vec<_> = (0..8).map(|n| turn(Arc::new(n), r.clone())).collect();
+        let out = futures::future::join_all(all).await;
+        assert!(out.iter().all(Result::is_ok));
+        // 4 rounds of 2 writes: every report goes once the last is answered,
+        // none waits for its own judgement.
+        assert_eq!(*r.went.lock().unwrap(), vec![Duration::from_millis(40); 8]);
+
+        // Every other end of a lock's place in line gives it up: dropped
+        // before it is judged, gone from the store, after shutdown.
+        let mut gone = in_turn(
+            1,
+            judging.clone(),
+            shutdown.clone(),
+            |_: &usize| None,
+            reclaim_then_report,
+        );
+        let waiting = turn(Arc::new(8), r.clone());
+        let _ = gone(Arc::new(9), r.clone()).await;
+        drop(waiting);
+        shutdown.cancel();
+        let _ = turn(Arc::new(10), r.clone()).await;
+        let t = tokio::time::Instant::now();
+        judging.quiet(Duration::from_secs(5)).await;
+        assert_eq!(t.elapsed(), Duration::ZERO, "a count left behind");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_place_in_line_is_taken_when_the_lock_is_handed_over_not_when_its_task_runs() {
         // The Controller hands locks over in order and spawns each; the
         // runtime may run the tasks in any order, here the reverse.
         let seen = Arc::new(Seen::default());
-        let mut turn = in_turn(1, CancellationToken::new(), same, judge);
+        let mut turn = in_turn(1, Default::default(), CancellationToken::new(), same, judge);
         let handed: Vec<_> = (0..20).map(|n| turn(Arc::new(n), seen.clone())).collect();
         let out = futures::future::join_all(handed.into_iter().rev()).await;
         assert!(out.iter().all(Result::is_ok));
@@ -458,7 +542,7 @@ mod tests {
     async fn a_lock_dropped_while_it_waits_gives_its_turn_up() {
         // As when the Controller stops and drops its queued reconciles.
         let seen = Arc::new(Seen::default());
-        let mut turn = in_turn(1, CancellationToken::new(), same, judge);
+        let mut turn = in_turn(1, Default::default(), CancellationToken::new(), same, judge);
         let first = turn(Arc::new(0), seen.clone());
         drop(first);
         let second = tokio::time::timeout(Duration::from_secs(5), turn(Arc::new(1), seen.clone()));
@@ -471,7 +555,7 @@ mod tests {
         let seen = Arc::new(Seen::default());
         // The store holds 100 for 0 (changed while it waited), nothing for 1.
         let now = |n: &usize| (*n != 1).then(|| Arc::new(*n + 100));
-        let mut turn = in_turn(1, CancellationToken::new(), now, judge);
+        let mut turn = in_turn(1, Default::default(), CancellationToken::new(), now, judge);
         let (a, b) = futures::join!(
             turn(Arc::new(0), seen.clone()),
             turn(Arc::new(1), seen.clone())
@@ -485,7 +569,7 @@ mod tests {
     async fn a_lock_whose_turn_comes_after_shutdown_is_not_judged() {
         let seen = Arc::new(Seen::default());
         let shutdown = CancellationToken::new();
-        let mut turn = in_turn(1, shutdown.clone(), same, judge);
+        let mut turn = in_turn(1, Default::default(), shutdown.clone(), same, judge);
         let first = turn(Arc::new(0), seen.clone());
         let second = turn(Arc::new(1), seen.clone());
         let stop = async {

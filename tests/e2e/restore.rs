@@ -244,16 +244,21 @@ async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
         (deleted(cp) == LOCKS).then_some(())
     })
     .await;
-    first.kill();
-    // Refused, each try: the policy took the Events. (The reclaims' last
-    // tries may still be under way: the turns ended with the DELETEs.)
-    let logs = first.logs();
-    assert!(
-        logs.lines().any(|l| l.contains("could not write Event")
+    // Refused, each try: the policy took the Events. (The reports follow
+    // the burst's writes, so the first tries come about when the last
+    // DELETE does; most are still under way at the kill.)
+    let refused = |l: &str| {
+        l.contains("could not write Event")
             && l.contains("reason=\"StaleLockReclaimed\"")
-            && l.contains("lost, as a SIGKILL would lose it")),
-        "the policy took the Events: {logs}"
-    );
+            && l.contains("lost, as a SIGKILL would lose it")
+    };
+    wait_for(
+        "a StaleLockReclaimed refused",
+        Duration::from_secs(10),
+        || async { first.logs().lines().any(refused).then_some(()) },
+    )
+    .await;
+    first.kill();
 
     // While no janitor runs, each heir takes over as operator-lib does: its
     // lock has no labels.

@@ -496,7 +496,8 @@ impl Drop for Janitor {
 
 /// The janitor's metrics once `lock_janitor_reclaims_total{labels}` (the
 /// first series these labels match) reached `n`: a reclaim is counted just after its Event
-/// is written, a moment after the write a test sees.
+/// is written, after the write a test sees (the Event waits while other
+/// locks are judged, 1 s at most).
 pub async fn metrics_reclaimed(j: &Janitor, labels: &[(&str, &str)], n: f64) -> String {
     wait_for(
         &format!("lock_janitor_reclaims_total{labels:?} at {n}"),
