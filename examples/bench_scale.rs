@@ -33,7 +33,8 @@
 //! cargo build --release --bin lock-janitor
 //! LOCK_JANITOR_BIN=target/release/lock-janitor cargo run --release --example bench_scale -- \
 //!     [--levels 1000,10000] [--sequential 20] [--evict 100] [--bursts 3] [--idle-secs 60] [--resync-secs 20] \
-//!     [--lease-burst 100] [--lease-rounds 3] [--lease-namespaces own|locks]
+//!     [--lease-burst 100] [--lease-rounds 3] [--lease-namespaces own|locks] \
+//!     [--first janitor|safe-floor|bare-delete|random]
 //! ```
 //!
 //! `--lease-namespaces locks` puts the Lease holders among the ConfigMap
@@ -95,6 +96,25 @@ struct Args {
     /// pods a namespace at 10,000 locks); `own`: in namespaces of their own.
     #[arg(long = "lease-namespaces", value_name = "own|locks", default_value = "own", value_parser = own_or_locks, action = clap::ArgAction::Set)]
     leases_among_locks: bool,
+    /// Who goes first in the first round, of the bursts and of the Lease
+    /// rounds (then the next, in turn); `random` (the default) draws it
+    /// for each run, so that no reclaimer always has the run's first
+    /// burst, or the same places in it.
+    #[arg(long, value_name = "janitor|safe-floor|bare-delete|random", default_value = "random", value_parser = first_turn)]
+    first: usize,
+}
+
+/// `--first`: an index into `WHO`.
+fn first_turn(v: &str) -> Result<usize, String> {
+    match v {
+        "janitor" => Ok(0),
+        "safe-floor" => Ok(1),
+        "bare-delete" => Ok(2),
+        "random" => Ok(fastrand::usize(..3)),
+        _ => Err(format!(
+            "{v:?}: expected janitor, safe-floor, bare-delete or random"
+        )),
+    }
 }
 
 fn parse_args() -> Args {
@@ -468,7 +488,7 @@ async fn lease_burst_phase(
     // The janitor's releases so far.
     let mut freed = 0;
     for k in 0..args.lease_rounds {
-        for i in turn_order(k) {
+        for i in turn_order(args.first + k) {
             let prefix = format!("{}-{k}", LEASE_WHO[i]);
             // The Leases the janitor holds already (those it released stay
             // held: judged released) before its turn's are made.
@@ -659,6 +679,7 @@ const WHO: [&str; 3] = ["janitor,    ", "safe floor, ", "bare DELETE,"];
 
 /// Who goes in round `k`, in order (indexes into `WHO`): the first of each
 /// round in turn, so each reclaimer has each place once in three rounds.
+/// `k` counts from `--first`: round 0 of a run is `turn_order(first)`.
 fn turn_order(k: usize) -> impl Iterator<Item = usize> {
     (0..3).map(move |j| (j + k) % 3)
 }
@@ -746,7 +767,7 @@ async fn take_turns(
     deleted: &Deletions,
     j: &Janitor,
     sets: [&[Made]; 3],
-    (s, b, bursts): (usize, usize, usize),
+    (s, b, bursts, first): (usize, usize, usize, usize),
 ) -> [Latencies; 3] {
     let mut l: [Latencies; 3] = Default::default();
     for (i, set) in sets.iter().enumerate() {
@@ -754,7 +775,7 @@ async fn take_turns(
     }
     let mut freed = l[0].seq.len();
     for k in 0..bursts {
-        for i in turn_order(k) {
+        for i in turn_order(first + k) {
             let burst = &sets[i][s + k * b..s + (k + 1) * b];
             let took = at_once(client, deleted, burst).await;
             if took.len() < b {
@@ -815,7 +836,7 @@ fn print_latencies(
     top: usize,
     sets: [&[Made]; 3],
     lat: &[Latencies; 3],
-    (s, b): (usize, usize),
+    (s, b, first): (usize, usize, usize),
 ) {
     let n = lat[0].bursts.len();
     println!("reclaim latency over {top} locks (holder's status write acknowledged -> lock deleted, as a watch here sees it):");
@@ -857,7 +878,7 @@ fn print_latencies(
     for (i, (who, l)) in WHO.iter().zip(lat).enumerate().take(2) {
         let each: Vec<String> = (0..n)
             .map(|k| {
-                let place = place_in(i, k);
+                let place = place_in(i, first + k);
                 let p = p99(&l.bursts[k]).map_or("-".into(), |p| format!("{p:.3}"));
                 format!("{p} ({place})")
             })
@@ -1045,7 +1066,8 @@ async fn main() {
         "Reclaim latency over {top} locks: the janitor, the safe floor (a bare client making the \
          janitor's requests: GET lock, GET holder, intent Event, GET holder, guarded DELETE; \
          {JANITOR_CONCURRENCY} at a time) and the bare-DELETE floor (one guarded DELETE per death), \
-         taking turns"
+         taking turns, the {} first",
+        WHO[args.first].trim_end_matches([',', ' '])
     ));
     // Each floor reclaims locks of its own, not opted in: the janitor, which
     // watches the `top` opted-in locks, does not see them.
@@ -1057,7 +1079,7 @@ async fn main() {
     settled(&j).await;
     let sets = [&made[..per], &floors[..per], &floors[per..]];
     let running = Floors::start(&cp, &client, sets[1], sets[2]).await;
-    let lat = take_turns(&client, &deleted, &j, sets, (s, b, n)).await;
+    let lat = take_turns(&client, &deleted, &j, sets, (s, b, n, args.first)).await;
     running.stop();
     drop(j);
     watch.abort();
@@ -1070,7 +1092,7 @@ async fn main() {
     println!();
     print_levels(&args, &levels);
     println!();
-    print_latencies(&cp, top, sets, &lat, (s, b));
+    print_latencies(&cp, top, sets, &lat, (s, b, args.first));
     if let Some(f) = leases {
         print_lease_latencies(&f, args.lease_burst);
     }

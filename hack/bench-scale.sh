@@ -9,7 +9,8 @@
 #
 #   hack/bench-scale.sh [--levels 1000,10000] [--sequential 20] [--evict 100] [--bursts 3]
 #       [--idle-secs 60] [--resync-secs 20] [--lease-burst 100] [--lease-rounds 3]
-#       [--lease-namespaces own|locks]     (--help says what each is)
+#       [--lease-namespaces own|locks] [--first janitor|safe-floor|bare-delete|random]
+#       (--help says what each is)
 #
 # It measures the image's binary (the static musl build of the Dockerfile);
 # LOCK_JANITOR_BIN=<path> measures another (for example target/release/lock-janitor,
