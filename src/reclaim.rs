@@ -54,10 +54,10 @@ const INTENT_WITHIN: Duration = Duration::from_millis(500);
 /// none (`StaleLockReclaimed`, `--delete-pod`'s deletion and its Event, a
 /// dry run's or a blocked lock's Event, the report of a lock never
 /// touched), at most this many at once in all, once no judgement is in
-/// line or under way (`first`). The judgements' turns end before it (`controller::Turn`), so a slow
-/// Events API during a mass eviction holds at most this many requests
-/// and connections for reports; the rest wait, each holding its
-/// judgement (the lock and holder as read).
+/// line or under way (`first`). The judgements' turns end before it
+/// (`controller::Turn`), so a slow Events API during a mass eviction
+/// holds at most this many requests and connections for reports; the
+/// rest wait, each holding its judgement (the lock and holder as read).
 pub const REPORTS_AT_ONCE: usize = 64;
 
 pub use crate::decide::{Done, Freed};
