@@ -245,6 +245,19 @@ async fn a_restarted_janitor_reads_again_that_the_operator_is_paused() {
     let first_args = args("1h");
     let first_args: Vec<&str> = first_args.iter().map(String::as_str).collect();
     let mut first = Janitor::start(&kc, &first_args).await;
+    // Both judged held before their holders end: else the ReplicaSet's
+    // deletion of the stopped pod and the garbage collector can free the
+    // paused lock before the janitor has looked at it.
+    wait_for("both locks judged held", WAIT, || async {
+        let m = first.metrics().await;
+        let held = sample(
+            &m,
+            "lock_janitor_locks",
+            &[("kind", "configmap"), ("state", "held")],
+        );
+        (held == Some(2.0)).then_some(())
+    })
+    .await;
     scale(&client, &ns, "paused", 0).await;
     let pod = paused.metadata.name.clone().unwrap_or_default();
     kubelet::set_succeeded(&client, &ns, &pod)
