@@ -273,7 +273,10 @@ async fn a_restarted_janitor_reads_again_that_the_operator_is_paused() {
     // scale-down first races the janitor, as the ReplicaSet deletes the
     // holder and the garbage collector its lock, and then nothing is
     // reclaimed at all (the test above allows for it; this one needs the
-    // reclaim's record).
+    // reclaim's record). Its replacement pod says the ReplicaSet has seen
+    // the holder end, so the scale-down leaves the ended holder be: the
+    // restarted janitor reads its workload from it.
+    pods_of(&client, &ns, "paused", 2).await;
     scale(&client, &ns, "paused", 0).await;
     first.kill();
 
