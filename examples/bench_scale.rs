@@ -803,15 +803,13 @@ async fn take_turns(
 /// not counted (a DELETE whose answer was lost, then a 404) is said, and
 /// the run goes on.
 async fn said(j: &Janitor, kind: &str, n: usize) {
-    let kind = format!("kind=\"{kind}\"");
     let counted = || async {
         let m = j.metrics().await;
-        m.lines()
-            .filter(|l| {
-                l.starts_with("lock_janitor_reclaims_by_reason_total{") && l.contains(&kind)
-            })
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum::<f64>()
+        sample_sum(
+            &m,
+            "lock_janitor_reclaims_by_reason_total",
+            &[("kind", kind)],
+        )
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -821,7 +819,7 @@ async fn said(j: &Janitor, kind: &str, n: usize) {
         }
         if Instant::now() > deadline {
             println!(
-                "    the janitor counted {c} reclaims of {kind}, not {n}, 30 s after its turn"
+                "    the janitor counted {c} reclaims of kind {kind}, not {n}, 30 s after its turn"
             );
             return;
         }

@@ -93,17 +93,33 @@ pub async fn http_get_from(host: &str, port: u16, path: &str) -> std::io::Result
 /// The value of one sample in a Prometheus text exposition, matched by name
 /// and a subset of its labels.
 pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let (series, value) = l.rsplit_once(' ')?;
-        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-        if n != name {
-            return None;
-        }
-        labels
-            .iter()
-            .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
-            .then(|| value.parse().ok())?
-    })
+    samples(text, name, labels).next()
+}
+
+/// The sum of every series of metric `name` with these labels (others
+/// may differ), 0 if there is none: a counter's total over a label.
+pub fn sample_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples(text, name, labels).sum()
+}
+
+fn samples<'a>(
+    text: &'a str,
+    name: &'a str,
+    labels: &'a [(&'a str, &'a str)],
+) -> impl Iterator<Item = f64> + 'a {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(move |l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            if n != name {
+                return None;
+            }
+            labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+                .then(|| value.parse().ok())?
+        })
 }
 
 /// A kubeconfig that acts as `user` (impersonation by the admin identity).
