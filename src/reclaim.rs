@@ -332,8 +332,9 @@ impl Reclaimer {
             action: "Reclaim",
             note: events::marked_note(&format!("{doing}: {why}."), &self.marker),
         };
-        let written = match tokio::time::timeout(INTENT_WITHIN, self.publish(j, say)).await {
-            Ok(written) => written,
+        let (written, cause) = match tokio::time::timeout(INTENT_WITHIN, self.publish(j, say)).await
+        {
+            Ok(written) => (written, "refused (said above)"),
             Err(_) => {
                 // Cut short, the write counted nothing: count it here as a
                 // failed Event, as a refused one is counted.
@@ -341,13 +342,13 @@ impl Reclaimer {
                     .reconcile_errors
                     .with_label_values(&[crate::ErrorKind::Event.as_str()])
                     .inc();
-                false
+                (false, "not answered in time")
             }
         };
         // Not leading any more, nothing was tried and nothing follows (the
         // gate is checked again before the write).
         if !written && self.gate.may_write() {
-            warn!(namespace = %j.key.namespace, lock = %j.key.name,
+            warn!(namespace = %j.key.namespace, lock = %j.key.name, cause, within = ?INTENT_WITHIN,
                   "the reclaim's intent Event could not be written: a crash before its StaleLockReclaimed Event would leave nothing for restore to follow");
         }
     }

@@ -3,6 +3,7 @@
 //! the next janitor (from its own reclaim Events); a restore that cannot
 //! read those Events is counted in lock_janitor_restore_failures_total.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::support::*;
@@ -194,7 +195,10 @@ async fn a_restore_that_cannot_read_the_events_is_counted() {
 /// the next janitor labels every one of them, from the StaleLockReclaiming
 /// Events written before each DELETE, and counts no restore failure.
 /// (Before them, restore read StaleLockReclaimed alone: nothing was
-/// labeled again.)
+/// labeled again.) An intent Event has one try of 500 ms: one the API
+/// server did not answer in time (a loaded one, in a burst of 200) leaves
+/// no record, and the first janitor says so by name; only those locks may
+/// stay unlabeled.
 #[tokio::test]
 async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
     use futures::future::join_all;
@@ -259,6 +263,22 @@ async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
     )
     .await;
     first.kill();
+    let unsaid: HashSet<String> = first
+        .logs()
+        .lines()
+        .filter(|l| l.contains("the reclaim's intent Event could not be written"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("lock="))
+                .map(str::to_owned)
+        })
+        .collect();
+    assert!(
+        unsaid.len() < LOCKS / 2,
+        "most intent Events written, else restore is not tested: {} not",
+        unsaid.len()
+    );
+    let recorded: Vec<&String> = names.iter().filter(|n| !unsaid.contains(*n)).collect();
 
     // While no janitor runs, each heir takes over as operator-lib does: its
     // lock has no labels.
@@ -273,30 +293,32 @@ async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
 
     let second = Janitor::start(&kc, &args).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let labeled = || async {
-        cms.list(&Default::default())
+    // The recorded locks not labeled yet.
+    let unlabeled = || async {
+        let labeled: HashSet<String> = cms
+            .list(&Default::default())
             .await
-            .map(|l| {
-                l.items
-                    .iter()
-                    .filter(|cm| {
-                        cm.metadata
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get(WATCH_LABEL.0))
-                            .map(String::as_str)
-                            == Some(WATCH_LABEL.1)
-                    })
-                    .count()
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|cm| {
+                cm.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(WATCH_LABEL.0))
+                    .map(String::as_str)
+                    == Some(WATCH_LABEL.1)
             })
-            .unwrap_or(0)
+            .filter_map(|cm| cm.metadata.name)
+            .collect();
+        recorded.iter().filter(|n| !labeled.contains(**n)).count()
     };
     // The restart's own read of each lock is its follower's first look
     // (src/takeover): the labels are written once the janitor has synced,
     // 20 a second, without waiting on the followers' 2 looks a second.
     let restarted = std::time::Instant::now();
     let all = tokio::time::timeout(Duration::from_secs(300), async {
-        while labeled().await != LOCKS {
+        while unlabeled().await != 0 {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     })
@@ -305,14 +327,17 @@ async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
         let logs = second.logs();
         let tail: Vec<&str> = logs.lines().rev().take(60).collect();
         panic!(
-            "{} of {LOCKS} heirs' locks labeled after 300 s; the janitor's last lines:\n{}",
-            labeled().await,
+            "{} of {} recorded heirs' locks unlabeled after 300 s; the janitor's last lines:\n{}",
+            unlabeled().await,
+            recorded.len(),
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
     eprintln!(
-        "{LOCKS} heirs' locks labeled {:.1}s after the restarted janitor was ready",
-        restarted.elapsed().as_secs_f64()
+        "{} heirs' locks labeled {:.1}s after the restarted janitor was ready ({} intents not written)",
+        recorded.len(),
+        restarted.elapsed().as_secs_f64(),
+        unsaid.len()
     );
     let m = second.metrics().await;
     assert_eq!(
