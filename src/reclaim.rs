@@ -332,9 +332,10 @@ impl Reclaimer {
             action: "Reclaim",
             note: events::marked_note(&format!("{doing}: {why}."), &self.marker),
         };
-        let (written, cause) = match tokio::time::timeout(INTENT_WITHIN, self.publish(j, say)).await
-        {
-            Ok(written) => (written, "refused (said above)"),
+        let publish = tokio::time::timeout(INTENT_WITHIN, self.publish(j, say));
+        let (written, cause) = match publish.await {
+            // Refused (the Events WARN above says why), or the lead lost.
+            Ok(written) => (written, "not written"),
             Err(_) => {
                 // Cut short, the write counted nothing: count it here as a
                 // failed Event, as a refused one is counted.
@@ -342,7 +343,7 @@ impl Reclaimer {
                     .reconcile_errors
                     .with_label_values(&[crate::ErrorKind::Event.as_str()])
                     .inc();
-                (false, "not answered in time")
+                (false, "not answered in time; it may be written yet")
             }
         };
         // Not leading any more, nothing was tried and nothing follows (the

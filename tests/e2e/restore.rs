@@ -195,10 +195,10 @@ async fn a_restore_that_cannot_read_the_events_is_counted() {
 /// the next janitor labels every one of them, from the StaleLockReclaiming
 /// Events written before each DELETE, and counts no restore failure.
 /// (Before them, restore read StaleLockReclaimed alone: nothing was
-/// labeled again.) An intent Event has one try of 500 ms: one the API
-/// server did not answer in time (a loaded one, in a burst of 200) leaves
-/// no record, and the first janitor says so by name; only those locks may
-/// stay unlabeled.
+/// labeled again.) An intent Event has one try of 500 ms: one refused or
+/// not answered in time (by a loaded API server, in a burst of 200) may
+/// leave no record, and the first janitor says so by name; only those
+/// locks, 10% at most, may stay unlabeled.
 #[tokio::test]
 async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
     use futures::future::join_all;
@@ -274,8 +274,8 @@ async fn a_janitor_killed_after_its_deletes_leaves_no_lock_unprotected() {
         })
         .collect();
     assert!(
-        unsaid.len() < LOCKS / 2,
-        "most intent Events written, else restore is not tested: {} not",
+        unsaid.len() <= LOCKS / 10,
+        "intent Events not written: {} of {LOCKS}",
         unsaid.len()
     );
     let recorded: Vec<&String> = names.iter().filter(|n| !unsaid.contains(*n)).collect();
@@ -382,8 +382,10 @@ async fn a_refused_intent_event_is_counted_and_the_reclaim_goes_on() {
         "{m}"
     );
     assert!(
-        j.logs()
-            .contains("the reclaim's intent Event could not be written"),
+        j.logs().lines().any(
+            |l| l.contains("the reclaim's intent Event could not be written")
+                && l.contains("cause=\"not written\"")
+        ),
         "{}",
         j.logs()
     );
