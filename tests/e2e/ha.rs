@@ -92,6 +92,7 @@ async fn the_standby_takes_over_after_a_kill_and_a_clean_stop() {
             .filter(|l| l.contains("stale lock reclaimed"))
             .count()
     };
+    leader.wait_said("stale lock reclaimed").await;
     assert_eq!((by(&leader), by(&standby)), (1, 0));
 
     // SIGKILL the leader, then a holder dies: the standby reclaims within

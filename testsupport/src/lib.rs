@@ -394,6 +394,18 @@ impl Janitor {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits (10 s at most) until the log has `line`: what a janitor says
+    /// after a write (a reclaim's report follows its write, and waits while
+    /// other locks are judged, up to 1 s) comes a little after what the
+    /// write's watcher sees.
+    pub async fn wait_said(&self, line: &str) {
+        let what = format!("the janitor's log says {line:?}");
+        wait_for(&what, Duration::from_secs(10), || async {
+            self.logs().contains(line).then_some(())
+        })
+        .await
+    }
+
     pub async fn readyz(&self) -> Option<u16> {
         http_get(self.port, "/readyz").await.ok().map(|(c, _)| c)
     }
