@@ -92,8 +92,9 @@ struct Found {
     holds_data: HashMap<LockKey, String>,
     /// Leases judged after a change: the identity, and when.
     judged: HashMap<LockKey, (String, Instant)>,
-    /// Judgements running now.
-    running: HashSet<LockKey>,
+    /// Judgements running now, and whether each was asked for again
+    /// meanwhile (then it runs once more when it ends).
+    running: HashMap<LockKey, bool>,
 }
 
 impl AutoOptIn {

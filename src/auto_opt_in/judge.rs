@@ -7,17 +7,42 @@ use super::*;
 impl AutoOptIn {
     /// Judges `key` from a live read, and labels it if this replica leads
     /// (`pods_checked`: the identity whose host was just found to name
-    /// exactly one pod). One judgement per key runs at a time.
+    /// exactly one pod). One judgement per key runs at a time; one asked
+    /// for meanwhile (a change seen while it ran: a label removed right
+    /// after it was written) is made once more when it ends, never lost.
     pub(super) fn judge_soon(self: Arc<Self>, key: LockKey, pods_checked: Option<String>) {
-        if !crate::locked(&self.state).running.insert(key.clone()) {
-            return;
+        {
+            let mut s = crate::locked(&self.state);
+            if let Some(again) = s.running.get_mut(&key) {
+                *again = true;
+                return;
+            }
+            s.running.insert(key.clone(), false);
         }
         tokio::spawn(async move {
-            {
-                let _turn = self.turns.acquire().await;
-                self.judge_and_label(&key, pods_checked).await;
+            let mut pods_checked = pods_checked;
+            loop {
+                {
+                    let _turn = self.turns.acquire().await;
+                    self.judge_and_label(&key, pods_checked.take()).await;
+                }
+                let again = {
+                    let mut s = crate::locked(&self.state);
+                    match s.running.get_mut(&key) {
+                        Some(again) if *again => {
+                            *again = false;
+                            true
+                        }
+                        _ => {
+                            s.running.remove(&key);
+                            false
+                        }
+                    }
+                };
+                if !again {
+                    break;
+                }
             }
-            crate::locked(&self.state).running.remove(&key);
         });
     }
 

@@ -380,6 +380,40 @@ async fn a_conflict_reads_and_judges_again() {
     );
 }
 
+/// A judgement asked for while one of the same lock runs (its label
+/// removed right after it was written) is made once more when the first
+/// ends, never dropped: the lock is read again.
+#[tokio::test]
+async fn a_judgement_asked_for_meanwhile_runs_after_the_first() {
+    use crate::fixtures::{scripted, Exchange};
+    let event = serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "e", "namespace": "ops"}, "eventTime": "2026-12-06T20:00:00.000000Z"});
+    let (client, received) = scripted(vec![
+        Exchange::new("GET", CM, 200, configmap("7", None)),
+        Exchange::new("PATCH", CM, 200, configmap("8", Some("true"))),
+        Exchange::new(
+            "POST",
+            "/apis/events.k8s.io/v1/namespaces/ops/events",
+            201,
+            event,
+        ),
+        Exchange::new("GET", CM, 200, configmap("8", Some("true"))),
+    ]);
+    let (a, _m) = auto(client);
+    let key = LockKey::configmap("ops", "op-lock");
+    a.clone().judge_soon(key.clone(), None);
+    a.clone().judge_soon(key, None);
+    settled(&a).await;
+    let calls: Vec<String> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(m, u, _)| format!("{m} {}", u.split('?').next().unwrap_or_default()))
+        .collect();
+    assert_eq!(calls.len(), 4, "{calls:#?}");
+    assert_eq!(calls[3], format!("GET {CM}"), "{calls:#?}");
+}
+
 /// Read again after a 409, the lock carries the key with another value
 /// (someone opted it out meanwhile): nothing more is written.
 #[tokio::test]
