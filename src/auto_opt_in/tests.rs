@@ -148,6 +148,14 @@ fn call_of(m: &str, p: &str) -> (String, String) {
     (m.to_owned(), p.to_owned())
 }
 
+/// The API's answer to the `LockOptedIn` Event in namespace ops.
+fn opted_in_event() -> crate::fixtures::Exchange {
+    let event = serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "e", "namespace": "ops"}, "eventTime": "2026-12-06T20:00:00.000000Z"});
+    let events = "/apis/events.k8s.io/v1/namespaces/ops/events";
+    crate::fixtures::Exchange::new("POST", events, 201, event)
+}
+
 /// Waits until no judgement runs.
 async fn settled(a: &AutoOptIn) {
     for _ in 0..500 {
@@ -336,19 +344,12 @@ fn value(m: &Metrics, name: &str, labels: &str) -> String {
 #[tokio::test]
 async fn a_conflict_reads_and_judges_again() {
     use crate::fixtures::{scripted, status, Exchange};
-    let event = serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-        "metadata": {"name": "e", "namespace": "ops"}, "eventTime": "2026-12-06T20:00:00.000000Z"});
     let (client, received) = scripted(vec![
         Exchange::new("GET", CM, 200, configmap("7", None)),
         Exchange::new("PATCH", CM, 409, status(409, "Conflict")),
         Exchange::new("GET", CM, 200, configmap("9", None)),
         Exchange::new("PATCH", CM, 200, configmap("10", Some("true"))),
-        Exchange::new(
-            "POST",
-            "/apis/events.k8s.io/v1/namespaces/ops/events",
-            201,
-            event,
-        ),
+        opted_in_event(),
     ]);
     let (a, m) = auto(client);
     a.judge_and_label(&LockKey::configmap("ops", "op-lock"), None)
@@ -386,17 +387,10 @@ async fn a_conflict_reads_and_judges_again() {
 #[tokio::test]
 async fn a_judgement_asked_for_meanwhile_runs_after_the_first() {
     use crate::fixtures::{scripted, Exchange};
-    let event = serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-        "metadata": {"name": "e", "namespace": "ops"}, "eventTime": "2026-12-06T20:00:00.000000Z"});
     let (client, received) = scripted(vec![
         Exchange::new("GET", CM, 200, configmap("7", None)),
         Exchange::new("PATCH", CM, 200, configmap("8", Some("true"))),
-        Exchange::new(
-            "POST",
-            "/apis/events.k8s.io/v1/namespaces/ops/events",
-            201,
-            event,
-        ),
+        opted_in_event(),
         Exchange::new("GET", CM, 200, configmap("8", Some("true"))),
     ]);
     let (a, _m) = auto(client);
@@ -410,8 +404,17 @@ async fn a_judgement_asked_for_meanwhile_runs_after_the_first() {
         .iter()
         .map(|(m, u, _)| format!("{m} {}", u.split('?').next().unwrap_or_default()))
         .collect();
-    assert_eq!(calls.len(), 4, "{calls:#?}");
-    assert_eq!(calls[3], format!("GET {CM}"), "{calls:#?}");
+    let events = "/apis/events.k8s.io/v1/namespaces/ops/events";
+    let (get, patch, post) = (
+        format!("GET {CM}"),
+        format!("PATCH {CM}"),
+        format!("POST {events}"),
+    );
+    assert_eq!(
+        calls,
+        [get.clone(), patch, post, get],
+        "read again after the first"
+    );
 }
 
 /// Read again after a 409, the lock carries the key with another value
