@@ -26,22 +26,11 @@ impl AutoOptIn {
                     let _turn = self.turns.acquire().await;
                     self.judge_and_label(&key, pods_checked.take()).await;
                 }
-                let again = {
-                    let mut s = crate::locked(&self.state);
-                    match s.running.get_mut(&key) {
-                        Some(again) if *again => {
-                            *again = false;
-                            true
-                        }
-                        _ => {
-                            s.running.remove(&key);
-                            false
-                        }
-                    }
-                };
-                if !again {
+                let mut s = crate::locked(&self.state);
+                if s.running.remove(&key) != Some(true) {
                     break;
                 }
+                s.running.insert(key.clone(), false);
             }
         });
     }

@@ -398,21 +398,15 @@ async fn a_judgement_asked_for_meanwhile_runs_after_the_first() {
     a.clone().judge_soon(key.clone(), None);
     a.clone().judge_soon(key, None);
     settled(&a).await;
-    let calls: Vec<String> = received
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(m, u, _)| format!("{m} {}", u.split('?').next().unwrap_or_default()))
-        .collect();
     let events = "/apis/events.k8s.io/v1/namespaces/ops/events";
-    let (get, patch, post) = (
-        format!("GET {CM}"),
-        format!("PATCH {CM}"),
-        format!("POST {events}"),
-    );
     assert_eq!(
-        calls,
-        [get.clone(), patch, post, get],
+        calls(&received),
+        [
+            call_of("GET", CM),
+            call_of("PATCH", CM),
+            call_of("POST", events),
+            call_of("GET", CM),
+        ],
         "read again after the first"
     );
 }
